@@ -1,0 +1,33 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+# The virtual environment is rebuilt when pyproject.toml or requirements.lock change.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+export PYTHONWARNINGS := ignore::UserWarning:setuptools
+
+.PHONY: setup demo test bench clean
+
+$(STAMP): pyproject.toml requirements.lock
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip > $(VENV)/pip.log 2>&1 || { grep -v "^WARNING: Location" $(VENV)/pip.log; exit 1; }
+	$(PY) -m pip install -q -r requirements.lock > $(VENV)/pip.log 2>&1 || { grep -v "^WARNING: Location" $(VENV)/pip.log; exit 1; }
+	$(PY) -m pip install -q --no-deps -e . > $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
+	$(PY) -c "import mmspec, torch, torchaudio, transformers, diffusers; print('mmspec', mmspec.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__, '| diffusers', diffusers.__version__)"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(PY) -m recipes.demo
+
+test: setup
+	$(PY) -m pytest
+
+bench: setup
+	$(PY) -m eval.bench_core
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

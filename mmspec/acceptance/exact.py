@@ -1,0 +1,56 @@
+"""Exact speculative sampling (Leviathan et al. 2023; Chen et al. 2023) and greedy verification.
+
+Exact: accept x_i iff u_i < min(1, p_i(x_i) / q_i(x_i)); at the first rejection emit a token
+from norm(max(0, p_i - q_i)); if all K pass, a bonus token from p_{K+1}. The emitted tokens are
+distributed exactly as the (processed) target. A point-mass draft has q = one-hot(x): accept
+with probability p(x), residual = p with x removed, renormalised.
+
+Greedy: accept while x_i == argmax p_i, then emit argmax p at the first mismatch (or the bonus
+position). Equals plain greedy decoding of the target for any draft; deterministic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..sampling import residual as _residual
+from .base import Rule
+
+
+@dataclass(frozen=True, repr=False)
+class Exact(Rule):
+    """Speculative sampling; lossless with respect to the processed target distribution."""
+
+    lossless = True
+    name = "exact"
+
+    def accept_prob(self, x, p, q):
+        px = p.gather(-1, x[..., None]).squeeze(-1)
+        return self.ratio(px, self.draft_mass(x, q, p))
+
+    def residual(self, x, p, q, pos):
+        return _residual(p, self.dense_q(x, q, p))
+
+
+@dataclass(frozen=True, repr=False)
+class Greedy(Rule):
+    """Greedy verification: lossless with respect to greedy decoding of the target
+    (the emitted tokens are exactly the target's argmax chain), whatever the temperature
+    the draft used."""
+
+    lossless = True
+    name = "greedy"
+
+    def accept_prob(self, x, p, q):
+        return (x == p.argmax(-1)).to(p.dtype)
+
+    def residual(self, x, p, q, pos):
+        return torch.zeros_like(p).scatter_(-1, p.argmax(-1, keepdim=True), 1.0)
+
+    def __call__(self, draft_tokens, draft_probs, target_probs, generator=None, *, validate=True):
+        # The bonus token is the argmax too, so greedy verification needs no randomness.
+        greedy_p = torch.zeros_like(target_probs).scatter_(
+            -1, target_probs.argmax(-1, keepdim=True), 1.0)
+        return super().__call__(draft_tokens, draft_probs, greedy_p, generator, validate=validate)

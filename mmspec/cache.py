@@ -1,0 +1,105 @@
+"""Position-based rollback for every cache the targets use.
+
+A batch of rows shares one physical cache whose slots are appended in lock-step; rows that
+accepted fewer tokens than others leave *holes*: slots whose validity bit is 0 in the
+sequence mask, so later tokens never attend to them. Rows keep their own logical positions
+(``next_pos``), so rotary positions stay exact. Rollback never rebuilds anything: it crops
+the physical length back (DynamicCache: ``crop(-n)``; StaticCache: move the write pointer)
+and records which of the kept slots are valid.
+
+This gives ragged rows (each row keeps its own accepted length) with one physical length:
+after a step the cache keeps ``max_b(valid_b)`` new slots and row b has
+``max - valid_b`` holes there.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+try:  # transformers >= 5
+    from transformers.cache_utils import Cache, DynamicCache, StaticCache
+except ImportError:  # pragma: no cover
+    Cache = DynamicCache = StaticCache = None
+
+
+def cache_argument(model) -> str:
+    """Name of the forward argument that takes the cache: ``cache`` (transformers >= 5.24)
+    or ``past_key_values`` (5.17 .. 5.23)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def physical_length(cache) -> int:
+    """Number of slots written in ``cache`` (dynamic caches only: a shape, no sync)."""
+    if cache is None:
+        return 0
+    return int(cache.get_seq_length())
+
+
+def crop(cache, remove: int) -> None:
+    """Drop the last ``remove`` slots of a cache (every layer; encoder caches untouched)."""
+    if remove < 0:
+        raise ValueError(f"remove={remove}: accepted >= 0")
+    if remove == 0 or cache is None:
+        return
+    target = getattr(cache, "self_attention_cache", cache)  # EncoderDecoderCache
+    target.crop(-remove)
+
+
+@dataclass
+class SequenceMask:
+    """Validity of every physical slot and the next logical position of every row.
+
+    mask:     [B, L] long  1 = a real token, 0 = left padding or a hole.
+    next_pos: [B] long     logical position of the next token fed for each row.
+    """
+
+    mask: torch.Tensor
+    next_pos: torch.Tensor
+
+    @classmethod
+    def from_prompt(cls, attention_mask: torch.Tensor) -> "SequenceMask":
+        """Empty sequence (L = 0) whose rows start at position 0."""
+        b = attention_mask.shape[0]
+        dev = attention_mask.device
+        return cls(mask=torch.zeros(b, 0, dtype=torch.long, device=dev),
+                   next_pos=torch.zeros(b, dtype=torch.long, device=dev))
+
+    @property
+    def length(self) -> int:
+        return int(self.mask.shape[1])
+
+    def plan(self, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs for a forward appending ``valid.shape[1]`` slots.
+
+        valid [B, n] (0/1) -> attention_mask [B, L + n], position_ids [B, n].
+        Invalid inputs (padding) repeat the previous position; they are masked out anyway.
+        """
+        valid = valid.to(torch.long)
+        pos = self.next_pos[:, None] + valid.cumsum(1) - valid
+        return torch.cat([self.mask, valid], dim=1), pos
+
+    def append(self, valid: torch.Tensor) -> None:
+        """Record appended slots (after the forward)."""
+        valid = valid.to(torch.long)
+        self.mask = torch.cat([self.mask, valid], dim=1)
+        self.next_pos = self.next_pos + valid.sum(1)
+
+    def rollback(self, remove: int, removed_valid: torch.Tensor | None = None) -> None:
+        """Forget the last ``remove`` slots; their validity ([B, remove]) lowers next_pos."""
+        if remove == 0:
+            return
+        if removed_valid is None:
+            removed_valid = self.mask[:, -remove:]
+        self.next_pos = self.next_pos - removed_valid.to(torch.long).sum(1)
+        self.mask = self.mask[:, :-remove]
+
+    def invalidate_tail(self, n: int, keep_valid: torch.Tensor) -> None:
+        """Among the last ``n`` slots, mark valid only where ``keep_valid`` [B, n] is true."""
+        tail = self.mask[:, -n:]
+        dropped = tail * (1 - keep_valid.to(torch.long))
+        self.next_pos = self.next_pos - dropped.sum(1)
+        self.mask = torch.cat([self.mask[:, :-n], tail - dropped], dim=1)

@@ -1,0 +1,6 @@
+"""Drafters: where draft tokens come from (a model, the target itself, nothing)."""
+
+from .base import Drafter, NoDraft
+from .model import ModelDrafter
+
+__all__ = ["Drafter", "NoDraft", "ModelDrafter"]

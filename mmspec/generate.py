@@ -1,0 +1,149 @@
+"""``mmspec.generate``: speculative decoding for any pair of transformers causal LMs."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .acceptance.base import Rule
+from .drafters.base import NoDraft
+from .drafters.model import ModelDrafter
+from .loop import run, stream
+from .registry import make_rule
+from .sampling import SamplingParams, make_generator
+from .session import CausalLMSession, max_positions, output_vocab_size
+from .types import GenerateOutput, StepStats
+
+
+def _check_prompt(input_ids, attention_mask) -> torch.Tensor:
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
+        raise ValueError("input_ids must be a [B, P] long tensor (left-padded for batches)")
+    if input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
+        raise ValueError(f"input_ids must have B >= 1 rows and P >= 1 tokens, got {tuple(input_ids.shape)}")
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask must match input_ids {tuple(input_ids.shape)}, got "
+                         f"{tuple(attention_mask.shape)}")
+    attention_mask = attention_mask.to(device=input_ids.device, dtype=torch.long)
+    if bool((attention_mask[:, -1] == 0).any()):
+        raise ValueError("attention_mask: prompts must be left-padded (the last column real in "
+                         "every row)")
+    return attention_mask
+
+
+def validate_pair(target, draft, *, input_ids, max_new_tokens, num_draft_tokens) -> None:
+    """Every check that needs no forward pass; raises ValueError naming the parameter."""
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r}: accepted an integer >= 1")
+    if draft is not None and (not isinstance(num_draft_tokens, int) or num_draft_tokens < 1):
+        raise ValueError(f"num_draft_tokens={num_draft_tokens!r}: accepted an integer >= 1")
+    v_t = output_vocab_size(target)
+    if draft is not None:
+        v_d = output_vocab_size(draft)
+        if v_d != v_t:
+            raise ValueError(f"vocabulary mismatch: the draft's vocabulary has {v_d} ids, the "
+                             f"target's {v_t}; accepted a draft with the target's vocabulary")
+    for name, model in (("target", target), ("draft", draft)):
+        if model is None:
+            continue
+        limit = max_positions(model)
+        if limit is not None:
+            p = input_ids.shape[1]
+            if p > limit:
+                raise ValueError(f"input_ids has {p} tokens, longer than the {name}'s "
+                                 f"max_position_embeddings={limit}: accepted prompts of at "
+                                 f"most {limit} tokens")
+            if p + max_new_tokens > limit:
+                raise ValueError(f"max_new_tokens={max_new_tokens} with a {p}-token prompt "
+                                 f"exceeds the {name}'s max_position_embeddings={limit}: "
+                                 f"accepted max_new_tokens <= {limit - p}")
+    if input_ids.numel() and (int(input_ids.max()) >= v_t or int(input_ids.min()) < 0):
+        raise ValueError(f"input_ids must be ids in [0, {v_t - 1}]")
+
+
+def _prepare(target, draft, input_ids, attention_mask, rule, num_draft_tokens, max_new_tokens,
+             temperature, top_k, top_p, min_p, seed, drafter):
+    attention_mask = _check_prompt(input_ids, attention_mask)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    rule_obj: Rule = make_rule(rule)
+    validate_pair(target, draft, input_ids=input_ids, max_new_tokens=max_new_tokens,
+                  num_draft_tokens=num_draft_tokens)
+    generator = make_generator(seed, input_ids.device)
+    tgt = CausalLMSession(target, params)
+    if drafter is None:
+        drafter = (NoDraft() if draft is None else
+                   ModelDrafter(CausalLMSession(draft, params), num_draft_tokens))
+    if hasattr(drafter, "generator"):
+        drafter.generator = generator
+    return attention_mask, tgt, drafter, rule_obj, generator
+
+
+@torch.inference_mode()
+def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="exact",
+             num_draft_tokens: int = 4, max_new_tokens: int = 64, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
+             seed: int | None = None, stop_token_ids=None, pad_token_id: int | None = None,
+             drafter=None, profile: bool = False) -> GenerateOutput:
+    """Speculative decoding of ``target`` with ``draft`` (or plain decoding if both ``draft``
+    and ``drafter`` are None).
+
+    target, draft:  transformers causal LMs with one vocabulary (``draft`` may be None).
+    input_ids:      [B, P] long, left-padded; attention_mask [B, P] (1 = real token).
+    rule:           a rule name (``"exact"``, ``"greedy"``, the relaxed rules) or a Rule.
+    num_draft_tokens: K, drafts per step (>= 1).
+    temperature, top_k, top_p, min_p: processing applied to target and draft alike;
+                    temperature 0 is greedy decoding.
+    seed:           seeds a torch.Generator on the prompt's device (None: global RNG).
+    stop_token_ids: ids that end a row (default: the target's eos_token_id).
+    drafter:        a drafter object instead of ``draft`` (Jacobi, lookup, ensembles).
+
+    Rows keep independent accepted lengths (ragged, DESIGN.md); each row stops at its own
+    stop token or after max_new_tokens. Returns GenerateOutput(sequences [B, P + T],
+    num_generated [B], prompt_length, stats).
+    """
+    attention_mask, tgt, drafter, rule_obj, generator = _prepare(
+        target, draft, input_ids, attention_mask, rule, num_draft_tokens, max_new_tokens,
+        temperature, top_k, top_p, min_p, seed, drafter)
+    if stop_token_ids is None:
+        eos = getattr(target.generation_config, "eos_token_id", None) if hasattr(
+            target, "generation_config") else None
+        stop_token_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    stats = StepStats()
+    t0 = time.perf_counter()
+    tgt.prefill(input_ids, attention_mask)
+    drafter.begin(input_ids, attention_mask)
+    stats.seconds_prefill = time.perf_counter() - t0
+    res = run(tgt, drafter, rule_obj, input_ids[:, -1], max_new_tokens=max_new_tokens,
+              stop_token_ids=set(stop_token_ids), generator=generator, stats=stats,
+              profile=profile)
+    if pad_token_id is None:
+        pad_token_id = getattr(target.config, "pad_token_id", None)
+        pad_token_id = 0 if pad_token_id is None else pad_token_id
+    width = max(len(t) for t in res.tokens)
+    gen = torch.full((input_ids.shape[0], width), pad_token_id, dtype=torch.long)
+    for i, toks in enumerate(res.tokens):
+        gen[i, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+    sequences = torch.cat([input_ids, gen.to(input_ids.device)], 1)
+    num = torch.tensor([len(t) for t in res.tokens], dtype=torch.long)
+    return GenerateOutput(sequences=sequences, num_generated=num,
+                          prompt_length=input_ids.shape[1], stats=stats)
+
+
+@torch.inference_mode()
+def generate_stream(target, draft=None, input_ids=None, *, attention_mask=None, rule="exact",
+                    num_draft_tokens: int = 4, max_new_tokens: int = 64,
+                    temperature: float = 1.0, top_k=None, top_p=None, min_p=None, seed=None,
+                    stop_token_ids=None, drafter=None):
+    """Like ``generate`` but yields ``StepEvent``s (new token ids per row) as they are accepted."""
+    attention_mask, tgt, drafter, rule_obj, generator = _prepare(
+        target, draft, input_ids, attention_mask, rule, num_draft_tokens, max_new_tokens,
+        temperature, top_k, top_p, min_p, seed, drafter)
+    if stop_token_ids is None:
+        eos = getattr(target.generation_config, "eos_token_id", None)
+        stop_token_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    tgt.prefill(input_ids, attention_mask)
+    drafter.begin(input_ids, attention_mask)
+    yield from stream(tgt, drafter, rule_obj, input_ids[:, -1], max_new_tokens=max_new_tokens,
+                      stop_token_ids=set(stop_token_ids), generator=generator)

@@ -1,0 +1,138 @@
+"""The draft -> verify -> accept -> commit -> observe loop (DESIGN.md), once.
+
+``stream`` yields one ``StepEvent`` per target forward; ``run`` drains it into a
+``LoopResult``. Everything else (text generation, image pipelines, TTS) calls one of them.
+
+Per step, all rows together:
+1. Draft:   ``drafter.propose(last, k_max)`` -> K tokens and their q (or a point mass).
+2. Verify:  ``target.step([last, drafts])`` -> processed p for K+1 positions.
+3. Accept:  ``rule(drafts, q, p)`` -> emitted tokens and accepted counts per row.
+4. Commit:  the one deliberate host synchronisation (accepted counts, emitted ids and a
+            finiteness flag in one transfer); the target keeps ``1 + max_b n_b`` slots with
+            holes for rows that accepted less (ragged rows, no truncation to the shortest).
+5. Observe: the drafter rolls back or keeps the target's samples; stats are recorded.
+
+Rows stop at a stop token or after ``max_new_tokens``; tokens emitted past either are
+dropped (a prefix of a valid run is still exact). ``k_max`` shrinks so that no step drafts
+past the smallest remaining budget of the rows still running.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from .acceptance.base import Rule
+from .drafters.base import Drafter
+from .session import Session
+from .types import StepStats
+
+
+@dataclass
+class StepEvent:
+    """What one step added: ``new_tokens[b]`` (host ints, after stop/budget truncation)."""
+
+    new_tokens: list[list[int]]
+    finished: list[bool]
+    stats: StepStats
+
+
+@dataclass
+class LoopResult:
+    tokens: list[list[int]]
+    stats: StepStats
+    finished: list[bool] = field(default_factory=list)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Tensor, *,
+           max_new_tokens: int, stop_token_ids: set[int] | None = None,
+           generator: torch.Generator | None = None, stats: StepStats | None = None,
+           profile: bool = False) -> Iterator[StepEvent]:
+    """Run the loop after both target and drafter have seen the prompt.
+
+    first_tokens: [B] the last prompt token of each row (not yet fed to either model).
+    profile:      synchronise the device between phases so the per-phase seconds are exact
+                  on CUDA (costs speed; CPU timings are always exact).
+    """
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens!r}: accepted an integer >= 1")
+    stats = stats if stats is not None else StepStats()
+    stops = set(stop_token_ids or ())
+    b = first_tokens.shape[0]
+    device = first_tokens.device
+    last = first_tokens
+    produced = [0] * b
+    finished = [False] * b
+    t_start = time.perf_counter()
+    while not all(finished):
+        remaining = min(max_new_tokens - produced[i] for i in range(b) if not finished[i])
+        k_max = remaining - 1
+
+        t0 = time.perf_counter()
+        draft = drafter.propose(last, k_max)
+        if profile:
+            _sync(device)
+        t1 = time.perf_counter()
+        k = draft.tokens.shape[1]
+        p = target.step(torch.cat([last[:, None], draft.tokens], 1))          # [B, K+1, V]
+        if profile:
+            _sync(device)
+        t2 = time.perf_counter()
+        out = rule(draft.tokens, draft.probs, p, generator, validate=False)
+        # The one deliberate synchronisation: counts, ids and a finiteness flag together.
+        bad = ~torch.isfinite(p).all()
+        if draft.probs is not None:
+            bad = bad | ~torch.isfinite(draft.probs).all()
+        host = torch.cat([out.num_accepted[:, None], out.tokens,
+                          bad.to(torch.long).expand(b, 1)], 1).tolist()
+        t3 = time.perf_counter()
+        if host[0][-1]:
+            raise ValueError("the model produced NaN or inf probabilities (check its logits "
+                             "and dtype): accepted finite logits")
+        n_host = [row[0] for row in host]
+        keep = max(n_host) + 1
+        cols = torch.arange(keep, device=device)
+        target.commit(keep, cols[None] < out.num_emitted[:, None])
+        drafter.observe(out, p, n_host)
+        last = out.last_tokens
+        t4 = time.perf_counter()
+
+        active = [not f for f in finished]
+        stats.record(n_host, k, active)
+        new_tokens: list[list[int]] = [[] for _ in range(b)]
+        for i in range(b):
+            if finished[i]:
+                continue
+            for tok in host[i][1 : 2 + n_host[i]]:
+                new_tokens[i].append(tok)
+                produced[i] += 1
+                if tok in stops or produced[i] >= max_new_tokens:
+                    finished[i] = True
+                    break
+        stats.seconds_draft += t1 - t0
+        stats.seconds_verify += t2 - t1
+        stats.seconds_accept += (t3 - t2) + (t4 - t3)
+        stats.seconds_total = time.perf_counter() - t_start + stats.seconds_prefill
+        yield StepEvent(new_tokens=new_tokens, finished=list(finished), stats=stats)
+
+
+def run(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Tensor,
+        **kwargs) -> LoopResult:
+    """Drain ``stream``: all generated tokens per row and the stats."""
+    b = first_tokens.shape[0]
+    tokens: list[list[int]] = [[] for _ in range(b)]
+    stats = kwargs.pop("stats", None) or StepStats()
+    finished = [False] * b
+    for ev in stream(target, drafter, rule, first_tokens, stats=stats, **kwargs):
+        for i, new in enumerate(ev.new_tokens):
+            tokens[i].extend(new)
+        finished = ev.finished
+    return LoopResult(tokens=tokens, stats=stats, finished=finished)

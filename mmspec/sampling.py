@@ -1,0 +1,141 @@
+"""Logits -> processed probabilities, residuals, and sampling without host synchronisation.
+
+Draft and target go through the same processing (``SamplingParams.probs``), so that "lossless"
+means lossless with respect to the processed target distribution (METHODS.md section 1):
+guidance first (on logits, ``u + s (c - u)``), then temperature, then top-k, top-p and min-p.
+Temperature 0 means greedy: the processed distribution is one-hot at the argmax (ties go to
+the lowest id, as ``torch.argmax``), so every rule of this package reduces to greedy
+verification and plain sampling reduces to greedy decoding.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+def _check_range(name: str, value, ok: bool, accepted: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}={value!r} is out of range: accepted {accepted}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How logits become the distributions that drafts and targets are sampled from.
+
+    temperature: >= 0; 0 = greedy (one-hot argmax).
+    top_k:       None or >= 1: keep the k most likely ids.
+    top_p:       None or in (0, 1]: keep the smallest set whose mass reaches top_p.
+    min_p:       None or in [0, 1]: drop ids below min_p * max probability.
+    """
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        _check_range("temperature", t, isinstance(t, (int, float)) and math.isfinite(t) and t >= 0,
+                     "a finite float >= 0 (0 = greedy)")
+        if self.top_k is not None:
+            _check_range("top_k", self.top_k, isinstance(self.top_k, int) and self.top_k >= 1,
+                         "None or an integer >= 1")
+        if self.top_p is not None:
+            _check_range("top_p", self.top_p, 0 < self.top_p <= 1, "None or a float in (0, 1]")
+        if self.min_p is not None:
+            _check_range("min_p", self.min_p, 0 <= self.min_p <= 1, "None or a float in [0, 1]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """[..., V] logits -> [..., V] float32 (or float64 if given) probabilities."""
+        return process_logits(logits, self)
+
+
+def guide(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
+    """Classifier-free guidance on logits: ``u + s (c - u)`` (s = 1 returns ``cond``)."""
+    return uncond + scale * (cond - uncond)
+
+
+def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Temperature, top-k, top-p, min-p, softmax. Works on any leading shape.
+
+    -inf logits are allowed (masked ids); a row with no finite logit gives NaN probabilities,
+    which the loop reports as an error naming the logits.
+    """
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    logits = logits.to(dtype)
+    if params.greedy:
+        idx = logits.argmax(dim=-1, keepdim=True)
+        return torch.zeros_like(logits).scatter_(-1, idx, 1.0)
+    logits = logits / params.temperature
+    if params.top_k is not None and params.top_k < logits.shape[-1]:
+        kth = logits.topk(params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p is not None and params.top_p < 1:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        mass_before = sorted_p.cumsum(-1) - sorted_p
+        drop_sorted = mass_before >= params.top_p  # always keeps the first id
+        drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    if params.min_p is not None and params.min_p > 0:
+        floor = params.min_p * probs.amax(-1, keepdim=True)
+        probs = probs.masked_fill(probs < floor, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)) over the last dimension.
+
+    Where p == q (no positive mass left) the residual is undefined; a rejection there has
+    probability zero, so p is returned for those rows (it only matters under rounding).
+    """
+    r = (p - q).clamp_min_(0)
+    mass = r.sum(-1, keepdim=True)
+    ok = mass > 0
+    return torch.where(ok, r / torch.where(ok, mass, torch.ones_like(mass)), p)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One id per row from [..., V] probabilities, without a host synchronisation.
+
+    Exponential race: argmax_i p_i / E_i with E_i ~ Exp(1) i.i.d. picks i with probability
+    p_i (the same trick as vLLM's sampler). Zero-probability ids are never picked.
+    """
+    e = torch.empty_like(probs).exponential_(generator=generator)
+    # Exp(1) can round to 0 in float32; 0/0 would be NaN, which argmax treats as the max.
+    e.clamp_min_(torch.finfo(e.dtype).tiny)
+    return (probs / e).argmax(dim=-1)
+
+
+def uniform(shape, *, like: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """U[0, 1) samples of the given shape on ``like``'s device and dtype."""
+    return torch.rand(shape, generator=generator, device=like.device, dtype=like.dtype)
+
+
+def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
+    """A seeded generator on ``device`` (None when seed is None: global RNG)."""
+    if seed is None:
+        return None
+    g = torch.Generator(device=device)
+    g.manual_seed(int(seed))
+    return g
+
+
+def check_probs(name: str, probs: torch.Tensor) -> None:
+    """Raise ValueError if ``probs`` has NaN/inf or negative entries (one host sync)."""
+    if not bool(torch.isfinite(probs).all()):
+        raise ValueError(
+            f"{name} contains NaN or inf: accepted finite probabilities (check the model's "
+            "logits; a row whose logits are all -inf has no distribution)"
+        )
+    if bool((probs < 0).any()):
+        raise ValueError(f"{name} has negative entries: accepted probabilities in [0, 1]")

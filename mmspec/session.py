@@ -1,0 +1,156 @@
+"""A model with its cache: what the loop verifies on and what a model drafter drafts with.
+
+``Session`` is the small protocol the loop and the drafters use:
+
+    step(tokens [B, n], valid [B, n] | None) -> probs [B, n, V]   processed distributions
+    commit(keep: int, valid [B, keep])                             roll back since last commit
+
+``step`` appends n slots per row (``valid`` marks padding among them); ``commit`` keeps the
+first ``keep`` slots appended since the previous commit, marks which of them hold real tokens
+(holes for rows that accepted less), and crops the rest. ``CausalLMSession`` implements it for
+any transformers causal LM (``model(input_ids | inputs_embeds, attention_mask, position_ids,
+cache)``), with optional classifier-free guidance as a doubled batch: rows [0, B) are
+conditional, rows [B, 2B) unconditional, both fed the same tokens and rolled back together;
+the returned distributions are of the guided logits u + s (c - u).
+
+Adapters subclass it to change how ids become inputs (``embed``), how hidden states become
+logits (``logits``) and which ids are allowed (``mask_logits``).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from .cache import DynamicCache, SequenceMask, cache_argument, crop
+from .sampling import SamplingParams, guide
+
+
+class Session(Protocol):
+    vocab_size: int
+    batch_size: int
+
+    def step(self, tokens: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor: ...
+
+    def commit(self, keep: int, valid: torch.Tensor) -> None: ...
+
+
+def output_vocab_size(model) -> int:
+    """Rows of the output head (the width of the logits), falling back to the config."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and getattr(head, "weight", None) is not None:
+        return int(head.weight.shape[0])
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return int(cfg.vocab_size)
+
+
+def max_positions(model) -> int | None:
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return getattr(cfg, "max_position_embeddings", None)
+
+
+class CausalLMSession:
+    """A transformers causal LM, its DynamicCache and its sequence mask.
+
+    model:          a causal LM returning ``.logits`` [B, n, V].
+    params:         SamplingParams applied to the (guided) logits.
+    guidance_scale: None for no guidance; else a float s >= 0 and ``uncond_ids`` given at
+                    ``prefill``.
+    """
+
+    def __init__(self, model, params: SamplingParams, guidance_scale: float | None = None):
+        self.model = model
+        self.params = params
+        self.guidance_scale = guidance_scale
+        self.vocab_size = output_vocab_size(model)
+        self._cache_arg = cache_argument(model)
+        self.cache = None
+        self.seq: SequenceMask | None = None
+        self.batch_size = 0
+        self._since_commit = 0
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def guided(self) -> bool:
+        return self.guidance_scale is not None
+
+    # -- hooks for adapters ---------------------------------------------------------------
+    def embed(self, tokens: torch.Tensor) -> dict:
+        """Model inputs for ids [R, n] (R = rows incl. unconditional): default input_ids."""
+        return {"input_ids": tokens}
+
+    def logits(self, out) -> torch.Tensor:
+        return out.logits
+
+    def mask_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Restrict the ids that may be generated (adapters: image-token spans)."""
+        return logits
+
+    # -- prompt -----------------------------------------------------------------------------
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                uncond_ids: torch.Tensor | None = None,
+                uncond_mask: torch.Tensor | None = None, **model_kwargs) -> None:
+        """Feed the prompt's context: every prompt token but the last column.
+
+        input_ids, attention_mask: [B, P] left-padded. The last column (a real token in every
+        row) is fed by the first ``step``. With guidance, ``uncond_ids``/``uncond_mask``
+        [B, P'] are the unconditional prompts (left-padded to the same width P' = P).
+        """
+        b = input_ids.shape[0]
+        self.batch_size = b
+        if self.guided:
+            if uncond_ids is None:
+                raise ValueError("guidance_scale is set: uncond_ids (the unconditional prompts) "
+                                 "are required")
+            if uncond_ids.shape != input_ids.shape:
+                raise ValueError(f"uncond_ids must have the prompt's shape {tuple(input_ids.shape)}"
+                                 f" (left-pad both to one width), got {tuple(uncond_ids.shape)}")
+            input_ids = torch.cat([input_ids, uncond_ids], 0)
+            attention_mask = torch.cat([attention_mask, uncond_mask], 0)
+        self.cache = DynamicCache(config=self.model.config)
+        self.seq = SequenceMask.from_prompt(attention_mask)
+        if input_ids.shape[1] > 1:
+            self._forward(input_ids[:, :-1], attention_mask[:, :-1], **model_kwargs)
+        self._since_commit = 0
+
+    # -- the protocol -------------------------------------------------------------------------
+    def _rows(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t, t], 0) if self.guided else t
+
+    def _forward(self, tokens: torch.Tensor, valid: torch.Tensor, **model_kwargs) -> torch.Tensor:
+        attn, pos = self.seq.plan(valid)
+        inputs = self.embed(tokens)
+        out = self.model(**inputs, attention_mask=attn, position_ids=pos,
+                         **{self._cache_arg: self.cache}, use_cache=True, **model_kwargs)
+        self.seq.append(valid)
+        return self.logits(out)
+
+    def step(self, tokens: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens [B, n] -> processed (guided) probabilities [B, n, V]."""
+        if valid is None:
+            valid = torch.ones_like(tokens)
+        logits = self._forward(self._rows(tokens), self._rows(valid))
+        if self.guided:
+            b = self.batch_size
+            logits = guide(logits[:b], logits[b:], self.guidance_scale)
+        self._since_commit += tokens.shape[1]
+        return self.params.probs(self.mask_logits(logits))
+
+    def commit(self, keep: int, valid: torch.Tensor) -> None:
+        """Keep ``keep`` of the slots appended since the last commit; ``valid`` [B, keep]."""
+        n = self._since_commit
+        if not 0 <= keep <= n:
+            raise ValueError(f"keep={keep}: accepted 0..{n} (slots appended since last commit)")
+        crop(self.cache, n - keep)
+        self.seq.rollback(n - keep)
+        if keep:
+            self.seq.invalidate_tail(keep, self._rows(valid))
+        self._since_commit = 0
+        expected = self.seq.length
+        if self.cache.get_seq_length() != expected:
+            raise RuntimeError(f"cache length {self.cache.get_seq_length()} != committed "
+                               f"length {expected}")

@@ -1,0 +1,36 @@
+"""Shared fixtures: tiny models built from configs (no downloads)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def tiny_llama(vocab: int = 16, hidden: int = 32, layers: int = 2, heads: int = 2, seed: int = 0,
+               max_positions: int = 256, scale: float = 1.0, dtype=torch.float32) -> LlamaForCausalLM:
+    """A random tiny Llama; ``scale`` multiplies the output head (sharper or flatter p)."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=heads, max_position_embeddings=max_positions,
+                      pad_token_id=0, bos_token_id=None, eos_token_id=None,
+                      tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).to(dtype).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return model
+
+
+@pytest.fixture(scope="session")
+def pair():
+    """A tiny target and a smaller draft over a 16-id vocabulary."""
+    return tiny_llama(seed=0), tiny_llama(hidden=16, layers=1, seed=1)
+
+
+@pytest.fixture
+def ragged_prompts():
+    """Three left-padded prompts of lengths 3, 5 and 2."""
+    ids = torch.tensor([[0, 0, 3, 4, 5], [2, 1, 2, 3, 4], [0, 0, 0, 7, 8]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 1, 1]])
+    return ids, mask

@@ -1,0 +1,50 @@
+"""Statistical helpers for distribution tests (thresholds derived from the sample size)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import stats
+
+
+def chi_square_pvalue(counts: np.ndarray, probs: np.ndarray, min_expected: float = 5.0) -> float:
+    """Pearson chi-square goodness of fit; categories with small expectation are pooled."""
+    n = counts.sum()
+    expected = probs * n
+    order = np.argsort(expected)
+    obs_b, exp_b = [], []
+    acc_o = acc_e = 0.0
+    for i in order:
+        acc_o += counts[i]
+        acc_e += expected[i]
+        if acc_e >= min_expected:
+            obs_b.append(acc_o)
+            exp_b.append(acc_e)
+            acc_o = acc_e = 0.0
+    if acc_e > 0 and exp_b:
+        obs_b[-1] += acc_o
+        exp_b[-1] += acc_e
+    obs_b, exp_b = np.array(obs_b), np.array(exp_b)
+    exp_b *= obs_b.sum() / exp_b.sum()
+    return float(stats.chisquare(obs_b, exp_b).pvalue)
+
+
+def tv_threshold(probs: np.ndarray, n: int, delta: float = 1e-6) -> float:
+    """An upper bound for the TV between an n-sample histogram and ``probs``.
+
+    E[TV] <= 0.5 * sum_i sqrt(p_i (1 - p_i) / n) (Jensen), plus the McDiarmid deviation
+    sqrt(log(1/delta) / (2n)) since one sample moves the TV by at most 1/n.
+    """
+    mean = 0.5 * np.sum(np.sqrt(probs * (1 - probs) / n))
+    return float(mean + math.sqrt(math.log(1 / delta) / (2 * n)))
+
+
+def tv_two_sample_threshold(probs: np.ndarray, n: int, delta: float = 1e-6) -> float:
+    """Threshold for the TV between two independent n-sample histograms of ``probs``."""
+    mean = 0.5 * np.sum(np.sqrt(2 * probs * (1 - probs) / n))
+    return float(mean + math.sqrt(math.log(1 / delta) / n))
+
+
+def tv(a: np.ndarray, b: np.ndarray) -> float:
+    return float(0.5 * np.abs(a - b).sum())

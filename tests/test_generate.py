@@ -1,0 +1,143 @@
+"""End to end on tiny Llama pairs: greedy equality, sampling distribution, streaming."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+import mmspec
+from mmspec.acceptance import Exact
+from conftest import tiny_llama
+from stats_util import chi_square_pvalue, tv, tv_threshold
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_speculative_greedy_equals_plain_greedy(pair, ragged_prompts, k):
+    target, draft = pair
+    ids, mask = ragged_prompts
+    plain = mmspec.generate(target, None, ids, attention_mask=mask, temperature=0,
+                            max_new_tokens=24)
+    spec = mmspec.generate(target, draft, ids, attention_mask=mask, temperature=0,
+                           max_new_tokens=24, num_draft_tokens=k)
+    assert torch.equal(spec.sequences, plain.sequences)
+    assert spec.stats.row_steps <= plain.stats.row_steps - spec.stats.accepted + 3 * k
+    assert plain.stats.steps == 24
+
+
+def test_plain_greedy_equals_transformers_generate(pair, ragged_prompts):
+    """The baseline itself is checked against Hugging Face, one unpadded row at a time."""
+    target, _ = pair
+    ids, mask = ragged_prompts
+    plain = mmspec.generate(target, None, ids, attention_mask=mask, temperature=0,
+                            max_new_tokens=16)
+    for i in range(ids.shape[0]):
+        row = ids[i][mask[i].bool()][None]
+        ref = target.generate(row, attention_mask=torch.ones_like(row), do_sample=False,
+                              max_new_tokens=16, min_new_tokens=16)
+        assert ref[0, row.shape[1]:].tolist() == plain.generated(i).tolist()
+
+
+def test_greedy_rule_with_sampled_draft_equals_plain_greedy(pair, ragged_prompts):
+    target, draft = pair
+    ids, mask = ragged_prompts
+    plain = mmspec.generate(target, None, ids, attention_mask=mask, temperature=0,
+                            max_new_tokens=12)
+    spec = mmspec.generate(target, draft, ids, attention_mask=mask, temperature=0,
+                           rule="greedy", max_new_tokens=12, num_draft_tokens=3, seed=0)
+    assert torch.equal(spec.sequences, plain.sequences)
+
+
+def test_self_draft_accepts_everything(pair, ragged_prompts):
+    target, _ = pair
+    ids, mask = ragged_prompts
+    out = mmspec.generate(target, target, ids, attention_mask=mask, temperature=0,
+                          max_new_tokens=20, num_draft_tokens=4)
+    assert out.stats.acceptance_rate == 1.0
+    assert out.stats.steps == 4  # 5 tokens per step
+
+
+def test_stop_tokens_end_rows_independently(pair, ragged_prompts):
+    target, draft = pair
+    ids, mask = ragged_prompts
+    plain = mmspec.generate(target, None, ids, attention_mask=mask, temperature=0,
+                            max_new_tokens=12)
+    stop = int(plain.generated(0)[3])
+    out = mmspec.generate(target, draft, ids, attention_mask=mask, temperature=0,
+                          max_new_tokens=12, stop_token_ids=[stop], num_draft_tokens=3)
+    for i in range(3):
+        ref = plain.generated(i).tolist()
+        cut = ref.index(stop) + 1 if stop in ref else len(ref)
+        assert out.generated(i).tolist() == ref[:cut]
+
+
+def test_streaming_yields_the_same_tokens(pair, ragged_prompts):
+    target, draft = pair
+    ids, mask = ragged_prompts
+    full = mmspec.generate(target, draft, ids, attention_mask=mask, temperature=0.8, seed=5,
+                           max_new_tokens=10, num_draft_tokens=3)
+    rows = [[] for _ in range(3)]
+    for ev in mmspec.generate_stream(target, draft, ids, attention_mask=mask, temperature=0.8,
+                                     seed=5, max_new_tokens=10, num_draft_tokens=3):
+        for i, new in enumerate(ev.new_tokens):
+            rows[i].extend(new)
+    assert rows == [full.generated(i).tolist() for i in range(3)]
+
+
+def _continuation_distribution(model, prompt: list[int], m: int, temperature: float):
+    """Exact distribution of the m-token continuation, by enumerating all V^m sequences."""
+    v = model.config.vocab_size
+    seqs = torch.tensor(list(itertools.product(range(v), repeat=m)))
+    ids = torch.cat([torch.tensor(prompt).expand(len(seqs), -1), seqs], 1)
+    with torch.no_grad():
+        logits = model(ids).logits.double()[:, len(prompt) - 1 : -1] / temperature
+    logp = torch.log_softmax(logits, -1).gather(-1, seqs[..., None]).squeeze(-1).sum(-1)
+    return logp.exp().numpy()
+
+
+def _sample_histogram(target, draft, prompt, m, n, temperature, seed, rule, k=3):
+    ids = torch.tensor(prompt).expand(n, -1).contiguous()
+    out = mmspec.generate(target, draft, ids, temperature=temperature, max_new_tokens=m,
+                          num_draft_tokens=k, seed=seed, rule=rule)
+    gen = out.sequences[:, len(prompt):]
+    v = target.config.vocab_size
+    code = (gen * torch.tensor([v ** (m - 1 - i) for i in range(m)])).sum(1)
+    return np.bincount(code.numpy(), minlength=v ** m).astype(float), out.stats
+
+
+class ResampleFromP(Exact):
+    """A broken rule: on rejection samples from p instead of the residual."""
+
+    def residual(self, x, p, q, pos):
+        return p
+
+
+@pytest.fixture(scope="module")
+def flat_pair():
+    # A sharp-ish target and a very different draft so that rejections are frequent.
+    return (tiny_llama(vocab=8, hidden=32, seed=3, scale=6.0),
+            tiny_llama(vocab=8, hidden=16, layers=1, seed=4, scale=6.0))
+
+
+def test_speculative_sampling_matches_target_distribution(flat_pair):
+    target, draft = flat_pair
+    prompt, m, n, temp = [1, 2, 3], 3, 20_000, 1.0
+    exact = _continuation_distribution(target, prompt, m, temp)
+    spec, st = _sample_histogram(target, draft, prompt, m, n, temp, seed=0, rule="exact")
+    plain, _ = _sample_histogram(target, None, prompt, m, n, temp, seed=1, rule="exact")
+    assert st.acceptance_rate < 0.8  # rejections (and so residual draws) are frequent
+    thr = tv_threshold(exact, n)
+    assert tv(spec / n, exact) < thr
+    assert tv(plain / n, exact) < thr
+    assert chi_square_pvalue(spec, exact) > 1e-4
+
+
+def test_distribution_check_fails_for_a_broken_residual(flat_pair):
+    target, draft = flat_pair
+    prompt, m, n, temp = [1, 2, 3], 3, 20_000, 1.0
+    exact = _continuation_distribution(target, prompt, m, temp)
+    broken, _ = _sample_histogram(target, draft, prompt, m, n, temp, seed=0, rule=ResampleFromP())
+    assert tv(broken / n, exact) > tv_threshold(exact, n) or chi_square_pvalue(broken, exact) < 1e-4
+    assert chi_square_pvalue(broken, exact) < 1e-4
