@@ -26,7 +26,7 @@ def _load() -> None:
 
     for name in acceptance.__all__:
         cls = getattr(acceptance, name)
-        if isinstance(cls, type) and issubclass(cls, Rule) and cls is not Rule:
+        if isinstance(cls, type) and issubclass(cls, Rule) and cls.name not in (None, "rule"):
             _RULES[cls.name] = cls
 
 

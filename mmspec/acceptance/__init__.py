@@ -1,6 +1,17 @@
-"""Acceptance rules: one per file, each a pure tensor function behind ``Rule``'s contract."""
+"""Acceptance rules: one per file, each a pure tensor function behind ``Rule``'s contract.
 
-from .base import Rule
+Lossless: ``Exact`` (speculative sampling), ``Greedy`` (greedy verification).
+Relaxed (declare ``lossless = False`` and a TV bound): ``Lantern`` (and LANTERN++ with
+``lam``), ``Grouped`` (GSD), ``Annealed`` (Cool-SD). ``CoarseGrained`` (PCG) is exact at
+group level (``group_lossless = True``).
+"""
+
+from .annealed import Annealed
+from .base import Relaxed, Rule
+from .coarse import CoarseGrained
 from .exact import Exact, Greedy
+from .grouped import Grouped
+from .lantern import Lantern
 
-__all__ = ["Rule", "Exact", "Greedy"]
+__all__ = ["Rule", "Relaxed", "Exact", "Greedy", "Lantern", "Grouped", "CoarseGrained",
+           "Annealed"]

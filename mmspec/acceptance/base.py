@@ -129,5 +129,42 @@ class Rule:
         fields = getattr(self, "__dataclass_fields__", None)
         if not fields:
             return f"{type(self).__name__}()"
-        args = ", ".join(f"{f}={getattr(self, f)!r}" for f in fields if not f.startswith("_"))
+        def show(v):
+            if isinstance(v, torch.Tensor):
+                return f"Tensor[{'x'.join(map(str, v.shape))}]"
+            return repr(v)
+
+        args = ", ".join(f"{f}={show(getattr(self, f))}" for f in fields if not f.startswith("_"))
         return f"{type(self).__name__}({args})"
+
+
+class Relaxed(Rule):
+    """A rule whose acceptance never falls below the exact rule's, per token:
+    a(x) >= min(1, p(x) / q(x)).
+
+    For every such rule the residual that minimises the total variation of the emitted token
+    from p is the exact one, norm(max(0, p - q)), and then, exactly,
+
+        TV(o, p) = sum_y (q(y) a(y) - p(y))^+  <=  TV(p, q)
+
+    (o is the emitted token's distribution). Proof: o(y) >= q(y) a(y) for any residual, so
+    TV(o, p) = sum_y (o(y) - p(y))^+ >= sum_y (q(y) a(y) - p(y))^+; with the exact residual
+    the rejected mass only fills the deficits p(y) - q(y) a(y) > 0, which meets that bound.
+    Each subclass states a bound on this quantity in terms of its parameter (``tv_bound``).
+    """
+
+    lossless = False
+    name = None
+
+    def residual(self, x, p, q, pos):
+        from ..sampling import residual as _residual
+
+        return _residual(p, self.dense_q(x, q, p))
+
+    def exact_accept_prob(self, x, p, q):
+        px = p.gather(-1, x[..., None]).squeeze(-1)
+        return self.ratio(px, self.draft_mass(x, q, p))
+
+    def tv_bound(self, p: torch.Tensor, q: torch.Tensor | None, pos: int = 0) -> torch.Tensor:
+        """Declared bound on TV(o, p) for one position: [N, V] p and q -> [N]."""
+        raise NotImplementedError

@@ -50,7 +50,8 @@ class Greedy(Rule):
         return torch.zeros_like(p).scatter_(-1, p.argmax(-1, keepdim=True), 1.0)
 
     def __call__(self, draft_tokens, draft_probs, target_probs, generator=None, *, validate=True):
+        self.validate(draft_tokens, draft_probs, target_probs, values=validate)
         # The bonus token is the argmax too, so greedy verification needs no randomness.
         greedy_p = torch.zeros_like(target_probs).scatter_(
             -1, target_probs.argmax(-1, keepdim=True), 1.0)
-        return super().__call__(draft_tokens, draft_probs, greedy_p, generator, validate=validate)
+        return super().__call__(draft_tokens, draft_probs, greedy_p, generator, validate=False)
