@@ -5,7 +5,7 @@ models; modality pipelines live in the ``modalities`` package.
 """
 
 from .acceptance import Exact, Greedy, Rule
-from .drafters import ModelDrafter, NoDraft
+from .drafters import Jacobi, ModelDrafter, NoDraft
 from .generate import generate, generate_stream
 from .loop import run, stream
 from .registry import make_rule, rule_names
@@ -18,6 +18,6 @@ __version__ = "0.1.0"
 __all__ = [
     "Draft", "TargetOutput", "VerifyOutput", "StepStats", "GenerateOutput",
     "Rule", "Exact", "Greedy", "make_rule", "rule_names",
-    "SamplingParams", "CausalLMSession", "ModelDrafter", "NoDraft",
+    "SamplingParams", "CausalLMSession", "ModelDrafter", "NoDraft", "Jacobi",
     "generate", "generate_stream", "run", "stream",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -64,20 +65,37 @@ def validate_pair(target, draft, *, input_ids, max_new_tokens, num_draft_tokens)
 
 
 def _prepare(target, draft, input_ids, attention_mask, rule, num_draft_tokens, max_new_tokens,
-             temperature, top_k, top_p, min_p, seed, drafter):
+             temperature, top_k, top_p, min_p, seed, drafter, guidance_scale=None,
+             uncond_input_ids=None, uncond_attention_mask=None):
     attention_mask = _check_prompt(input_ids, attention_mask)
+    prompt = {}
+    if guidance_scale is not None:
+        if not (isinstance(guidance_scale, (int, float)) and math.isfinite(guidance_scale)
+                and guidance_scale >= 0):
+            raise ValueError(f"guidance_scale={guidance_scale!r}: accepted a finite float >= 0")
+        if uncond_input_ids is None:
+            raise ValueError("guidance_scale needs uncond_input_ids (the unconditional prompts, "
+                             "left-padded to the prompt's shape)")
+        uncond_attention_mask = _check_prompt(uncond_input_ids, uncond_attention_mask)
+        prompt = dict(uncond_ids=uncond_input_ids, uncond_mask=uncond_attention_mask)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     rule_obj: Rule = make_rule(rule)
     validate_pair(target, draft, input_ids=input_ids, max_new_tokens=max_new_tokens,
                   num_draft_tokens=num_draft_tokens)
     generator = make_generator(seed, input_ids.device)
-    tgt = CausalLMSession(target, params)
+    tgt = CausalLMSession(target, params, guidance_scale)
     if drafter is None:
         drafter = (NoDraft() if draft is None else
-                   ModelDrafter(CausalLMSession(draft, params), num_draft_tokens))
+                   ModelDrafter(CausalLMSession(draft, params, guidance_scale), num_draft_tokens))
     if hasattr(drafter, "generator"):
         drafter.generator = generator
-    return attention_mask, tgt, drafter, rule_obj, generator
+    return attention_mask, tgt, drafter, rule_obj, generator, prompt
+
+
+def _default_stops(target) -> list[int]:
+    cfg = getattr(target, "generation_config", None)
+    eos = getattr(cfg, "eos_token_id", None)
+    return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
 
 
 @torch.inference_mode()
@@ -85,7 +103,8 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
              num_draft_tokens: int = 4, max_new_tokens: int = 64, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
              seed: int | None = None, stop_token_ids=None, pad_token_id: int | None = None,
-             drafter=None, profile: bool = False) -> GenerateOutput:
+             drafter=None, guidance_scale: float | None = None, uncond_input_ids=None,
+             uncond_attention_mask=None, profile: bool = False) -> GenerateOutput:
     """Speculative decoding of ``target`` with ``draft`` (or plain decoding if both ``draft``
     and ``drafter`` are None).
 
@@ -97,23 +116,25 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
                     temperature 0 is greedy decoding.
     seed:           seeds a torch.Generator on the prompt's device (None: global RNG).
     stop_token_ids: ids that end a row (default: the target's eos_token_id).
-    drafter:        a drafter object instead of ``draft`` (Jacobi, lookup, ensembles).
+    drafter:        a drafter object instead of ``draft`` (``Jacobi``, ensembles ...).
+    guidance_scale: classifier-free guidance u + s (c - u) on the logits of target and draft;
+                    ``uncond_input_ids`` [B, P] (left-padded like the prompt) are the
+                    unconditional rows, rolled back together with the conditional ones.
 
     Rows keep independent accepted lengths (ragged, DESIGN.md); each row stops at its own
     stop token or after max_new_tokens. Returns GenerateOutput(sequences [B, P + T],
     num_generated [B], prompt_length, stats).
     """
-    attention_mask, tgt, drafter, rule_obj, generator = _prepare(
+    attention_mask, tgt, drafter, rule_obj, generator, prompt = _prepare(
         target, draft, input_ids, attention_mask, rule, num_draft_tokens, max_new_tokens,
-        temperature, top_k, top_p, min_p, seed, drafter)
+        temperature, top_k, top_p, min_p, seed, drafter, guidance_scale, uncond_input_ids,
+        uncond_attention_mask)
     if stop_token_ids is None:
-        eos = getattr(target.generation_config, "eos_token_id", None) if hasattr(
-            target, "generation_config") else None
-        stop_token_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        stop_token_ids = _default_stops(target)
     stats = StepStats()
     t0 = time.perf_counter()
-    tgt.prefill(input_ids, attention_mask)
-    drafter.begin(input_ids, attention_mask)
+    tgt.prefill(input_ids, attention_mask, **prompt)
+    drafter.begin(input_ids, attention_mask, vocab_size=tgt.vocab_size, **prompt)
     stats.seconds_prefill = time.perf_counter() - t0
     res = run(tgt, drafter, rule_obj, input_ids[:, -1], max_new_tokens=max_new_tokens,
               stop_token_ids=set(stop_token_ids), generator=generator, stats=stats,
@@ -135,15 +156,16 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
 def generate_stream(target, draft=None, input_ids=None, *, attention_mask=None, rule="exact",
                     num_draft_tokens: int = 4, max_new_tokens: int = 64,
                     temperature: float = 1.0, top_k=None, top_p=None, min_p=None, seed=None,
-                    stop_token_ids=None, drafter=None):
+                    stop_token_ids=None, drafter=None, guidance_scale=None,
+                    uncond_input_ids=None, uncond_attention_mask=None):
     """Like ``generate`` but yields ``StepEvent``s (new token ids per row) as they are accepted."""
-    attention_mask, tgt, drafter, rule_obj, generator = _prepare(
+    attention_mask, tgt, drafter, rule_obj, generator, prompt = _prepare(
         target, draft, input_ids, attention_mask, rule, num_draft_tokens, max_new_tokens,
-        temperature, top_k, top_p, min_p, seed, drafter)
+        temperature, top_k, top_p, min_p, seed, drafter, guidance_scale, uncond_input_ids,
+        uncond_attention_mask)
     if stop_token_ids is None:
-        eos = getattr(target.generation_config, "eos_token_id", None)
-        stop_token_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-    tgt.prefill(input_ids, attention_mask)
-    drafter.begin(input_ids, attention_mask)
+        stop_token_ids = _default_stops(target)
+    tgt.prefill(input_ids, attention_mask, **prompt)
+    drafter.begin(input_ids, attention_mask, vocab_size=tgt.vocab_size, **prompt)
     yield from stream(tgt, drafter, rule_obj, input_ids[:, -1], max_new_tokens=max_new_tokens,
                       stop_token_ids=set(stop_token_ids), generator=generator)

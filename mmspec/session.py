@@ -69,6 +69,7 @@ class CausalLMSession:
         self.seq: SequenceMask | None = None
         self.batch_size = 0
         self._since_commit = 0
+        self._uncond_last = None
 
     @property
     def device(self) -> torch.device:
@@ -109,6 +110,8 @@ class CausalLMSession:
             if uncond_ids.shape != input_ids.shape:
                 raise ValueError(f"uncond_ids must have the prompt's shape {tuple(input_ids.shape)}"
                                  f" (left-pad both to one width), got {tuple(uncond_ids.shape)}")
+            # The first step feeds each branch its own last prompt token.
+            self._uncond_last = uncond_ids[:, -1]
             input_ids = torch.cat([input_ids, uncond_ids], 0)
             attention_mask = torch.cat([attention_mask, uncond_mask], 0)
         self.cache = DynamicCache(config=self.model.config)
@@ -120,6 +123,16 @@ class CausalLMSession:
     # -- the protocol -------------------------------------------------------------------------
     def _rows(self, t: torch.Tensor) -> torch.Tensor:
         return torch.cat([t, t], 0) if self.guided else t
+
+    def _input_rows(self, tokens: torch.Tensor) -> torch.Tensor:
+        if not self.guided:
+            return tokens
+        uncond = tokens
+        if self._uncond_last is not None:   # first step after the prompt
+            uncond = tokens.clone()
+            uncond[:, 0] = self._uncond_last
+            self._uncond_last = None
+        return torch.cat([tokens, uncond], 0)
 
     def _forward(self, tokens: torch.Tensor, valid: torch.Tensor, **model_kwargs) -> torch.Tensor:
         attn, pos = self.seq.plan(valid)
@@ -133,7 +146,7 @@ class CausalLMSession:
         """tokens [B, n] -> processed (guided) probabilities [B, n, V]."""
         if valid is None:
             valid = torch.ones_like(tokens)
-        logits = self._forward(self._rows(tokens), self._rows(valid))
+        logits = self._forward(self._input_rows(tokens), self._rows(valid))
         if self.guided:
             b = self.batch_size
             logits = guide(logits[:b], logits[b:], self.guidance_scale)

@@ -1,6 +1,7 @@
 """Drafters: where draft tokens come from (a model, the target itself, nothing)."""
 
 from .base import Drafter, NoDraft
+from .jacobi import Jacobi
 from .model import ModelDrafter
 
-__all__ = ["Drafter", "NoDraft", "ModelDrafter"]
+__all__ = ["Drafter", "NoDraft", "ModelDrafter", "Jacobi"]

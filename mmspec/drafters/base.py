@@ -1,6 +1,6 @@
 """The drafter interface: two methods, like Hugging Face's candidate generators.
 
-    begin(input_ids [B, P], attention_mask [B, P], **prompt)   once, before the first step
+    begin(input_ids [B, P], attention_mask [B, P], vocab_size=V, **prompt)   once, first
     propose(last [B], k_max) -> Draft                           up to k_max tokens per row
     observe(out: VerifyOutput, target_probs [B, K+1, V], num_accepted: list[int])
 
@@ -20,7 +20,8 @@ from ..types import Draft, VerifyOutput
 
 
 class Drafter(Protocol):
-    def begin(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **prompt) -> None: ...
+    def begin(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+              vocab_size: int, **prompt) -> None: ...
 
     def propose(self, last: torch.Tensor, k_max: int) -> Draft: ...
 
@@ -33,9 +34,8 @@ class NoDraft:
 
     num_tokens = 0
 
-    def begin(self, input_ids, attention_mask, **prompt) -> None:
-        self._b = input_ids.shape[0]
-        self._device = input_ids.device
+    def begin(self, input_ids, attention_mask, vocab_size=None, **prompt) -> None:
+        pass
 
     def propose(self, last, k_max):
         return Draft(tokens=torch.zeros(last.shape[0], 0, dtype=torch.long, device=last.device))

@@ -36,7 +36,7 @@ class ModelDrafter:
         self._fed = 0
         self._k = 0
 
-    def begin(self, input_ids, attention_mask, **prompt) -> None:
+    def begin(self, input_ids, attention_mask, vocab_size=None, **prompt) -> None:
         self.session.prefill(input_ids, attention_mask, **prompt)
         self._backlog = self._backlog_valid = None
 

@@ -1,0 +1,232 @@
+"""Speculative Jacobi decoding, SJD (Teng et al., ICLR 2025), and its marginal-preserving
+couplings (SCD / MC-SJD, arXiv 2510.24211).
+
+The target drafts for itself. The drafter keeps, per row, a window of L draft tokens after
+the committed prefix together with the distributions q they were drawn from. Each step the
+target verifies ``[last, window[:K]]`` (K = L unless the loop's budget is smaller) and
+returns p_0..p_K; the rule accepts n drafts and emits one more token. Then the window
+shifts by n + 1 and is refreshed:
+
+- slots whose position the pass covered get a new draft x' with q' = p_new (the target's
+  distribution there, conditioned on the stale drafts before it), drawn by the coupling:
+    * ``"none"``    x' ~ p_new independently (plain SJD);
+    * ``"maximal"`` keep the old draft x with probability min(1, p_new(x) / q_old(x)),
+                    else draw from norm(max(0, p_new - q_old)) (so x' = x with probability
+                    1 - TV, and x' ~ p_new exactly);
+    * ``"gumbel"``  x' = argmax(log p_new + G_pos) with a persistent Gumbel table per
+                    absolute position, shifted with the window (x' ~ p_new exactly, and
+                    equal to the previous draft whenever the argmax does not move);
+- slots the pass did not reach keep their old draft and q;
+- new slots at the end get a fresh token from the initialisation with a one-hot q.
+
+Lossless: each draft at position t is, given everything at positions < t, distributed as
+the q recorded for it (fresh randomness, or a Gumbel row used only for position t), and the
+acceptance test uses fresh uniforms, so the exact rule emits the target's distribution.
+A fresh token with a one-hot q is a point-mass draft, lossless for any way it was chosen.
+
+Initialisations (``init``): ``"uniform"`` over ``init_range`` = [lo, hi) (the adapter gives
+the image-token span or codebook); spatial priors on a raster grid of ``grid_width``:
+``"repeat_horizon"`` copies the token to the left, ``"sample_horizon"`` samples from the
+left neighbour's distribution, ``"repeat_vertical"`` copies the token above (``grid_width``
+positions back), ``"sample_vertical"`` samples from the distribution above when it is still
+in the window (else copies it). Grid positions count generated tokens from the loop's start:
+the adapter runs the loop over exactly the region it wants drafted (for images the
+image-token span), so outside it decoding is ordinary.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..sampling import residual, sample
+from ..types import Draft
+
+INITS = ("uniform", "repeat_horizon", "sample_horizon", "repeat_vertical", "sample_vertical")
+COUPLINGS = ("none", "maximal", "gumbel")
+
+
+def _gumbel(shape, device, dtype, generator) -> torch.Tensor:
+    u = torch.rand(shape, device=device, dtype=dtype, generator=generator)
+    tiny = torch.finfo(dtype).tiny
+    e = (-torch.log(u.clamp_min(tiny))).clamp_min(tiny)     # Exp(1), never 0
+    return -torch.log(e)
+
+
+def _one_hot(x: torch.Tensor, v: int, dtype) -> torch.Tensor:
+    return torch.zeros(*x.shape, v, dtype=dtype, device=x.device).scatter_(-1, x[..., None], 1.0)
+
+
+class Jacobi:
+    """``Jacobi(window=16, init="uniform", coupling="none", init_range=None, grid_width=None,
+    span_length=None)`` -- a drafter usable wherever a drafter is.
+
+    window:      L, drafts kept per row (>= 1).
+    init:        one of INITS.
+    coupling:    one of COUPLINGS.
+    init_range:  (lo, hi) ids for uniform initialisation (default: the whole vocabulary).
+    grid_width:  tokens per grid row, for the spatial priors (required by them).
+    span_length: the region's length, checked to be a multiple of grid_width when given.
+    """
+
+    def __init__(self, window: int = 16, init: str = "uniform", coupling: str = "none",
+                 init_range: tuple[int, int] | None = None, grid_width: int | None = None,
+                 span_length: int | None = None, generator=None):
+        if not isinstance(window, int) or window < 1:
+            raise ValueError(f"window={window!r}: accepted an integer >= 1")
+        if init not in INITS:
+            raise ValueError(f"init={init!r}: accepted one of {INITS}")
+        if coupling not in COUPLINGS:
+            raise ValueError(f"coupling={coupling!r}: accepted one of {COUPLINGS}")
+        if init != "uniform" and grid_width is None:
+            raise ValueError(f"init={init!r} needs grid_width (tokens per grid row)")
+        if grid_width is not None and (not isinstance(grid_width, int) or grid_width < 1):
+            raise ValueError(f"grid_width={grid_width!r}: accepted an integer >= 1")
+        if span_length is not None and grid_width is not None and span_length % grid_width:
+            raise ValueError(f"grid_width={grid_width} does not divide span_length="
+                             f"{span_length}: accepted a width that divides the span")
+        if init_range is not None:
+            lo, hi = init_range
+            if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo < hi):
+                raise ValueError(f"init_range={init_range!r}: accepted (lo, hi) with 0 <= lo < hi")
+        self.window, self.init, self.coupling = window, init, coupling
+        self.init_range, self.grid_width = init_range, grid_width
+        self.generator = generator
+        self.num_tokens = window
+
+    # -- state ----------------------------------------------------------------------------
+    def begin(self, input_ids, attention_mask, vocab_size: int | None = None, **prompt) -> None:
+        """Start a window after the prompt (``prompt`` extras such as guidance are unused)."""
+        if vocab_size is None:
+            raise ValueError("Jacobi.begin needs vocab_size (the loop passes the target's)")
+        if self.init_range is not None and self.init_range[1] > vocab_size:
+            raise ValueError(f"init_range={self.init_range}: accepted ids inside the vocabulary "
+                             f"[0, {vocab_size})")
+        b, L = input_ids.shape[0], self.window
+        dev = input_ids.device
+        self.v = vocab_size
+        self.dtype = torch.float32
+        self.gen_pos = torch.zeros(b, dtype=torch.long, device=dev)     # committed generated
+        self.history = torch.zeros(b, 64, dtype=torch.long, device=dev)  # committed ids
+        self.gumbel = (_gumbel((b, L, vocab_size), dev, self.dtype, self.generator)
+                       if self.coupling == "gumbel" else None)
+        last = input_ids[:, -1]
+        self.tokens = torch.zeros(b, L, dtype=torch.long, device=dev)
+        self.q = torch.zeros(b, L, vocab_size, dtype=self.dtype, device=dev)
+        start = torch.zeros(b, dtype=torch.long, device=dev)
+        self._fill(start, last, prev_q=_one_hot(last, vocab_size, self.dtype))
+
+    def propose(self, last: torch.Tensor, k_max: int) -> Draft:
+        k = max(0, min(self.window, k_max))
+        return Draft(tokens=self.tokens[:, :k], probs=self.q[:, :k])
+
+    # -- refresh ----------------------------------------------------------------------------
+    def observe(self, out, target_probs, num_accepted) -> None:
+        b, L = self.tokens.shape
+        dev = self.tokens.device
+        k = target_probs.shape[1] - 1
+        n = out.num_accepted
+        shift = n + 1                                                        # [B]
+        self._record(out, n)
+        slots = torch.arange(L, device=dev)
+        j = slots[None] + shift[:, None]                                     # old slot index
+        has_p = j <= k
+        has_old = j < L
+        jo = j.clamp(max=L - 1)
+        old_tok = self.tokens.gather(1, jo)
+        old_q = self.q.gather(1, jo[..., None].expand(-1, -1, self.v))
+        p_new = target_probs.to(self.dtype).gather(1, j.clamp(max=k)[..., None].expand(-1, -1, self.v))
+        if self.gumbel is not None:
+            fresh = _gumbel((b, L, self.v), dev, self.dtype, self.generator)
+            self.gumbel = torch.where(has_old[..., None], self.gumbel.gather(
+                1, jo[..., None].expand(-1, -1, self.v)), fresh)
+
+        new_tok = self._couple(p_new, old_tok, old_q, has_old)
+        tokens = torch.where(has_p, new_tok, old_tok)
+        q = torch.where(has_p[..., None], p_new, old_q)
+        self.tokens, self.q = tokens, q
+        # Fresh slots: neither a new distribution nor an old draft.
+        start = torch.where(has_p | has_old, L, slots[None]).amin(1)          # first fresh
+        prev_q = None
+        if self.init in ("sample_horizon",):
+            idx = (start - 1).clamp(min=0)
+            prev_q = torch.where((start > 0)[:, None], self.q[torch.arange(b, device=dev), idx],
+                                 _one_hot(out.last_tokens, self.v, self.dtype))
+        self._fill(start, out.last_tokens, prev_q)
+
+    def _couple(self, p_new, old_tok, old_q, has_old) -> torch.Tensor:
+        g = self.generator
+        if self.coupling == "none":
+            return sample(p_new, g)
+        if self.coupling == "gumbel":
+            return (p_new.clamp_min(0).log() + self.gumbel).argmax(-1)
+        # maximal coupling with the old draft, where there is one
+        p_x = p_new.gather(-1, old_tok[..., None]).squeeze(-1)
+        q_x = old_q.gather(-1, old_tok[..., None]).squeeze(-1)
+        keep = torch.rand(p_x.shape, device=p_x.device, generator=g) * q_x < p_x
+        redraw = sample(residual(p_new, old_q), g)
+        coupled = torch.where(keep, old_tok, redraw)
+        return torch.where(has_old, coupled, sample(p_new, g))
+
+    def _record(self, out, n) -> None:
+        """Append each row's emitted tokens to its committed history."""
+        b = n.shape[0]
+        width = int(out.tokens.shape[1])
+        cap = self.history.shape[1]
+        need = int(self.gen_pos.max()) + width
+        if need > cap:
+            grow = torch.zeros(b, need - cap + 64, dtype=torch.long, device=n.device)
+            self.history = torch.cat([self.history, grow], 1)
+        cols = self.gen_pos[:, None] + torch.arange(width, device=n.device)[None]
+        valid = torch.arange(width, device=n.device)[None] <= n[:, None]
+        cur = self.history.gather(1, cols)
+        self.history.scatter_(1, cols, torch.where(valid, out.tokens.clamp(min=0), cur))
+        self.gen_pos = self.gen_pos + n + 1
+
+    def _fill(self, start: torch.Tensor, last: torch.Tensor, prev_q) -> None:
+        """Initialise window slots s >= start[b] (fresh drafts, one-hot q)."""
+        b, L = self.tokens.shape
+        dev = self.tokens.device
+        slots = torch.arange(L, device=dev)
+        fresh = slots[None] >= start[:, None]                                   # [B, L]
+        if not bool(fresh.any()):
+            return
+        rows = torch.arange(b, device=dev)
+        if self.init == "uniform":
+            lo, hi = self.init_range if self.init_range is not None else (0, self.v)
+            if self.gumbel is not None:   # consistent with the coupling: argmax of the table
+                tok = self.gumbel[..., lo:hi].argmax(-1) + lo
+            else:
+                tok = torch.randint(lo, hi, (b, L), device=dev, generator=self.generator)
+        elif self.init in ("repeat_horizon", "sample_horizon"):
+            prev = torch.where(start > 0, self.tokens[rows, (start - 1).clamp(min=0)], last)
+            tok = prev[:, None].expand(b, L)
+            if self.init == "sample_horizon":
+                tok = sample(prev_q[:, None].expand(b, L, self.v), self.generator)
+        else:
+            tok = self._vertical(fresh, last)
+        self.tokens = torch.where(fresh, tok, self.tokens)
+        self.q = torch.where(fresh[..., None], _one_hot(self.tokens, self.v, self.dtype), self.q)
+
+    def _vertical(self, fresh: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """Token above each fresh slot (grid_width back), else the token to the left."""
+        b, L = fresh.shape
+        w = self.grid_width
+        tok = self.tokens.clone()
+        for s in range(L):
+            col = fresh[:, s]
+            if not bool(col.any()):
+                continue
+            pos = self.gen_pos + s                                    # generated index
+            above = pos - w
+            from_window = tok[:, s - w] if s >= w else tok[:, 0]
+            in_window = above >= self.gen_pos
+            idx = above.clamp(0, self.history.shape[1] - 1)
+            from_hist = self.history.gather(1, idx[:, None]).squeeze(1)
+            left = tok[:, s - 1] if s > 0 else last
+            cand = torch.where(in_window, from_window, from_hist)
+            cand = torch.where(above >= 0, cand, left)
+            if self.init == "sample_vertical" and s >= w:
+                sampled = sample(self.q[:, s - w], self.generator)
+                cand = torch.where(in_window & (above >= 0), sampled, cand)
+            tok[:, s] = torch.where(col, cand, tok[:, s])
+        return tok
