@@ -76,13 +76,17 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
         remaining = min(max_new_tokens - produced[i] for i in range(b) if not finished[i])
         k_max = remaining - 1
 
+        # Finished rows ride along as padding: their inputs are masked and their positions
+        # stop advancing (models with absolute position tables never see them overflow).
+        active = torch.tensor([not f for f in finished], device=device)
         t0 = time.perf_counter()
-        draft = drafter.propose(last, k_max)
+        draft = drafter.propose(last, k_max, active)
         if profile:
             _sync(device)
         t1 = time.perf_counter()
         k = draft.tokens.shape[1]
-        p = target.step(torch.cat([last[:, None], draft.tokens], 1))          # [B, K+1, V]
+        fed = torch.cat([last[:, None], draft.tokens], 1)
+        p = target.step(fed, active[:, None].expand_as(fed))                 # [B, K+1, V]
         if profile:
             _sync(device)
         t2 = time.perf_counter()
@@ -98,9 +102,9 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
             raise ValueError("the model produced NaN or inf probabilities (check its logits "
                              "and dtype): accepted finite logits")
         n_host = [row[0] for row in host]
-        keep = max(n_host) + 1
+        keep = max(n for n, f in zip(n_host, finished) if not f) + 1
         cols = torch.arange(keep, device=device)
-        target.commit(keep, cols[None] < out.num_emitted[:, None])
+        target.commit(keep, (cols[None] < out.num_emitted[:, None]) & active[:, None])
         drafter.observe(out, p, n_host)
         last = out.last_tokens
         t4 = time.perf_counter()

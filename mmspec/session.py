@@ -13,8 +13,10 @@ cache)``), with optional classifier-free guidance as a doubled batch: rows [0, B
 conditional, rows [B, 2B) unconditional, both fed the same tokens and rolled back together;
 the returned distributions are of the guided logits u + s (c - u).
 
-Adapters subclass it to change how ids become inputs (``embed``), how hidden states become
-logits (``logits``) and which ids are allowed (``mask_logits``).
+Adapters subclass it to change how ids become inputs (``embed``; the first step after the
+prompt feeds the prompt's last token, which may live in another id space), how outputs become
+logits (``logits``) and which ids are allowed where (``mask_logits``, given each predicted
+token's index among the generated tokens).
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class CausalLMSession:
 
     def __init__(self, model, params: SamplingParams, guidance_scale: float | None = None):
         self.model = model
+        self.net = model                 # the module that is called (adapters may narrow it)
         self.params = params
         self.guidance_scale = guidance_scale
         self.vocab_size = output_vocab_size(model)
@@ -70,6 +73,8 @@ class CausalLMSession:
         self.batch_size = 0
         self._since_commit = 0
         self._uncond_last = None
+        self._first = True
+        self._base = None
 
     @property
     def device(self) -> torch.device:
@@ -80,15 +85,20 @@ class CausalLMSession:
         return self.guidance_scale is not None
 
     # -- hooks for adapters ---------------------------------------------------------------
-    def embed(self, tokens: torch.Tensor) -> dict:
-        """Model inputs for ids [R, n] (R = rows incl. unconditional): default input_ids."""
+    def embed(self, tokens: torch.Tensor, first_step: bool = False) -> dict:
+        """Model inputs for ids [R, n] (R = rows incl. unconditional): default input_ids.
+
+        On the first step after the prompt, column 0 is the prompt's last token."""
         return {"input_ids": tokens}
 
     def logits(self, out) -> torch.Tensor:
         return out.logits
 
-    def mask_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """Restrict the ids that may be generated (adapters: image-token spans)."""
+    def mask_logits(self, logits: torch.Tensor, gen_index: torch.Tensor) -> torch.Tensor:
+        """Restrict the ids allowed at each predicted position.
+
+        logits [B, n, V]; gen_index [B, n]: index of the predicted token among the generated
+        tokens (0 = the first token after the prompt)."""
         return logits
 
     # -- prompt -----------------------------------------------------------------------------
@@ -114,11 +124,13 @@ class CausalLMSession:
             self._uncond_last = uncond_ids[:, -1]
             input_ids = torch.cat([input_ids, uncond_ids], 0)
             attention_mask = torch.cat([attention_mask, uncond_mask], 0)
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = DynamicCache(config=self.net.config)
         self.seq = SequenceMask.from_prompt(attention_mask)
         if input_ids.shape[1] > 1:
-            self._forward(input_ids[:, :-1], attention_mask[:, :-1], **model_kwargs)
+            self._forward(input_ids[:, :-1], attention_mask[:, :-1], prompt=True, **model_kwargs)
         self._since_commit = 0
+        self._base = self.seq.next_pos[: self.batch_size].clone()   # position of the last prompt token
+        self._first = True
 
     # -- the protocol -------------------------------------------------------------------------
     def _rows(self, t: torch.Tensor) -> torch.Tensor:
@@ -134,24 +146,32 @@ class CausalLMSession:
             self._uncond_last = None
         return torch.cat([tokens, uncond], 0)
 
-    def _forward(self, tokens: torch.Tensor, valid: torch.Tensor, **model_kwargs) -> torch.Tensor:
+    def prompt_inputs(self, tokens: torch.Tensor) -> dict:
+        """Model inputs for the prompt's ids (default: input_ids)."""
+        return {"input_ids": tokens}
+
+    def _forward(self, tokens: torch.Tensor, valid: torch.Tensor, prompt: bool = False,
+                 **model_kwargs) -> torch.Tensor:
         attn, pos = self.seq.plan(valid)
-        inputs = self.embed(tokens)
-        out = self.model(**inputs, attention_mask=attn, position_ids=pos,
-                         **{self._cache_arg: self.cache}, use_cache=True, **model_kwargs)
+        inputs = self.prompt_inputs(tokens) if prompt else self.embed(tokens, self._first)
+        out = self.net(**inputs, attention_mask=attn, position_ids=pos,
+                       **{self._cache_arg: self.cache}, use_cache=True, **model_kwargs)
         self.seq.append(valid)
-        return self.logits(out)
+        return None if prompt else self.logits(out)
 
     def step(self, tokens: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """tokens [B, n] -> processed (guided) probabilities [B, n, V]."""
         if valid is None:
             valid = torch.ones_like(tokens)
+        b = self.batch_size
+        _, pos = self.seq.plan(self._rows(valid))
+        gen_index = pos[:b] - self._base[:, None]
         logits = self._forward(self._input_rows(tokens), self._rows(valid))
+        self._first = False
         if self.guided:
-            b = self.batch_size
             logits = guide(logits[:b], logits[b:], self.guidance_scale)
         self._since_commit += tokens.shape[1]
-        return self.params.probs(self.mask_logits(logits))
+        return self.params.probs(self.mask_logits(logits, gen_index))
 
     def commit(self, keep: int, valid: torch.Tensor) -> None:
         """Keep ``keep`` of the slots appended since the last commit; ``valid`` [B, keep]."""

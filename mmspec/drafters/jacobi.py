@@ -109,13 +109,19 @@ class Jacobi:
         self.history = torch.zeros(b, 64, dtype=torch.long, device=dev)  # committed ids
         self.gumbel = (_gumbel((b, L, vocab_size), dev, self.dtype, self.generator)
                        if self.coupling == "gumbel" else None)
+        # The prompt's last token may live outside the drafted id space (a begin-of-image text
+        # id): priors that copy it fall back to a uniform draw from init_range.
         last = input_ids[:, -1]
+        inside = (last >= 0) & (last < vocab_size)
+        lo, hi = self.init_range if self.init_range is not None else (0, vocab_size)
+        last = torch.where(inside, last, torch.randint(lo, hi, last.shape, device=dev,
+                                                       generator=self.generator))
         self.tokens = torch.zeros(b, L, dtype=torch.long, device=dev)
         self.q = torch.zeros(b, L, vocab_size, dtype=self.dtype, device=dev)
         start = torch.zeros(b, dtype=torch.long, device=dev)
         self._fill(start, last, prev_q=_one_hot(last, vocab_size, self.dtype))
 
-    def propose(self, last: torch.Tensor, k_max: int) -> Draft:
+    def propose(self, last: torch.Tensor, k_max: int, active=None) -> Draft:
         k = max(0, min(self.window, k_max))
         return Draft(tokens=self.tokens[:, :k], probs=self.q[:, :k])
 

@@ -47,16 +47,19 @@ class ModelDrafter:
         return (torch.cat([self._backlog, last[:, None]], 1),
                 torch.cat([self._backlog_valid, one], 1))
 
-    def propose(self, last: torch.Tensor, k_max: int) -> Draft:
+    def propose(self, last: torch.Tensor, k_max: int, active=None) -> Draft:
         k = min(self.num_tokens, k_max)
         self._k = k
         feed, valid = self._feed_with(last)
+        on = torch.ones_like(last) if active is None else active.long()
+        valid = valid * on[:, None]
         if k == 0:  # nothing to draft: remember ``last`` for the next step
             self._backlog, self._backlog_valid = feed, valid
             self._fed = 0
             return Draft(tokens=last.new_zeros(last.shape[0], 0), probs=None)
         self._fed = feed.shape[1]
         self._fed_valid = valid
+        self._on = on
         tokens, probs = [], []
         for i in range(k):
             q = self.session.step(feed, valid)[:, -1]                      # [B, V]
@@ -64,7 +67,7 @@ class ModelDrafter:
             tokens.append(x)
             probs.append(q)
             if i < k - 1:
-                feed, valid = x[:, None], torch.ones_like(x)[:, None]
+                feed, valid = x[:, None], on[:, None]
         return Draft(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1))
 
     def observe(self, out, target_probs, num_accepted) -> None:
@@ -76,7 +79,7 @@ class ModelDrafter:
         max_n = max(num_accepted)
         kept_drafts = min(max_n, k - 1)
         cols = torch.arange(kept_drafts, device=n.device)
-        valid = torch.cat([self._fed_valid, (cols[None] < n[:, None]).long()], 1)
+        valid = torch.cat([self._fed_valid, (cols[None] < n[:, None]).long() * self._on[:, None]], 1)
         self.session.commit(self._fed + kept_drafts, valid)
         if max_n == k:  # rows that accepted every draft: their K-th token is not cached yet
             all_in = (n == k)[:, None]

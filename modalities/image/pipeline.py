@@ -1,0 +1,258 @@
+"""``TextToImage``: a diffusers-style pipeline over any image-token adapter and any method.
+
+    pipe = TextToImage.from_pretrained("samples/models/shapes-t2i", draft="samples/models/shapes-t2i-draft")
+    out = pipe("a large red circle at the top left", guidance_scale=3.0, method="sjd-maximal",
+               seed=0)
+    out.images[0].save("x.png"); print(out.stats)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+from PIL import Image
+from tqdm.auto import tqdm
+
+from mmspec.drafters import ModelDrafter
+from mmspec.loop import stream
+from mmspec.registry import build_method
+from mmspec.sampling import SamplingParams, make_generator
+from mmspec.types import StepStats
+
+from .adapters import (Emu3Adapter, ImageAdapter, JanusAdapter, LlamaGenAdapter,
+                       TokenSpanAdapter)
+
+
+@dataclass
+class ImageOutput:
+    """images: PIL images (one per row); tokens: [B, N] generated compact ids; stats."""
+
+    images: list
+    tokens: torch.Tensor
+    stats: StepStats
+    seconds: float
+
+
+def to_pil(images: torch.Tensor) -> list:
+    """[B, 3, H, W] in [0, 1] -> list of PIL RGB images."""
+    arr = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8)
+    return [Image.fromarray(a.permute(1, 2, 0).cpu().numpy(), "RGB") for a in arr]
+
+
+def _as_prompt_list(prompt, class_ids: bool = False) -> list:
+    """A str, one id list, a class id, or a list of those -> a list of prompts.
+
+    A flat list of ints is one token-id prompt, or (``class_ids``) a list of class labels."""
+    if isinstance(prompt, torch.Tensor) and not class_ids and prompt.dim() == 1:
+        return [prompt.tolist()]
+    if isinstance(prompt, torch.Tensor):
+        prompt = prompt.tolist()
+    if isinstance(prompt, (str, int)):
+        return [prompt]
+    if isinstance(prompt, (list, tuple)):
+        flat_ints = len(prompt) > 0 and all(isinstance(t, int) for t in prompt)
+        return [list(prompt)] if flat_ints and not class_ids else list(prompt)
+    raise ValueError(f"prompt={prompt!r}: accepted a string, a token-id list, or a list of those")
+
+
+class TextToImage:
+    """target, draft: ``ImageAdapter`` objects (``from_pretrained`` builds them)."""
+
+    def __init__(self, target: ImageAdapter, draft: ImageAdapter | None = None, defaults=None):
+        if draft is not None:
+            target.check_compatible(draft)
+        self.target, self.draft = target, draft
+        self.defaults = dict(defaults or {})
+
+    # -- loading ------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, target, draft=None, **load_kwargs) -> "TextToImage":
+        """``target`` / ``draft``: a folder or Hugging Face id, a model object, or an adapter."""
+        t, defaults = load_adapter(target, **load_kwargs)
+        d = load_adapter(draft, **load_kwargs)[0] if draft is not None else None
+        return cls(t, d, defaults)
+
+    # -- generation ---------------------------------------------------------------------------
+    @torch.inference_mode()
+    def __call__(self, prompt=None, *, class_labels=None, num_images_per_prompt: int = 1,
+                 guidance_scale: float | None = None, negative_prompt=None,
+                 method: str = "plain", temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, seed: int | None = None, progress: bool = True,
+                 decode: bool = True, **method_params) -> ImageOutput:
+        tgt = self.target
+        # 1. Inputs, checked before any model runs.
+        if tgt.class_conditional:
+            prompts = _as_prompt_list(prompt if class_labels is None else class_labels, True)
+        else:
+            prompts = _as_prompt_list(prompt)
+        if not prompts:
+            raise ValueError("prompt: accepted at least one prompt (got an empty list)")
+        if any(isinstance(p, str) and not p.strip() for p in prompts):
+            raise ValueError("prompt: accepted non-empty strings")
+        if not isinstance(num_images_per_prompt, int) or num_images_per_prompt < 1:
+            raise ValueError(f"num_images_per_prompt={num_images_per_prompt!r}: accepted an "
+                             "integer >= 1")
+        if guidance_scale is None:
+            guidance_scale = self.defaults.get("guidance_scale")
+        if guidance_scale is not None and not (isinstance(guidance_scale, (int, float))
+                                               and math.isfinite(guidance_scale)
+                                               and guidance_scale >= 0):
+            raise ValueError(f"guidance_scale={guidance_scale!r}: accepted a finite float >= 0")
+        if top_k is None:
+            top_k = self.defaults.get("top_k")
+        if top_k is not None and top_k > tgt.vocab_size:
+            raise ValueError(f"top_k={top_k}: accepted at most the codebook size {tgt.vocab_size}")
+        negative = None
+        if negative_prompt is not None:
+            negative = _as_prompt_list(negative_prompt)
+            if len(negative) == 1 and len(prompts) > 1:
+                negative = negative * len(prompts)
+            if len(negative) != len(prompts):
+                raise ValueError(f"negative_prompt has {len(negative)} entries for {len(prompts)} "
+                                 "prompts: accepted one, or one per prompt")
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+        guided = guidance_scale is not None and guidance_scale != 1.0
+        g_scale = guidance_scale if guided else None
+        rows = [p for p in prompts for _ in range(num_images_per_prompt)]
+        neg_rows = None if negative is None else [n for n in negative for _ in range(num_images_per_prompt)]
+        batch = tgt.prompt_batch(rows, neg_rows, guided)
+        limit = tgt.max_positions()
+        width = batch["input_ids"].shape[1]
+        if limit is not None and width + tgt.num_tokens > limit:
+            raise ValueError(f"prompt of {width} tokens + {tgt.num_tokens} image tokens exceeds "
+                             f"the model's max_position_embeddings={limit}")
+
+        # 2. Method: a drafter and a rule.
+        draft_session = None
+        if self.draft is not None:
+            draft_session = lambda: self.draft.session(params, g_scale)  # noqa: E731
+        drafter, rule = build_method(method, method_params, draft_session=draft_session,
+                                     embeddings=tgt.codebook_embeddings(),
+                                     jacobi_defaults=tgt.jacobi_defaults)
+        generator = make_generator(seed, tgt.device)
+        if hasattr(drafter, "generator"):
+            drafter.generator = generator
+
+        # 3. Prefill target and drafter.
+        stats = StepStats()
+        t0 = time.perf_counter()
+        session = tgt.session(params, g_scale)
+        session.prefill(**batch)
+        if isinstance(drafter, ModelDrafter):
+            dbatch = self.draft.prompt_batch(rows, neg_rows, guided)
+        else:
+            dbatch = batch
+        drafter.begin(vocab_size=session.vocab_size, **dbatch)
+        stats.seconds_prefill = time.perf_counter() - t0
+
+        # 4. The loop, with a progress bar over the slowest row's tokens.
+        n = tgt.num_tokens
+        tokens = [[] for _ in rows]
+        bar = tqdm(total=n, desc=f"{method}", disable=not progress, leave=False, unit="tok")
+        for ev in stream(session, drafter, rule, batch["input_ids"][:, -1], max_new_tokens=n,
+                         generator=generator, stats=stats):
+            for i, new in enumerate(ev.new_tokens):
+                tokens[i].extend(new)
+            bar.update(min(len(t) for t in tokens) - bar.n)
+        bar.close()
+        ids = torch.tensor(tokens, dtype=torch.long, device=tgt.device)
+        seconds = time.perf_counter() - t0
+        images = to_pil(tgt.decode(ids)) if decode else []
+        return ImageOutput(images=images, tokens=ids, stats=stats, seconds=seconds)
+
+
+# -- loading ---------------------------------------------------------------------------------
+
+class WordTokenizer:
+    """Whitespace word tokenizer of the bundled models (their ``words`` list)."""
+
+    def __init__(self, words: list[str], offset: int):
+        self.index = {w: i + offset for i, w in enumerate(words)}
+
+    def encode(self, text: str) -> list[int]:
+        out = []
+        for w in text.lower().replace(",", " ").replace(".", " ").split():
+            if w not in self.index:
+                raise ValueError(f"prompt word {w!r} is not in the model's vocabulary "
+                                 f"({len(self.index)} words)")
+            out.append(self.index[w])
+        return out
+
+
+def load_adapter(spec, **load_kwargs) -> tuple[ImageAdapter, dict]:
+    """An adapter (and default generation settings) from a folder, an id or a model object."""
+    if isinstance(spec, ImageAdapter):
+        return spec, {}
+    if not isinstance(spec, (str, os.PathLike)):
+        name = type(spec).__name__
+        if name == "JanusForConditionalGeneration":
+            return JanusAdapter(spec), {}
+        if name == "LlamaGenForImageGeneration":
+            raise ValueError("a LlamaGen model needs its VQ tokenizer: pass "
+                             "LlamaGenAdapter(model, VQTokenizer(...))")
+        raise ValueError(f"cannot build an image adapter from {name}: pass a folder, an "
+                         "ImageAdapter, or a Janus model")
+    path = os.fspath(spec)
+    meta_path = os.path.join(path, "mmspec_image.json")
+    if os.path.isfile(meta_path):
+        return _load_bundled(path, meta_path, **load_kwargs)
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(path, **load_kwargs)
+    processor = _maybe_processor(path, **load_kwargs)
+    if cfg.model_type == "janus":
+        from transformers import JanusForConditionalGeneration
+
+        return JanusAdapter(JanusForConditionalGeneration.from_pretrained(path, **load_kwargs).eval(),
+                            processor), {"guidance_scale": 5.0}
+    if cfg.model_type == "emu3":
+        from transformers import Emu3ForConditionalGeneration
+
+        model = Emu3ForConditionalGeneration.from_pretrained(path, **load_kwargs).eval()
+        side = int(load_kwargs.pop("image_grid", 90)) if "image_grid" in load_kwargs else 90
+        return Emu3Adapter(model, side, side, processor), {"guidance_scale": 3.0}
+    raise ValueError(f"{path}: model_type {cfg.model_type!r} is not an image-token target "
+                     "mmspec knows (janus, emu3, mmspec_llamagen, or a folder with "
+                     "mmspec_image.json)")
+
+
+def _maybe_processor(path, **kw):
+    try:
+        from transformers import AutoProcessor
+
+        return AutoProcessor.from_pretrained(path, **kw)
+    except Exception:  # no processor files next to the weights
+        return None
+
+
+def _load_bundled(path: str, meta_path: str, **load_kwargs):
+    with open(meta_path) as f:
+        meta = json.load(f)
+    from .vq import VQTokenizer
+
+    vq_path = os.path.normpath(os.path.join(path, meta["vq"]))
+    vq = VQTokenizer.from_pretrained(vq_path)
+    fmt = meta.get("format")
+    if fmt == "token-span":
+        from transformers import LlamaForCausalLM
+
+        model = LlamaForCausalLM.from_pretrained(path, **load_kwargs).eval()
+        off = meta["image_token_offset"]
+        tok = WordTokenizer(meta["words"], meta["word_offset"])
+        adapter = TokenSpanAdapter(model, list(range(off, off + meta["codebook_size"])),
+                                   tuple(meta["grid"]), vq, prefix=meta["prefix"],
+                                   suffix=meta["suffix"], pad_id=meta["pad_id"], tokenizer=tok)
+    elif fmt == "llamagen":
+        from .llamagen import LlamaGenForImageGeneration
+
+        model = LlamaGenForImageGeneration.from_pretrained(path, **load_kwargs).eval()
+        adapter = LlamaGenAdapter(model, vq)
+    else:
+        raise ValueError(f"{meta_path}: format {fmt!r}: accepted 'token-span' or 'llamagen'")
+    vq.vq.to(adapter.device)
+    return adapter, dict(meta.get("defaults", {}))
