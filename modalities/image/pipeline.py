@@ -256,3 +256,13 @@ def _load_bundled(path: str, meta_path: str, **load_kwargs):
         raise ValueError(f"{meta_path}: format {fmt!r}: accepted 'token-span' or 'llamagen'")
     vq.vq.to(adapter.device)
     return adapter, dict(meta.get("defaults", {}))
+
+
+def save_bundled(folder: str, model, *, fmt: str, vq_folder: str, meta: dict) -> None:
+    """Write a model folder that ``load_adapter`` reads: the model (safetensors + config) and
+    mmspec_image.json (format, VQ folder relative to this one, token layout, defaults)."""
+    os.makedirs(folder, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    info = dict(meta, format=fmt, vq=os.path.relpath(vq_folder, folder))
+    with open(os.path.join(folder, "mmspec_image.json"), "w") as f:
+        json.dump(info, f, indent=1)

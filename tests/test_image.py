@@ -1,0 +1,247 @@
+"""Image-token adapters and the TextToImage pipeline on tiny models built from configs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats as sstats
+
+from modalities.image import (Emu3Adapter, JanusAdapter, LlamaGenAdapter, TextToImage,
+                              TokenSpanAdapter, load_llamagen_state_dict)
+from tiny_image import (tiny_emu3, tiny_janus, tiny_llamagen, tiny_token_span, tiny_vq)
+
+
+@pytest.fixture(scope="module")
+def vq():
+    return tiny_vq()
+
+
+def janus_pipe():
+    mk = lambda m: JanusAdapter(m, bos_id=1, boi_id=9, pad_id=0)  # noqa: E731
+    return TextToImage(mk(tiny_janus()), mk(tiny_janus(seed=1, hidden=16, layers=1))), \
+        [[1, 5, 6, 9], [1, 7, 9]]
+
+
+def emu3_pipe():
+    return TextToImage(Emu3Adapter(tiny_emu3(), 2, 3),
+                       Emu3Adapter(tiny_emu3(seed=1, hidden=16, layers=1), 2, 3)), \
+        [[1, 5, 6, 42, 44], [1, 7, 42, 44]]
+
+
+def llamagen_pipe(vq):
+    return TextToImage(LlamaGenAdapter(tiny_llamagen(), vq),
+                       LlamaGenAdapter(tiny_llamagen(seed=1, dim=16, layers=1), vq)), [1, 3]
+
+
+def token_span_pipe(vq):
+    m, off = tiny_token_span()
+    d, _ = tiny_token_span(seed=1, hidden=16, layers=1)
+    mk = lambda x: TokenSpanAdapter(x, list(range(off, off + 16)), (4, 4), vq, prefix=[1],  # noqa: E731
+                                    suffix=[2], pad_id=0)
+    return TextToImage(mk(m), mk(d)), [[3, 4, 5], [6]]
+
+
+PIPES = {"janus": lambda vq: janus_pipe(), "emu3": lambda vq: emu3_pipe(),
+         "llamagen": llamagen_pipe, "token-span": token_span_pipe}
+
+
+@pytest.mark.parametrize("name", list(PIPES))
+@pytest.mark.parametrize("guidance", [None, 3.0])
+def test_speculative_greedy_equals_plain_greedy(name, guidance, vq):
+    pipe, prompts = PIPES[name](vq)
+    kw = dict(guidance_scale=guidance, temperature=0, progress=False, seed=0)
+    plain = pipe(prompts, method="plain", **kw)
+    assert plain.tokens.shape == (2, pipe.target.num_tokens)
+    for method in ("exact", "sjd", "sjd-maximal", "sjd-gumbel"):
+        out = pipe(prompts, method=method, **kw)
+        assert torch.equal(out.tokens, plain.tokens), method
+    jac = pipe(prompts, method="sjd", init="repeat_vertical", **kw)
+    assert torch.equal(jac.tokens, plain.tokens)
+
+
+def test_decoded_images_have_the_configured_size(vq):
+    for name, size in (("janus", (8, 8)), ("emu3", (6, 4)), ("llamagen", (16, 16)),
+                       ("token-span", (16, 16))):
+        pipe, prompts = PIPES[name](vq)
+        out = pipe(prompts, num_images_per_prompt=2, progress=False, seed=1)
+        assert len(out.images) == 4
+        assert all(im.size == size and im.mode == "RGB" for im in out.images)
+
+
+def test_emu3_rows_end_with_eol():
+    pipe, prompts = emu3_pipe()
+    out = pipe(prompts, method="sjd", progress=False, seed=3)
+    eol = pipe.target.vocab_size - 1
+    grid = out.tokens.view(2, 2, 4)
+    assert (grid[..., -1] == eol).all() and (grid[..., :-1] != eol).all()
+
+
+def _hist(tokens: torch.Tensor, v: int, m: int = 3) -> np.ndarray:
+    code = (tokens[:, :m] * torch.tensor([v ** (m - 1 - i) for i in range(m)])).sum(1)
+    return np.bincount(code.numpy(), minlength=v ** m)
+
+
+def test_exact_sampling_matches_plain_sampling_in_distribution(vq):
+    """Two-sample chi-square on the first three tokens (64 categories), with guidance."""
+    from tiny_image import tiny_llamagen
+
+    small = tiny_vq(codebook=4)
+    tgt = tiny_llamagen(codebook=4, grid=2)
+    drf = tiny_llamagen(seed=1, codebook=4, grid=2, dim=16, layers=1)
+    with torch.no_grad():
+        tgt.output.weight.mul_(0.1)
+        drf.output.weight.mul_(0.1)
+    pipe = TextToImage(LlamaGenAdapter(tgt, small), LlamaGenAdapter(drf, small))
+    n = 6000
+    kw = dict(num_images_per_prompt=n, guidance_scale=2.0, progress=False, decode=False)
+    plain = pipe([2], method="plain", seed=0, **kw)
+    spec = pipe([2], method="exact", seed=1, **kw)
+    sjd = pipe([2], method="sjd-maximal", seed=2, **kw)
+    assert spec.stats.acceptance_rate > 0.2
+    a, b, c = _hist(plain.tokens, 4), _hist(spec.tokens, 4), _hist(sjd.tokens, 4)
+    keep = (a + b + c) > 0
+    assert sstats.chi2_contingency(np.stack([a[keep], b[keep]]))[1] > 1e-4
+    assert sstats.chi2_contingency(np.stack([a[keep], c[keep]]))[1] > 1e-4
+
+
+def test_janus_guided_logits_equal_hand_computation():
+    from mmspec.sampling import SamplingParams
+
+    model = tiny_janus()
+    ad = JanusAdapter(model, bos_id=1, boi_id=9, pad_id=0)
+    batch = ad.prompt_batch([[1, 5, 6, 9]], None, True)
+    s = ad.session(SamplingParams(temperature=1.0), 4.0)
+    with torch.no_grad():
+        s.prefill(**batch)
+        got = s.step(torch.tensor([[9, 3]]))                   # BOI, then image token 3
+        lm, head = model.model.language_model, model.model.generation_head
+
+        def branch(ids):
+            text = model.get_input_embeddings()(torch.tensor([ids]))
+            img = model.prepare_embeddings_for_image_generation(torch.tensor([[3]]))
+            return head(lm(inputs_embeds=torch.cat([text, img], 1)).last_hidden_state[:, -2:])
+        c, u = branch([1, 5, 6, 9]), branch([1, 0, 0, 9])   # Janus pads all but BOS/BOI
+    want = torch.softmax(u + 4.0 * (c - u), -1)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_llamagen_loader_maps_llamagen_layout_and_matches_reference():
+    """A synthetic state dict in LlamaGen's layout (module. prefix, freqs_cis) loads, and the
+    model's logits equal a literal transcription of LlamaGen's forward (no cache)."""
+    src = tiny_llamagen(seed=3)
+    sd = {"module." + k: v.clone() for k, v in src.state_dict().items()}
+    sd["module.freqs_cis"] = torch.zeros(17, 8, 2)
+    dst = tiny_llamagen(seed=4)
+    load_llamagen_state_dict(dst, sd)
+    cfg = dst.config
+    cls_idx, idx = torch.tensor([2]), torch.tensor([[3, 1, 4, 1, 5]])
+    with torch.no_grad():
+        # LlamaGen's Transformer.forward, training path, written out
+        h = torch.cat([dst.cls_embedding.embedding_table(cls_idx)[:, None], dst.tok_embeddings(idx)], 1)
+        hd = cfg.dim // cfg.n_head
+        half = hd // 2
+        freqs = 1.0 / (cfg.rope_base ** (torch.arange(0, half, 2)[: half // 2].float() / half))
+        f = torch.outer(torch.arange(cfg.grid_size).float(), freqs)
+        fg = torch.cat([f[:, None, :].expand(-1, cfg.grid_size, -1),
+                        f[None, :, :].expand(cfg.grid_size, -1, -1)], -1)
+        fc = torch.cat([torch.zeros(1, hd // 2, 2),
+                        torch.stack([fg.cos(), fg.sin()], -1).flatten(0, 1)])[: h.shape[1]]
+
+        def rot(x):
+            xs = x.float().reshape(*x.shape[:-1], -1, 2)
+            fcv = fc.view(1, xs.size(1), 1, xs.size(3), 2)
+            return torch.stack([xs[..., 0] * fcv[..., 0] - xs[..., 1] * fcv[..., 1],
+                                xs[..., 1] * fcv[..., 0] + xs[..., 0] * fcv[..., 1]], -1).flatten(3)
+        for layer in dst.layers:
+            a = layer.attention
+            x = layer.attention_norm(h)
+            q, k, v = a.wqkv(x).split([cfg.dim, cfg.dim, cfg.dim], -1)
+            q, k = rot(q.view(1, -1, cfg.n_head, hd)), rot(k.view(1, -1, cfg.n_head, hd))
+            v = v.view(1, -1, cfg.n_head, hd)
+            o = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+            h = h + a.wo(o.transpose(1, 2).reshape(1, -1, cfg.dim))
+            h = h + layer.feed_forward(layer.ffn_norm(h))
+        want = dst.output(dst.norm(h)).float()
+        emb = torch.cat([dst.condition_embeddings(cls_idx), dst.tok_embeddings(idx)], 1)
+        got = dst(inputs_embeds=emb).logits
+    assert torch.allclose(got, want, atol=1e-5)
+    assert torch.equal(dst.output.weight, src.output.weight)
+    bad = dict(sd)
+    bad["module.extra.weight"] = torch.zeros(1)
+    with pytest.raises(ValueError, match="unexpected"):
+        load_llamagen_state_dict(dst, bad)
+
+
+def test_llamagen_text_conditional_runs(vq):
+    pipe = TextToImage(LlamaGenAdapter(tiny_llamagen(cond="t2i"), vq))
+    caps = [torch.randn(3, 12), torch.randn(3, 12)]
+    a = pipe(caps, guidance_scale=3.0, method="plain", temperature=0, progress=False)
+    b = pipe(caps, guidance_scale=3.0, method="sjd", temperature=0, progress=False)
+    assert torch.equal(a.tokens, b.tokens)
+    with pytest.raises(ValueError, match=r"caption embeddings must be \[3, 12\]"):
+        pipe([torch.randn(2, 12)], progress=False)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(guidance_scale=-1.0), r"guidance_scale=-1.0.*>= 0"),
+    (dict(guidance_scale=float("nan")), r"guidance_scale=nan"),
+    (dict(num_images_per_prompt=0), r"num_images_per_prompt=0.*>= 1"),
+    (dict(method="nope"), r"method='nope'"),
+    (dict(method="lantern", delta=3.0), r"delta=3.0.*\[0, 1\]"),
+    (dict(method="sjd", window=0), r"window=0"),
+    (dict(method="plain", bogus=1), r"unknown parameter\(s\) \['bogus'\]"),
+    (dict(top_k=100), r"top_k=100: accepted at most the codebook size 16"),
+])
+def test_bad_input(kwargs, match, vq):
+    pipe, prompts = token_span_pipe(vq)
+    with pytest.raises(ValueError, match=match):
+        pipe(prompts, progress=False, **kwargs)
+
+
+def test_empty_prompt_list_and_codebook_mismatch(vq):
+    pipe, _ = token_span_pipe(vq)
+    with pytest.raises(ValueError, match="at least one prompt"):
+        pipe([], progress=False)
+    other = tiny_llamagen(codebook=8)
+    with pytest.raises(ValueError, match="differs from the target's"):
+        TextToImage(LlamaGenAdapter(tiny_llamagen(), vq), LlamaGenAdapter(other, tiny_vq(codebook=8)))
+    with pytest.raises(ValueError, match=r"class labels must be in \[0, 4\]"):
+        llamagen_pipe(vq)[0]([7], progress=False)
+
+
+def test_relaxed_methods_run_on_images(vq):
+    pipe, prompts = token_span_pipe(vq)
+    for method in ("lantern", "sjd+lantern", "gsd", "pcg", "sjd-maximal+annealed", "lantern++"):
+        out = pipe(prompts, method=method, guidance_scale=2.0, progress=False, seed=0)
+        assert out.tokens.shape == (2, 16) and out.stats.steps <= 16
+
+
+def test_recipe_runs_end_to_end_on_a_saved_tiny_model(tmp_path, vq, capsys):
+    from modalities.image.pipeline import save_bundled
+    from recipes import text_to_image
+
+    m, off = tiny_token_span()
+    d, _ = tiny_token_span(seed=1, hidden=16, layers=1)
+    vq.vq.save_pretrained(tmp_path / "vq")
+    meta = dict(image_token_offset=off, codebook_size=16, grid=[4, 4], prefix=[1], suffix=[2],
+                pad_id=0, words=[f"w{i}" for i in range(10)], word_offset=3,
+                defaults={"guidance_scale": 2.0})
+    save_bundled(str(tmp_path / "t"), m, fmt="token-span", vq_folder=str(tmp_path / "vq"), meta=meta)
+    save_bundled(str(tmp_path / "d"), d, fmt="token-span", vq_folder=str(tmp_path / "vq"), meta=meta)
+    out = tmp_path / "out"
+    res = text_to_image.main(["w1 w2 w3", "w4", "--model", str(tmp_path / "t"), "--draft",
+                              str(tmp_path / "d"), "--method", "exact", "--temperature", "0",
+                              "--out", str(out), "--no-progress"])
+    assert res["identical"]
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["comparison.png", "exact_000.png", "exact_001.png", "plain_000.png",
+                     "plain_001.png"]
+    text = capsys.readouterr().out
+    assert "compression" in text and "speedup" in text
+    with pytest.raises(ValueError, match="not in the model's vocabulary"):
+        text_to_image.main(["unknown words", "--model", str(tmp_path / "t"), "--no-progress",
+                            "--out", str(out)])
