@@ -20,6 +20,7 @@ class VQTokenizer:
     def from_pretrained(cls, path, **kwargs) -> "VQTokenizer":
         from diffusers import VQModel
 
+        kwargs.setdefault("torch_dtype", torch.float32)     # bundled weights are float16
         return cls(VQModel.from_pretrained(path, **kwargs).eval())
 
     @property

@@ -1,0 +1,64 @@
+"""Shapes-world data for the training recipes: rendered in parallel from seeds, no files.
+
+Train seeds start at 0, held-out evaluation seeds at HELD_OUT (never used for training).
+"""
+
+from __future__ import annotations
+
+import os
+from multiprocessing import Pool
+
+import numpy as np
+import torch
+
+from modalities import shapes_world as sw
+
+HELD_OUT = 10_000_000
+
+
+def _one(seed: int):
+    scene, img, cap = sw.sample(seed)
+    return np.asarray(img, dtype=np.uint8), cap
+
+
+def render(seeds, workers: int | None = None) -> tuple[np.ndarray, list[str]]:
+    """uint8 [N, 64, 64, 3] images and their captions for the given seeds."""
+    seeds = list(seeds)
+    workers = workers or min(16, os.cpu_count() or 1)
+    if workers > 1 and len(seeds) > 256:
+        with Pool(workers) as pool:
+            out = pool.map(_one, seeds, chunksize=256)
+    else:
+        out = [_one(s) for s in seeds]
+    return np.stack([o[0] for o in out]), [o[1] for o in out]
+
+
+def to_tensor(images: np.ndarray, device) -> torch.Tensor:
+    """uint8 [N, H, W, 3] -> float [N, 3, H, W] in [-1, 1]."""
+    t = torch.from_numpy(images).to(device).permute(0, 3, 1, 2).float()
+    return t / 127.5 - 1
+
+
+def to_uint8(images: torch.Tensor) -> np.ndarray:
+    """float [N, 3, H, W] in [-1, 1] -> uint8 [N, H, W, 3]."""
+    x = ((images.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return x.permute(0, 2, 3, 1).cpu().numpy()
+
+
+def device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def count_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def write_card(folder: str, title: str, fields: dict) -> None:
+    """A short model card (README.md) next to the weights."""
+    lines = [f"# {title}", "", "Trained here, from scratch, on the procedural shapes world "
+             "(modalities/shapes_world.py). A small model for tests, demos and honest "
+             "acceptance measurements, not a general-purpose generator.", ""]
+    for k, v in fields.items():
+        lines.append(f"- **{k}**: {v}")
+    with open(os.path.join(folder, "README.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
