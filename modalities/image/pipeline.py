@@ -153,7 +153,8 @@ class TextToImage:
         # 4. The loop, with a progress bar over the slowest row's tokens.
         n = tgt.num_tokens
         tokens = [[] for _ in rows]
-        bar = tqdm(total=n, desc=f"{method}", disable=not progress, leave=False, unit="tok")
+        bar = tqdm(total=n, desc=f"{method}", disable=None if progress else True, leave=False,
+                   unit="tok")
         for ev in stream(session, drafter, rule, batch["input_ids"][:, -1], max_new_tokens=n,
                          generator=generator, stats=stats):
             for i, new in enumerate(ev.new_tokens):
@@ -263,6 +264,6 @@ def save_bundled(folder: str, model, *, fmt: str, vq_folder: str, meta: dict) ->
     mmspec_image.json (format, VQ folder relative to this one, token layout, defaults)."""
     os.makedirs(folder, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
-    info = dict(meta, format=fmt, vq=os.path.relpath(vq_folder, folder))
+    info = dict(meta, format=fmt, vq=os.path.relpath(os.path.abspath(vq_folder), os.path.abspath(folder)))
     with open(os.path.join(folder, "mmspec_image.json"), "w") as f:
         json.dump(info, f, indent=1)
