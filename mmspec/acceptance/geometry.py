@@ -49,14 +49,14 @@ def check_table(table, name: str = "embeddings") -> None:
         raise ValueError(f"{name} contains NaN or inf: accepted finite embeddings")
 
 
-def _chunk_rows(v: int, budget: int = 1 << 24) -> int:
+def _chunk_rows(v: int, budget: int = 1 << 22) -> int:
     return max(1, min(v, budget // max(v, 1)))
 
 
 def knn_index(table: torch.Tensor, k: int) -> torch.Tensor:
     """[V, k] int32 ids of each row's k nearest other rows (ascending L2 distance).
 
-    Ties are broken by the lower id (stable sort), so the index is deterministic.
+    Chunks of rows keep the working set to a few tens of MB besides the int32 result.
     """
     v = table.shape[0]
     if k == 0:
@@ -72,8 +72,7 @@ def knn_index(table: torch.Tensor, k: int) -> torch.Tensor:
             d = sq[s : s + step, None] + sq[None] - 2 * rows @ t.T        # [c, V]
             d.clamp_min_(0)
             d[torch.arange(rows.shape[0]), torch.arange(s, s + rows.shape[0])] = float("inf")
-            order = d.argsort(dim=-1, stable=True)[:, :k]
-            out[s : s + step] = order.to(torch.int32)
+            out[s : s + step] = d.topk(k, dim=-1, largest=False, sorted=True).indices.to(torch.int32)
         return out
 
     key = ("knn", fingerprint(table), k, str(table.device))
