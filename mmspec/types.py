@@ -97,6 +97,7 @@ class StepStats:
     seconds_*:    wall-clock spent in each phase (CUDA phases are timed at the one
                   synchronisation per step, so they are attributed to 'verify' on GPU
                   unless profile=True).
+    row_*:        the same counters per row (row_nfe[b] = steps row b took part in).
     """
 
     steps: int = 0
@@ -112,6 +113,10 @@ class StepStats:
     seconds_verify: float = 0.0
     seconds_accept: float = 0.0
     seconds_total: float = 0.0
+    row_nfe: list[int] = field(default_factory=list)
+    row_drafted: list[int] = field(default_factory=list)
+    row_accepted: list[int] = field(default_factory=list)
+    row_histogram: list[list[int]] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -137,9 +142,20 @@ class StepStats:
             grow = num_drafted - len(self.drafted_by_position)
             self.drafted_by_position.extend([0] * grow)
             self.accepted_by_position.extend([0] * grow)
-        for n, on in zip(num_accepted, active):
+        if not self.row_nfe:
+            b = len(num_accepted)
+            self.row_nfe, self.row_drafted, self.row_accepted = [0] * b, [0] * b, [0] * b
+            self.row_histogram = [[] for _ in range(b)]
+        for i, (n, on) in enumerate(zip(num_accepted, active)):
             if not on:
                 continue
+            self.row_nfe[i] += 1
+            self.row_drafted[i] += num_drafted
+            self.row_accepted[i] += n
+            h = self.row_histogram[i]
+            if len(h) <= n:
+                h.extend([0] * (n + 1 - len(h)))
+            h[n] += 1
             self.row_steps += 1
             self.drafted += num_drafted
             self.accepted += n
@@ -151,7 +167,8 @@ class StepStats:
                     self.accepted_by_position[i] += 1
 
     def as_dict(self) -> dict:
-        out = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "extra"}
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__
+               if k != "extra" and not k.startswith("row_")}
         out.update(
             acceptance_rate=self.acceptance_rate,
             mean_accepted_length=self.mean_accepted_length,

@@ -83,7 +83,7 @@ class TextToImage:
                  guidance_scale: float | None = None, negative_prompt=None,
                  method: str = "plain", temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, progress: bool = True,
-                 decode: bool = True, **method_params) -> ImageOutput:
+                 decode: bool = True, profile: bool = False, **method_params) -> ImageOutput:
         tgt = self.target
         # 1. Inputs, checked before any model runs.
         if tgt.class_conditional:
@@ -156,7 +156,7 @@ class TextToImage:
         bar = tqdm(total=n, desc=f"{method}", disable=None if progress else True, leave=False,
                    unit="tok")
         for ev in stream(session, drafter, rule, batch["input_ids"][:, -1], max_new_tokens=n,
-                         generator=generator, stats=stats):
+                         generator=generator, stats=stats, profile=profile):
             for i, new in enumerate(ev.new_tokens):
                 tokens[i].extend(new)
             bar.update(min(len(t) for t in tokens) - bar.n)

@@ -1,0 +1,264 @@
+"""Quality versus speedup, across methods, measured side by side in one run.
+
+    python -m eval.sweep --modality image --methods plain,exact,sjd,sjd-maximal,lantern,gsd \\
+        --param lantern.delta=0.05,0.1,0.2 --num-prompts 32 --seeds 0-1 --out out/sweep
+    python -m eval.sweep --config eval/configs/image.yaml
+    accelerate launch --num_processes 2 -m eval.sweep --config eval/configs/image.yaml
+
+Work is split into units (method x setting x seed x chunk of --batch prompts); each unit is
+seeded on its own, so a unit gives the same rows whichever process runs it. Every run writes,
+under --out:
+- results.jsonl: one row per prompt x method x setting x seed (timings, NFE, tokens per step,
+  acceptance histogram, quality metrics, seed, generated ids);
+- summary.csv and report.md (see eval/report.py): medians and spreads over prompts, the
+  analytic speedup bound next to the measured speedup, quality deltas against plain decoding
+  with bootstrap confidence intervals, and a pass/fail distribution check for each lossless
+  method;
+- plots: quality versus speedup with the Pareto front, acceptance by draft position,
+  tokens-per-step histograms, and a grid comparing methods at the same seed.
+An interrupted sweep resumes from results.jsonl (finished units are skipped). With several
+processes (accelerate), units are dealt round-robin, each process appends to its own file,
+and the main process merges and writes the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+
+import torch
+from tqdm.auto import tqdm
+
+from eval.tasks import TASKS, load_prompts
+
+
+def parse_seeds(text: str) -> list[int]:
+    out = []
+    for part in str(text).split(","):
+        if "-" in part:
+            a, b = part.split("-")
+            out.extend(range(int(a), int(b) + 1))
+        elif part.strip():
+            out.append(int(part))
+    return out
+
+
+def _value(v: str):
+    for cast in (int, float):
+        try:
+            return cast(v)
+        except ValueError:
+            pass
+    return v
+
+
+def parse_params(items: list[str]) -> dict[str, dict[str, list]]:
+    """["lantern.delta=0.05,0.1", "sjd.window=16"] -> {"lantern": {"delta": [0.05, 0.1]}, ...}"""
+    grid: dict[str, dict[str, list]] = {}
+    for item in items or []:
+        if "=" not in item or "." not in item.split("=")[0]:
+            raise ValueError(f"--param {item!r}: accepted METHOD.NAME=V1,V2,...")
+        key, vals = item.split("=", 1)
+        method, name = key.split(".", 1)
+        grid.setdefault(method, {})[name] = [_value(v) for v in vals.split(",")]
+    return grid
+
+
+def settings(method: str, grid: dict) -> list[dict]:
+    g = grid.get(method, {})
+    if not g:
+        return [{}]
+    names = sorted(g)
+    return [dict(zip(names, combo)) for combo in itertools.product(*(g[n] for n in names))]
+
+
+def setting_id(params: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(params.items())) or "default"
+
+
+def load_config(path: str) -> dict:
+    import yaml
+
+    with open(path) as f:
+        cfg = yaml.safe_load(f) or {}
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: a mapping of option names to values is expected")
+    return cfg
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description="quality-versus-speedup sweep")
+    ap.add_argument("--config", help="YAML file with any of these options (CLI wins)")
+    ap.add_argument("--modality", choices=sorted(TASKS), default=None)
+    ap.add_argument("--model", default=None, help="folder or id (default: the bundled model)")
+    ap.add_argument("--draft", default=None)
+    ap.add_argument("--methods", default=None, help="comma-separated method names")
+    ap.add_argument("--param", action="append", default=None, help="METHOD.NAME=V1,V2 (repeat)")
+    ap.add_argument("--prompts", default=None, help="file with one prompt per line")
+    ap.add_argument("--num-prompts", type=int, default=None)
+    ap.add_argument("--seeds", default=None, help="e.g. 0-3 or 0,5")
+    ap.add_argument("--batch", type=int, default=None, help="prompts per generation batch")
+    ap.add_argument("--guidance", type=float, default=None)
+    ap.add_argument("--temperature", type=float, default=None)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--no-report", action="store_true")
+    return ap
+
+
+DEFAULTS = dict(modality="image", methods="plain,exact,sjd,sjd-maximal,lantern,gsd", seeds="0",
+                batch=8, out="out/sweep", num_prompts=None, param=[])
+
+
+def resolve(argv=None) -> argparse.Namespace:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    cfg = load_config(args.config) if args.config else {}
+    for k, v in DEFAULTS.items():
+        cfg.setdefault(k, v)
+    for k, v in vars(args).items():
+        if v is not None and k != "config":
+            cfg[k.replace("-", "_")] = v
+    known = {a.dest for a in ap._actions}
+    unknown = set(cfg) - known
+    if unknown:
+        raise ValueError(f"unknown option(s) {sorted(unknown)} in the config: accepted {sorted(known)}")
+    ns = argparse.Namespace(**{k: cfg.get(k) for k in known if k not in ("help",)})
+    if isinstance(ns.param, dict):      # YAML: {lantern: {delta: [0.05, 0.1]}}
+        ns.param = [f"{m}.{n}={','.join(map(str, v if isinstance(v, list) else [v]))}"
+                    for m, d in ns.param.items() for n, v in d.items()]
+    if isinstance(ns.methods, list):
+        ns.methods = ",".join(ns.methods)
+    return ns
+
+
+def units(methods, grid, seeds, n_prompts, batch):
+    for method in methods:
+        for params in settings(method, grid):
+            for seed in seeds:
+                for chunk in range((n_prompts + batch - 1) // batch):
+                    yield dict(method=method, params=params, seed=seed, chunk=chunk)
+
+
+def unit_key(u: dict) -> str:
+    return f"{u['method']}|{setting_id(u['params'])}|{u['seed']}|{u['chunk']}"
+
+
+def read_rows(path: str) -> list[dict]:
+    rows = []
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if line:
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError:      # a line cut by an interruption
+                        pass
+    return rows
+
+
+def run_unit(task, u: dict, prompts: list, batch: int, profile: bool) -> list[dict]:
+    chunk = prompts[u["chunk"] * batch:(u["chunk"] + 1) * batch]
+    seed = u["seed"] * 100_003 + u["chunk"]
+    res = task.run(chunk, u["method"], u["params"], seed, profile)
+    scores = task.score(chunk, res["outputs"])
+    st = res["stats"]
+    rows = []
+    for i, prompt in enumerate(chunk):
+        nfe = st.row_nfe[i] if st.row_nfe else 0
+        acc = st.row_accepted[i] if st.row_accepted else 0
+        drafted = st.row_drafted[i] if st.row_drafted else 0
+        tokens = res["tokens"][i]
+        row = dict(modality=task.modality, method=u["method"], setting=setting_id(u["params"]),
+                   params=u["params"], seed=u["seed"], chunk=u["chunk"], key=unit_key(u),
+                   prompt_index=u["chunk"] * batch + i, prompt=prompt if isinstance(prompt, (str, int)) else str(prompt),
+                   batch=len(chunk), seconds_batch=res["seconds"], batch_steps=st.steps,
+                   seconds_draft=st.seconds_draft, seconds_verify=st.seconds_verify,
+                   seconds_accept=st.seconds_accept,
+                   nfe=nfe, tokens=len(tokens) if isinstance(tokens, list) else None,
+                   tokens_per_step=(len(tokens) / nfe) if nfe and isinstance(tokens, list) else None,
+                   drafted=drafted, accepted=acc,
+                   acceptance=acc / drafted if drafted else None,
+                   histogram=st.row_histogram[i] if st.row_histogram else [],
+                   accepted_by_position=st.accepted_by_position,
+                   drafted_by_position=st.drafted_by_position,
+                   ids=tokens)
+        row.update(scores[i])
+        rows.append(row)
+    return rows
+
+
+def main(argv=None) -> str:
+    args = resolve(argv)
+    from accelerate import PartialState
+
+    state = PartialState()
+    task_cls = TASKS[args.modality]
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    grid = parse_params(args.param)
+    seeds = parse_seeds(args.seeds)
+    prompts = load_prompts(args.prompts, task_cls, args.num_prompts)
+    if not prompts:
+        raise ValueError("no prompts: accepted a non-empty --prompts file")
+    if "plain" not in methods:
+        methods = ["plain"] + methods           # the baseline every delta is measured against
+    for m in grid:
+        if m not in methods:
+            raise ValueError(f"--param for {m!r}, which is not among --methods {methods}")
+    device = args.device
+    if device is None and torch.cuda.is_available():
+        device = f"cuda:{state.local_process_index}"
+    gen = {}
+    if args.guidance is not None:
+        gen["guidance_scale"] = args.guidance
+    if args.temperature is not None:
+        gen["temperature"] = args.temperature
+    task = task_cls(args.model, args.draft, device=device, **gen)
+    os.makedirs(args.out, exist_ok=True)
+    main_file = os.path.join(args.out, "results.jsonl")
+    my_file = main_file if state.num_processes == 1 else os.path.join(
+        args.out, f"results.rank{state.process_index}.jsonl")
+    work = list(units(methods, grid, seeds, len(prompts), args.batch))
+    # A unit is done when all its rows are on disk (an interruption can cut one in half).
+    seen: dict[str, set] = {}
+    for r in read_rows(main_file) + (read_rows(my_file) if my_file != main_file else []):
+        seen.setdefault(r["key"], set()).add(r["prompt_index"])
+    size = lambda u: len(prompts[u["chunk"] * args.batch:(u["chunk"] + 1) * args.batch])  # noqa: E731
+    done = {unit_key(u) for u in work if len(seen.get(unit_key(u), ())) == size(u)}
+    mine = [u for i, u in enumerate(work) if i % state.num_processes == state.process_index]
+    todo = [u for u in mine if unit_key(u) not in done]
+    profile = bool(device and str(device).startswith("cuda"))
+    with open(my_file, "a") as f:
+        for u in tqdm(todo, desc=f"sweep[{state.process_index}]", disable=not state.is_local_main_process):
+            for row in run_unit(task, u, prompts, args.batch, profile):
+                f.write(json.dumps(row) + "\n")
+            f.flush()
+    state.wait_for_everyone()
+    if state.is_main_process:    # merge (several processes) and de-duplicate (resumed units)
+        merged = {(r["key"], r["prompt_index"]): r for r in read_rows(main_file)}
+        ranks = [os.path.join(args.out, f"results.rank{k}.jsonl") for k in range(state.num_processes)]
+        for path in ranks if state.num_processes > 1 else []:
+            for r in read_rows(path):
+                merged[(r["key"], r["prompt_index"])] = r
+        order = {unit_key(u): i for i, u in enumerate(work)}
+        rows = sorted(merged.values(), key=lambda r: (order.get(r["key"], 1e9), r["prompt_index"]))
+        with open(main_file, "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+        for path in ranks if state.num_processes > 1 else []:
+            if os.path.exists(path):
+                os.remove(path)
+        if not args.no_report:
+            from eval.report import write_report
+
+            write_report(args.out, task, prompts, vars(args))
+    state.wait_for_everyone()
+    return main_file
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)

@@ -1,0 +1,146 @@
+"""The evaluation sweep: end to end on tiny models, resume, two CPU processes, and metrics
+against hand-computed values."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from eval import metrics
+from eval.sweep import main as sweep_main, read_rows
+from tiny_image import tiny_token_span, tiny_vq
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    """Tiny shapes-world-vocabulary models saved in the bundled format."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from modalities.image.pipeline import save_bundled
+    from recipes.train.t2i import WORD_OFFSET, WORDS
+
+    root = tmp_path_factory.mktemp("models")
+    vq = tiny_vq()
+    vq.vq.save_pretrained(root / "vq")
+    paths = []
+    for name, hidden, seed in (("shapes-tiny", 32, 0), ("shapes-tiny-draft", 16, 1)):
+        torch.manual_seed(seed)
+        cfg = LlamaConfig(vocab_size=WORD_OFFSET + len(WORDS) + 16, hidden_size=hidden,
+                          intermediate_size=2 * hidden, num_hidden_layers=1, num_attention_heads=2,
+                          num_key_value_heads=2, max_position_embeddings=96, pad_token_id=0)
+        meta = dict(image_token_offset=WORD_OFFSET + len(WORDS), codebook_size=16, grid=[4, 4],
+                    prefix=[1], suffix=[2], pad_id=0, words=WORDS, word_offset=WORD_OFFSET,
+                    defaults={"guidance_scale": 2.0})
+        save_bundled(str(root / name), LlamaForCausalLM(cfg).eval(), fmt="token-span",
+                     vq_folder=str(root / "vq"), meta=meta)
+        paths.append(str(root / name))
+    prompts = root / "prompts.txt"
+    prompts.write_text("a large red circle at the top left\na small blue star at the bottom\n"
+                       "a large black cross at the centre\n")
+    return paths[0], paths[1], str(prompts)
+
+
+def _args(models, out, methods="plain,exact", extra=()):
+    t, d, p = models
+    return ["--model", t, "--draft", d, "--prompts", p, "--methods", methods, "--num-prompts",
+            "3", "--batch", "2", "--seeds", "0", "--out", str(out), *extra]
+
+
+def test_sweep_runs_end_to_end_and_writes_report(tiny_models, tmp_path):
+    out = tmp_path / "sweep"
+    sweep_main(_args(tiny_models, out, "plain,exact,sjd-maximal+lantern",
+                     ["--param", "sjd-maximal+lantern.delta=0.1,0.3"]))
+    rows = read_rows(out / "results.jsonl")
+    assert len(rows) == 3 * 4        # 3 prompts x (plain, exact, two lantern settings)
+    r = rows[-1]
+    for key in ("nfe", "tokens_per_step", "acceptance", "histogram", "seconds_batch", "seed",
+                "compositional_accuracy", "ids"):
+        assert key in r
+    for f in ("summary.csv", "report.md", "quality_vs_speedup.png", "acceptance_by_position.png",
+              "tokens_per_step_hist.png", "comparison.png"):
+        assert (out / f).exists(), f
+    report = (out / "report.md").read_text()
+    assert "| exact |" in report and "pass" in report and "relaxed" in report
+
+
+def test_sweep_resumes_without_duplicating_rows(tiny_models, tmp_path):
+    out = tmp_path / "sweep"
+    sweep_main(_args(tiny_models, out, extra=["--no-report"]))
+    full = read_rows(out / "results.jsonl")
+    lines = (out / "results.jsonl").read_text().splitlines()
+    # interrupted: the last unit lost (one of its rows written, then a cut line)
+    (out / "results.jsonl").write_text("\n".join(lines[:-2]) + "\n" + lines[-2][:40])
+    sweep_main(_args(tiny_models, out, extra=["--no-report"]))
+    again = read_rows(out / "results.jsonl")
+    keys = [(r["key"], r["prompt_index"]) for r in again]
+    assert sorted(set(keys)) == sorted((r["key"], r["prompt_index"]) for r in full)
+    assert len(set(keys)) == len(keys)          # the partial unit was re-run, not duplicated
+    # a second resume has nothing left to do
+    sweep_main(_args(tiny_models, out, extra=["--no-report"]))
+    assert len(read_rows(out / "results.jsonl")) == len(again)
+
+
+def test_two_process_cpu_run_merges_identical_rows(tiny_models, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    sweep_main(_args(tiny_models, one, extra=["--no-report"]))
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+               PYTHONPATH=os.path.join(ROOT, "tests") + os.pathsep + ROOT)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "-m", "eval.sweep", *_args(tiny_models, two, extra=["--no-report"])]
+    res = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    a = {(r["key"], r["prompt_index"]): r for r in read_rows(one / "results.jsonl")}
+    b = {(r["key"], r["prompt_index"]): r for r in read_rows(two / "results.jsonl")}
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k]["ids"] == b[k]["ids"] and a[k]["nfe"] == b[k]["nfe"]
+    assert not list(two.glob("results.rank*.jsonl"))
+
+
+def test_metrics_against_hand_computed_values():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 4))
+    assert metrics.fid(x, x) == pytest.approx(0.0, abs=1e-6)
+    shifted = x + np.array([1.0, 0, 0, 0])
+    assert metrics.fid(x, shifted) == pytest.approx(1.0, abs=1e-6)   # |mu| difference only
+    sig = np.sin(np.linspace(0, 200, 16000)) * np.linspace(0, 1, 16000)
+    assert metrics.mel_cepstral_distortion(sig, sig) == pytest.approx(0.0, abs=1e-6)
+    assert metrics.mel_cepstral_distortion(sig, rng.normal(size=16000)) > 1.0
+    from modalities import shapes_world as sw
+
+    scene, img, cap = sw.sample(5)
+    assert sw.compositional_accuracy([img], [cap]) == 1.0
+    est, lo, hi = metrics.bootstrap_ci([1.0] * 10)
+    assert est == lo == hi == 1.0
+    same = metrics.token_tv_test([[1, 2, 3]] * 20, [[1, 2, 3]] * 20, 5)
+    assert same["passed"] and same["tv"] == 0
+    diff = metrics.token_tv_test([[1, 1, 1]] * 20, [[3, 3, 3]] * 20, 5)
+    assert not diff["passed"]
+    assert metrics.leviathan_bound(0.0, 4, 0.0) == 1.0
+    assert metrics.leviathan_bound(1.0, 4, 0.0) == 5.0
+
+
+def test_config_file_and_bad_options(tiny_models, tmp_path):
+    t, d, p = tiny_models
+    cfg = tmp_path / "sweep.yaml"
+    cfg.write_text(f"model: {t}\ndraft: {d}\nprompts: {p}\nmethods: [plain, sjd]\n"
+                   f"param:\n  sjd:\n    window: [4, 8]\nnum_prompts: 2\nbatch: 2\n"
+                   f"out: {tmp_path / 'c'}\nno_report: true\n")
+    sweep_main(["--config", str(cfg)])
+    rows = read_rows(tmp_path / "c" / "results.jsonl")
+    assert sorted({r["setting"] for r in rows}) == ["default", "window=4", "window=8"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("methodz: [plain]\n")
+    with pytest.raises(ValueError, match="unknown option"):
+        sweep_main(["--config", str(bad)])
+    with pytest.raises(ValueError, match="accepted METHOD.NAME"):
+        sweep_main(_args(tiny_models, tmp_path / "x", extra=["--param", "delta=0.1"]))
