@@ -64,9 +64,16 @@ def validate_pair(target, draft, *, input_ids, max_new_tokens, num_draft_tokens)
         raise ValueError(f"input_ids must be ids in [0, {v_t - 1}]")
 
 
+def static_length(prompt_len: int, batch: int, max_new_tokens: int, k: int) -> int:
+    """Slots a static cache needs: one row uses prompt + new + K + 1; ragged rows leave at most
+    K holes per step (bounded by (K + 1) slots per generated token), rounded up to 64."""
+    need = prompt_len + max_new_tokens + k + 1 if batch == 1 else prompt_len + (k + 1) * (max_new_tokens + 1)
+    return -(-need // 64) * 64
+
+
 def _prepare(target, draft, input_ids, attention_mask, rule, num_draft_tokens, max_new_tokens,
              temperature, top_k, top_p, min_p, seed, drafter, guidance_scale=None,
-             uncond_input_ids=None, uncond_attention_mask=None):
+             uncond_input_ids=None, uncond_attention_mask=None, compile=False, static_cache=None):
     attention_mask = _check_prompt(input_ids, attention_mask)
     prompt = {}
     if guidance_scale is not None:
@@ -83,10 +90,17 @@ def _prepare(target, draft, input_ids, attention_mask, rule, num_draft_tokens, m
     validate_pair(target, draft, input_ids=input_ids, max_new_tokens=max_new_tokens,
                   num_draft_tokens=num_draft_tokens)
     generator = make_generator(seed, input_ids.device)
-    tgt = CausalLMSession(target, params, guidance_scale)
+    static = compile if static_cache is None else static_cache
+    if compile and not static:
+        raise ValueError("compile=True needs static_cache=True (fixed shapes)")
+    k = num_draft_tokens if (draft is not None or drafter is not None) else 0
+    k = getattr(drafter, "num_tokens", k)
+    slen = static_length(input_ids.shape[1], input_ids.shape[0], max_new_tokens, k) if static else None
+    tgt = CausalLMSession(target, params, guidance_scale, static_len=slen, compile=compile)
     if drafter is None:
         drafter = (NoDraft() if draft is None else
-                   ModelDrafter(CausalLMSession(draft, params, guidance_scale), num_draft_tokens))
+                   ModelDrafter(CausalLMSession(draft, params, guidance_scale, static_len=slen,
+                                                compile=compile), num_draft_tokens))
     if hasattr(drafter, "generator"):
         drafter.generator = generator
     return attention_mask, tgt, drafter, rule_obj, generator, prompt
@@ -104,7 +118,8 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
              top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
              seed: int | None = None, stop_token_ids=None, pad_token_id: int | None = None,
              drafter=None, guidance_scale: float | None = None, uncond_input_ids=None,
-             uncond_attention_mask=None, profile: bool = False) -> GenerateOutput:
+             uncond_attention_mask=None, compile: bool = False, static_cache: bool | None = None,
+             profile: bool = False) -> GenerateOutput:
     """Speculative decoding of ``target`` with ``draft`` (or plain decoding if both ``draft``
     and ``drafter`` are None).
 
@@ -120,6 +135,10 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
     guidance_scale: classifier-free guidance u + s (c - u) on the logits of target and draft;
                     ``uncond_input_ids`` [B, P] (left-padded like the prompt) are the
                     unconditional rows, rolled back together with the conditional ones.
+    compile:        static caches and decoding steps captured as CUDA graphs (one per step
+                    width, replayed every step; CUDA only); the eager path is the reference
+                    and gives identical tokens under greedy decoding.
+    static_cache:   static, position-indexed caches without compiling (default: = compile).
 
     Rows keep independent accepted lengths (ragged, DESIGN.md); each row stops at its own
     stop token or after max_new_tokens. Returns GenerateOutput(sequences [B, P + T],
@@ -128,7 +147,7 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
     attention_mask, tgt, drafter, rule_obj, generator, prompt = _prepare(
         target, draft, input_ids, attention_mask, rule, num_draft_tokens, max_new_tokens,
         temperature, top_k, top_p, min_p, seed, drafter, guidance_scale, uncond_input_ids,
-        uncond_attention_mask)
+        uncond_attention_mask, compile, static_cache)
     if stop_token_ids is None:
         stop_token_ids = _default_stops(target)
     stats = StepStats()

@@ -65,20 +65,22 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens!r}: accepted an integer >= 1")
     stats = stats if stats is not None else StepStats()
-    stops = set(stop_token_ids or ())
     b = first_tokens.shape[0]
     device = first_tokens.device
+    stops = torch.tensor(sorted(set(stop_token_ids or ())), dtype=torch.long, device=device)
     last = first_tokens
-    produced = [0] * b
+    # Row state lives on the device, so no host value has to travel back before a step.
+    produced = torch.zeros(b, dtype=torch.long, device=device)
+    active = torch.ones(b, dtype=torch.bool, device=device)
+    produced_host = [0] * b
     finished = [False] * b
     t_start = time.perf_counter()
     while not all(finished):
-        remaining = min(max_new_tokens - produced[i] for i in range(b) if not finished[i])
+        remaining = min(max_new_tokens - produced_host[i] for i in range(b) if not finished[i])
         k_max = remaining - 1
 
         # Finished rows ride along as padding: their inputs are masked and their positions
         # stop advancing (models with absolute position tables never see them overflow).
-        active = torch.tensor([not f for f in finished], device=device)
         t0 = time.perf_counter()
         draft = drafter.propose(last, k_max, active)
         if profile:
@@ -91,36 +93,47 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
             _sync(device)
         t2 = time.perf_counter()
         out = rule(draft.tokens, draft.probs, p, generator, validate=False)
-        # The one deliberate synchronisation: counts, ids and a finiteness flag together.
+        # Emitted tokens that count: up to the first stop token and the row's budget.
+        cols = torch.arange(k + 1, device=device)
+        emitted = out.num_emitted
+        done = torch.zeros_like(active)
+        first_stop = emitted
+        if stops.numel():
+            hit = torch.isin(out.tokens, stops) & (cols[None] < emitted[:, None])
+            done = hit.any(1)
+            first_stop = torch.where(done, hit.float().argmax(1) + 1, emitted)
+        cut = torch.minimum(first_stop, max_new_tokens - produced)
+        cut = torch.where(active, cut, 0)
+        produced = produced + cut
+        done = done | (produced >= max_new_tokens)
+        was_active = active
+        active = active & ~done
+        # The one deliberate synchronisation: counts, ids, cuts and a finiteness flag together.
         bad = ~torch.isfinite(p).all()
         if draft.probs is not None:
             bad = bad | ~torch.isfinite(draft.probs).all()
-        host = torch.cat([out.num_accepted[:, None], out.tokens,
-                          bad.to(torch.long).expand(b, 1)], 1).tolist()
+        host = torch.cat([out.num_accepted[:, None], cut[:, None], active[:, None].long(),
+                          bad.to(torch.long).expand(b, 1), out.tokens], 1).tolist()
         t3 = time.perf_counter()
-        if host[0][-1]:
+        if host[0][3]:
             raise ValueError("the model produced NaN or inf probabilities (check its logits "
                              "and dtype): accepted finite logits")
         n_host = [row[0] for row in host]
         keep = max(n for n, f in zip(n_host, finished) if not f) + 1
-        cols = torch.arange(keep, device=device)
-        target.commit(keep, (cols[None] < out.num_emitted[:, None]) & active[:, None])
+        kept = torch.arange(keep, device=device)
+        target.commit(keep, (kept[None] < emitted[:, None]) & was_active[:, None])
         drafter.observe(out, p, n_host)
         last = out.last_tokens
         t4 = time.perf_counter()
 
-        active = [not f for f in finished]
-        stats.record(n_host, k, active)
+        stats.record(n_host, k, [not f for f in finished])
         new_tokens: list[list[int]] = [[] for _ in range(b)]
-        for i in range(b):
+        for i, row in enumerate(host):
             if finished[i]:
                 continue
-            for tok in host[i][1 : 2 + n_host[i]]:
-                new_tokens[i].append(tok)
-                produced[i] += 1
-                if tok in stops or produced[i] >= max_new_tokens:
-                    finished[i] = True
-                    break
+            new_tokens[i] = row[4 : 4 + row[1]]
+            produced_host[i] += row[1]
+            finished[i] = not row[2]
         stats.seconds_draft += t1 - t0
         stats.seconds_verify += t2 - t1
         stats.seconds_accept += (t3 - t2) + (t4 - t3)

@@ -53,15 +53,30 @@ def max_positions(model) -> int | None:
 
 
 class CausalLMSession:
-    """A transformers causal LM, its DynamicCache and its sequence mask.
+    """A transformers causal LM, its cache and its sequence mask.
 
     model:          a causal LM returning ``.logits`` [B, n, V].
     params:         SamplingParams applied to the (guided) logits.
     guidance_scale: None for no guidance; else a float s >= 0 and ``uncond_ids`` given at
                     ``prefill``.
+    static_len:     None: a DynamicCache (crop on rollback). An int: a transformers
+                    StaticCache of that many slots, position-indexed; rollback moves its
+                    length (nothing is copied); steps pass a 4-D mask [rows, 1, n, static_len]
+                    (a public argument) so every step of a width has fixed shapes.
+    compile:        capture each step width once as a CUDA graph and replay it (needs a
+                    static cache and a CUDA device). The prompt is always run eagerly.
     """
 
-    def __init__(self, model, params: SamplingParams, guidance_scale: float | None = None):
+    def __init__(self, model, params: SamplingParams, guidance_scale: float | None = None,
+                 static_len: int | None = None, compile: bool = False):
+        if compile and static_len is None:
+            raise ValueError("compile=True needs a static cache (static_len)")
+        if compile and next(model.parameters()).device.type != "cuda":
+            raise ValueError("compile=True captures CUDA graphs: accepted a model on a CUDA device")
+        self.static_len = static_len
+        self.compile = compile
+        self._graphs: dict = {}          # (input kind, shape) -> captured step
+        self._pool = None
         self.model = model
         self.net = model                 # the module that is called (adapters may narrow it)
         self.params = params
@@ -124,7 +139,16 @@ class CausalLMSession:
             self._uncond_last = uncond_ids[:, -1]
             input_ids = torch.cat([input_ids, uncond_ids], 0)
             attention_mask = torch.cat([attention_mask, uncond_mask], 0)
-        self.cache = DynamicCache(config=self.net.config)
+        if self.static_len is not None:
+            from transformers import StaticCache
+
+            need = input_ids.shape[1]
+            if need > self.static_len:
+                raise ValueError(f"static_len={self.static_len} is shorter than the prompt "
+                                 f"({need} tokens)")
+            self.cache = StaticCache(config=self.net.config, max_cache_len=self.static_len)
+        else:
+            self.cache = DynamicCache(config=self.net.config)
         self.seq = SequenceMask.from_prompt(attention_mask)
         if input_ids.shape[1] > 1:
             self._forward(input_ids[:, :-1], attention_mask[:, :-1], prompt=True, **model_kwargs)
@@ -150,14 +174,60 @@ class CausalLMSession:
         """Model inputs for the prompt's ids (default: input_ids)."""
         return {"input_ids": tokens}
 
+    def _mask4(self, attn: torch.Tensor, n: int) -> torch.Tensor:
+        """[R, 1, n, static_len] bool: slot j is visible to new token i when it holds a real
+        token and j <= L + i (L = slots before this step); every token sees itself."""
+        total = self.static_len
+        if attn.shape[1] > total:
+            raise RuntimeError(f"static cache full: {attn.shape[1]} slots needed, "
+                               f"static_len={total}")
+        kv = torch.nn.functional.pad(attn.bool(), (0, total - attn.shape[1]))
+        slots = torch.arange(total, device=attn.device)
+        q = attn.shape[1] - n + torch.arange(n, device=attn.device)
+        causal = slots[None, :] <= q[:, None]                                    # [n, total]
+        return ((kv[:, None, :] & causal[None]) | (slots[None, :] == q[:, None])[None])[:, None]
+
     def _forward(self, tokens: torch.Tensor, valid: torch.Tensor, prompt: bool = False,
                  **model_kwargs) -> torch.Tensor:
         attn, pos = self.seq.plan(valid)
+        if self.static_len is not None:
+            attn = self._mask4(attn, tokens.shape[1])
         inputs = self.prompt_inputs(tokens) if prompt else self.embed(tokens, self._first)
-        out = self.net(**inputs, attention_mask=attn, position_ids=pos,
-                       **{self._cache_arg: self.cache}, use_cache=True, **model_kwargs)
+        kwargs = dict(attention_mask=attn, position_ids=pos, use_cache=True, **model_kwargs)
+        if self.compile and not prompt:
+            out = self._replay(inputs, kwargs)
+        else:
+            out = self.net(**inputs, **{self._cache_arg: self.cache}, **kwargs)
         self.seq.append(valid)
         return None if prompt else self.logits(out)
+
+    def _replay(self, inputs: dict, kwargs: dict):
+        """Run one decoding step through a CUDA graph captured for this input shape."""
+        tensors = {**inputs, "attention_mask": kwargs["attention_mask"],
+                   "position_ids": kwargs["position_ids"]}
+        key = tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(tensors.items()))
+        if key not in self._graphs:
+            static = {k: v.clone() for k, v in tensors.items()}
+            call = dict(static, use_cache=True, **{self._cache_arg: self.cache})
+            n = tensors["position_ids"].shape[1]
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):                 # warm up, then undo the writes
+                    self.net(**call)
+                    crop(self.cache, n)
+            torch.cuda.current_stream().wait_stream(side)
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                out = self.net(**call)
+            self._graphs[key] = (graph, static, out)
+        graph, static, out = self._graphs[key]
+        for k, v in tensors.items():
+            static[k].copy_(v)
+        graph.replay()
+        return out
 
     def step(self, tokens: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """tokens [B, n] -> processed (guided) probabilities [B, n, V]."""
@@ -184,6 +254,6 @@ class CausalLMSession:
             self.seq.invalidate_tail(keep, self._rows(valid))
         self._since_commit = 0
         expected = self.seq.length
-        if self.cache.get_seq_length() != expected:
+        if self.static_len is None and self.cache.get_seq_length() != expected:
             raise RuntimeError(f"cache length {self.cache.get_seq_length()} != committed "
                                f"length {expected}")

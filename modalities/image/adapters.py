@@ -90,7 +90,9 @@ class ImageAdapter:
         return getattr(cfg, "max_position_embeddings", None)
 
     # -- what subclasses provide ----------------------------------------------------------------
-    def session(self, params: SamplingParams, guidance_scale: float | None) -> CausalLMSession:
+    def session(self, params: SamplingParams, guidance_scale: float | None,
+                **engine) -> CausalLMSession:
+        """engine: ``static_len`` and ``compile`` (CausalLMSession's static cache and CUDA graphs)."""
         raise NotImplementedError
 
     def prompt_batch(self, prompts: list, negative: list | None, guided: bool) -> dict:
@@ -112,8 +114,8 @@ class TokenSpanSession(CausalLMSession):
     """Compact ids <-> vocabulary ids; optional end-of-row token forced at the row ends."""
 
     def __init__(self, model, params, guidance_scale, to_vocab: torch.Tensor,
-                 eol_every: int | None = None):
-        super().__init__(model, params, guidance_scale)
+                 eol_every: int | None = None, **engine):
+        super().__init__(model, params, guidance_scale, **engine)
         self.to_vocab = to_vocab.to(_device(model))
         self.vocab_size = int(to_vocab.numel())
         self.eol_every = eol_every       # row width including the EOL column
@@ -163,9 +165,9 @@ class TokenSpanAdapter(ImageAdapter):
     def vocab_size(self) -> int:
         return int(self.to_vocab.numel())
 
-    def session(self, params, guidance_scale):
+    def session(self, params, guidance_scale, **engine):
         return TokenSpanSession(self.model, params, guidance_scale, self.to_vocab,
-                                None if self.eol_id is None else self.grid[1])
+                                None if self.eol_id is None else self.grid[1], **engine)
 
     def _encode(self, prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -256,8 +258,8 @@ class Emu3Adapter(TokenSpanAdapter):
 # --------------------------------------------------------------------------------------------
 
 class JanusSession(CausalLMSession):
-    def __init__(self, model, params, guidance_scale):
-        super().__init__(model, params, guidance_scale)
+    def __init__(self, model, params, guidance_scale, **engine):
+        super().__init__(model, params, guidance_scale, **engine)
         self.janus = model
         self.net = model.model.language_model
         self._cache_arg = cache_argument(self.net)
@@ -296,8 +298,8 @@ class JanusAdapter(ImageAdapter):
         self.pad_id = pad_id if pad_id is not None else (getattr(gc, "pad_token_id", None) or 0)
         self.processor = processor
 
-    def session(self, params, guidance_scale):
-        return JanusSession(self.model, params, guidance_scale)
+    def session(self, params, guidance_scale, **engine):
+        return JanusSession(self.model, params, guidance_scale, **engine)
 
     def _encode(self, prompt):
         if isinstance(prompt, str):
@@ -342,8 +344,8 @@ class JanusAdapter(ImageAdapter):
 class LlamaGenSession(CausalLMSession):
     """Prompt positions index the conditioning embeddings set by the adapter (``cond``)."""
 
-    def __init__(self, model, params, guidance_scale):
-        super().__init__(model, params, guidance_scale)
+    def __init__(self, model, params, guidance_scale, **engine):
+        super().__init__(model, params, guidance_scale, **engine)
         self.vocab_size = int(model.config.vocab_size)
         self.cond: torch.Tensor | None = None          # [R, T, dim], R = rows incl. uncond
 
@@ -374,8 +376,8 @@ class LlamaGenAdapter(ImageAdapter):
         self.vq = vq
         self.class_conditional = model.config.model_type_cond == "c2i"
 
-    def session(self, params, guidance_scale):
-        return LlamaGenSession(self.model, params, guidance_scale)
+    def session(self, params, guidance_scale, **engine):
+        return LlamaGenSession(self.model, params, guidance_scale, **engine)
 
     def prompt_batch(self, prompts, negative, guided):
         cfg = self.model.config

@@ -83,7 +83,8 @@ class TextToImage:
                  guidance_scale: float | None = None, negative_prompt=None,
                  method: str = "plain", temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, progress: bool = True,
-                 decode: bool = True, profile: bool = False, **method_params) -> ImageOutput:
+                 decode: bool = True, profile: bool = False, compile: bool = False,
+                 **method_params) -> ImageOutput:
         tgt = self.target
         # 1. Inputs, checked before any model runs.
         if tgt.class_conditional:
@@ -127,10 +128,16 @@ class TextToImage:
             raise ValueError(f"prompt of {width} tokens + {tgt.num_tokens} image tokens exceeds "
                              f"the model's max_position_embeddings={limit}")
 
-        # 2. Method: a drafter and a rule.
+        # 2. Method: a drafter and a rule; static caches and CUDA graphs when compile=True.
+        engine = {}
+        if compile:
+            from mmspec.generate import static_length
+
+            k = max(int(method_params.get("window", 16)), int(method_params.get("num_draft_tokens", 4)))
+            engine = dict(static_len=static_length(width, len(rows), tgt.num_tokens, k), compile=True)
         draft_session = None
         if self.draft is not None:
-            draft_session = lambda: self.draft.session(params, g_scale)  # noqa: E731
+            draft_session = lambda: self.draft.session(params, g_scale, **engine)  # noqa: E731
         drafter, rule = build_method(method, method_params, draft_session=draft_session,
                                      embeddings=tgt.codebook_embeddings(),
                                      jacobi_defaults=tgt.jacobi_defaults)
@@ -141,7 +148,7 @@ class TextToImage:
         # 3. Prefill target and drafter.
         stats = StepStats()
         t0 = time.perf_counter()
-        session = tgt.session(params, g_scale)
+        session = tgt.session(params, g_scale, **engine)
         session.prefill(**batch)
         if isinstance(drafter, ModelDrafter):
             dbatch = self.draft.prompt_batch(rows, neg_rows, guided)

@@ -1,0 +1,258 @@
+"""GPU benchmark: mmspec against Hugging Face on the same target and draft, in one run.
+
+    python -m eval.bench_gpu --out out/bench_gpu                 # 7B Llama shape, bf16, H200
+    python -m eval.bench_gpu --shape tiny --device cpu --no-hf-compile   # a smoke run on CPU
+
+Target: a Llama with random bf16 weights (7B shape: 32 layers, hidden 4096, vocab 32000);
+the cost of a step does not depend on the weights' values. Acceptance is controlled on
+purpose: in the target, layers >= 2 write into the residual stream scaled by ``eps`` (their
+o_proj and down_proj weights), and the draft is the target's first two layers with its own
+embeddings, final norm and head (shared tensors). eps = 0 makes the draft exact (an upper
+bound at draft cost 2/32); larger eps lowers acceptance, which is measured and reported. The
+target itself as its own draft (cost ratio 1) is run too.
+
+Per batch size: Hugging Face eager greedy, Hugging Face static cache + compile, Hugging Face
+assisted generation (batch 1 only), mmspec plain decoding (eager, captured) and mmspec
+speculative decoding (eager, captured) for each K. Greedy decoding throughout, so every
+mmspec output is checked token for token against mmspec plain decoding. Each row reports ms
+per generated token, ms per target step against the HBM floor (weight bytes / measured copy
+bandwidth), measured acceptance and tokens per step, the speedup against mmspec plain
+decoding in the same mode, the analytic bound from the measured tokens per step and the
+measured step costs, and efficiency = measured / bound. JSON lines go to stdout and
+bench.jsonl; report.md summarises.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import mmspec
+from mmspec.session import CausalLMSession
+
+SHAPES = {
+    "7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+               num_attention_heads=32, num_key_value_heads=32, vocab_size=32000),
+    "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+               num_attention_heads=32, num_key_value_heads=4, vocab_size=32000),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=4, vocab_size=512),
+}
+
+
+def sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def copy_bandwidth(dev) -> float:
+    """Bytes per second of a large device-to-device copy (read + write counted)."""
+    if dev.type != "cuda":
+        return float("nan")
+    x = torch.empty(2 * 1024**3, dtype=torch.uint8, device=dev)
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    sync(dev)
+    t0 = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    sync(dev)
+    dt = (time.perf_counter() - t0) / 10
+    del x, y
+    return 2 * 2 * 1024**3 / dt
+
+
+def build(shape: str, dev, dtype):
+    cfg = LlamaConfig(**SHAPES[shape], max_position_embeddings=4096, pad_token_id=0,
+                      bos_token_id=1, eos_token_id=None, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    with torch.device(dev):
+        target = LlamaForCausalLM(cfg).to(dtype).eval()
+    dcfg = LlamaConfig(**{**SHAPES[shape], "num_hidden_layers": 2}, max_position_embeddings=4096,
+                       pad_token_id=0, bos_token_id=1, eos_token_id=None, tie_word_embeddings=False)
+    with torch.device("meta"):
+        draft = LlamaForCausalLM(dcfg)
+    draft.model.embed_tokens = target.model.embed_tokens
+    draft.model.layers = torch.nn.ModuleList(list(target.model.layers[:2]))
+    draft.model.norm = target.model.norm
+    draft.lm_head = target.lm_head
+    draft.model.rotary_emb = target.model.rotary_emb
+    draft.eval()
+    originals = [(layer.self_attn.o_proj.weight.detach().clone(), layer.mlp.down_proj.weight.detach().clone())
+                 for layer in target.model.layers[2:]]
+    return target, draft, originals
+
+
+def set_eps(target, originals, eps: float) -> None:
+    with torch.no_grad():
+        for layer, (o, d) in zip(target.model.layers[2:], originals):
+            layer.self_attn.o_proj.weight.copy_(o * eps)
+            layer.mlp.down_proj.weight.copy_(d * eps)
+
+
+def timed(fn, dev, repeats=2):
+    out, best = None, float("inf")
+    for _ in range(repeats):
+        sync(dev)
+        t0 = time.perf_counter()
+        out = fn()
+        sync(dev)
+        best = min(best, time.perf_counter() - t0)
+    return out, best
+
+
+def step_cost(model, batch, width, dev, compile: bool, prompt_len=128, reps=20) -> float:
+    """Seconds of one decoding step of ``width`` tokens at ``batch`` rows (static cache)."""
+    s = CausalLMSession(model, mmspec.SamplingParams(temperature=0), static_len=prompt_len + 64 + 4 * reps,
+                        compile=compile)
+    ids = torch.randint(1, model.config.vocab_size, (batch, prompt_len), device=dev)
+    with torch.inference_mode():
+        s.prefill(ids, torch.ones_like(ids))
+        tok = ids[:, :width]
+        for _ in range(3):
+            s.step(tok)
+            s.commit(0, torch.ones(batch, 0, dtype=torch.bool, device=dev))
+        sync(dev)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            s.step(tok)
+            s.commit(0, torch.ones(batch, 0, dtype=torch.bool, device=dev))
+        sync(dev)
+    return (time.perf_counter() - t0) / reps
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=list(SHAPES), default="7b")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--batches", default="1,4,16")
+    ap.add_argument("--ks", default="2,4,8")
+    ap.add_argument("--eps", default="0.0,0.15,0.4")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--no-hf-compile", action="store_true")
+    ap.add_argument("--out", default="out/bench_gpu")
+    args = ap.parse_args(argv)
+    dev = torch.device(args.device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    os.makedirs(args.out, exist_ok=True)
+    log = open(os.path.join(args.out, "bench.jsonl"), "a")
+    rows = []
+
+    def emit(row):
+        rows.append(row)
+        line = json.dumps(row)
+        print(line, flush=True)
+        log.write(line + "\n")
+        log.flush()
+
+    bw = copy_bandwidth(dev)
+    target, draft, originals = build(args.shape, dev, dtype)
+    wbytes = sum(p.numel() * p.element_size() for p in target.parameters())
+    floor_ms = 1e3 * wbytes / bw if bw == bw else float("nan")
+    emit(dict(kind="setup", device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+              shape=args.shape, weight_gb=wbytes / 1e9, copy_tb_s=bw / 1e12, floor_ms=floor_ms,
+              transformers=__import__("transformers").__version__, torch=torch.__version__))
+    n = args.new_tokens
+    ks = [int(k) for k in args.ks.split(",")]
+    for eps in [float(e) for e in args.eps.split(",")]:
+        set_eps(target, originals, eps)
+        for b in [int(x) for x in args.batches.split(",")]:
+            ids = torch.randint(2, target.config.vocab_size, (b, args.prompt), device=dev,
+                                generator=torch.Generator(device=dev).manual_seed(b))
+            mask = torch.ones_like(ids)
+            gen = dict(attention_mask=mask, temperature=0, max_new_tokens=n, stop_token_ids=[])
+            costs = {}
+            for mode in (["eager", "captured"] if dev.type == "cuda" else ["eager"]):
+                cap = mode == "captured"
+                costs[mode] = dict(t1=step_cost(target, b, 1, dev, cap),
+                                   d1=step_cost(draft, b, 1, dev, cap))
+                for k in ks:
+                    costs[mode][f"t{k + 1}"] = step_cost(target, b, k + 1, dev, cap)
+                plain, t_plain = timed(lambda: mmspec.generate(target, None, ids, compile=cap,
+                                                               static_cache=True, **gen), dev)
+                emit(dict(kind="mmspec-plain", mode=mode, eps=eps, batch=b,
+                          ms_per_token=1e3 * t_plain / n, ms_per_step=1e3 * t_plain / plain.stats.steps,
+                          step_over_floor=(1e3 * t_plain / plain.stats.steps) / floor_ms,
+                          target_step_ms=1e3 * costs[mode]["t1"]))
+                for k in (ks if b == 1 else [4]):
+                    for dname, dmodel in (("2-layer", draft), ("self", target)):
+                        if dname == "self" and (k != 4 or eps != 0.0):
+                            continue
+                        out, t = timed(lambda: mmspec.generate(target, dmodel, ids, compile=cap,
+                                                               static_cache=True,
+                                                               num_draft_tokens=k, **gen), dev)
+                        st = out.stats
+                        d_cost = costs[mode]["d1"] if dname == "2-layer" else costs[mode]["t1"]
+                        step = costs[mode][f"t{k + 1}"] + k * d_cost
+                        bound = st.tokens_per_step * costs[mode]["t1"] / step
+                        speed = t_plain / t
+                        emit(dict(kind="mmspec-spec", mode=mode, eps=eps, batch=b, k=k, draft=dname,
+                                  acceptance=st.acceptance_rate, tokens_per_step=st.tokens_per_step,
+                                  ms_per_token=1e3 * t / n, speedup=speed, bound=bound,
+                                  efficiency=speed / bound, cost_ratio=d_cost / costs[mode]["t1"],
+                                  verify_over_step=costs[mode][f"t{k + 1}"] / costs[mode]["t1"],
+                                  identical=bool(torch.equal(out.sequences, plain.sequences))))
+            # Hugging Face on the same models and prompts.
+            with torch.inference_mode():
+                ref, t_hf = timed(lambda: target.generate(ids, attention_mask=mask, do_sample=False,
+                                                          max_new_tokens=n, min_new_tokens=n), dev, 1)
+            emit(dict(kind="hf-eager", eps=eps, batch=b, ms_per_token=1e3 * t_hf / n,
+                      step_over_floor=(1e3 * t_hf / n) / floor_ms,
+                      identical_to_mmspec=bool(torch.equal(ref, plain.sequences))))
+            if b == 1:
+                with torch.inference_mode():
+                    ast, t_as = timed(lambda: target.generate(ids, attention_mask=mask, do_sample=False,
+                                                              max_new_tokens=n, min_new_tokens=n,
+                                                              assistant_model=draft), dev, 1)
+                emit(dict(kind="hf-assisted", eps=eps, batch=b, ms_per_token=1e3 * t_as / n,
+                          speedup_vs_hf_eager=t_hf / t_as,
+                          identical_to_plain=bool(torch.equal(ast, ref))))
+            if not args.no_hf_compile and eps == 0.0 and b == 1 and dev.type == "cuda":
+                with torch.inference_mode():
+                    t0 = time.perf_counter()
+                    target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n,
+                                    min_new_tokens=n, cache_implementation="static")
+                    warm = time.perf_counter() - t0
+                    _, t_c = timed(lambda: target.generate(ids, attention_mask=mask, do_sample=False,
+                                                           max_new_tokens=n, min_new_tokens=n,
+                                                           cache_implementation="static"), dev, 1)
+                emit(dict(kind="hf-static-compile", eps=eps, batch=b, ms_per_token=1e3 * t_c / n,
+                          step_over_floor=(1e3 * t_c / n) / floor_ms, warmup_s=warm))
+    log.close()
+    write_report(args.out, rows)
+
+
+def write_report(out_dir, rows):
+    setup = rows[0]
+    lines = ["# GPU benchmark", "",
+             f"{setup['device']}, {setup['shape']} Llama shape, {setup['weight_gb']:.1f} GB of "
+             f"weights, copy bandwidth {setup['copy_tb_s']:.2f} TB/s, HBM floor "
+             f"{setup['floor_ms']:.2f} ms per step; torch {setup['torch']}, transformers "
+             f"{setup['transformers']}. Greedy decoding.", "",
+             "| eps | batch | what | mode | K | draft | acceptance | tokens/step | ms/token | "
+             "step / floor | speedup | bound | efficiency | identical |", "|" + "---|" * 14]
+    for r in rows[1:]:
+        lines.append("| " + " | ".join(str(x) for x in (
+            r.get("eps", ""), r.get("batch", ""), r["kind"], r.get("mode", ""), r.get("k", ""),
+            r.get("draft", ""), _f(r.get("acceptance"), 3), _f(r.get("tokens_per_step")),
+            _f(r.get("ms_per_token")), _f(r.get("step_over_floor")),
+            _f(r.get("speedup", r.get("speedup_vs_hf_eager"))), _f(r.get("bound")),
+            _f(r.get("efficiency")),
+            r.get("identical", r.get("identical_to_mmspec", r.get("identical_to_plain", ""))))) + " |")
+    with open(os.path.join(out_dir, "report.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def _f(v, nd=2):
+    return "" if v is None else f"{v:.{nd}f}"
+
+
+if __name__ == "__main__":
+    main()
