@@ -34,7 +34,8 @@ def _check_prompt(input_ids, attention_mask) -> torch.Tensor:
     return attention_mask
 
 
-def validate_pair(target, draft, *, input_ids, max_new_tokens, num_draft_tokens) -> None:
+def validate_pair(target, draft, *, input_ids, max_new_tokens, num_draft_tokens,
+                  compile=False) -> None:
     """Every check that needs no forward pass; raises ValueError naming the parameter."""
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens!r}: accepted an integer >= 1")
@@ -56,7 +57,7 @@ def validate_pair(target, draft, *, input_ids, max_new_tokens, num_draft_tokens)
                 raise ValueError(f"input_ids has {p} tokens, longer than the {name}'s "
                                  f"max_position_embeddings={limit}: accepted prompts of at "
                                  f"most {limit} tokens")
-            if p + max_new_tokens > limit:
+            if p + max_new_tokens + (num_draft_tokens if compile else 0) > limit:
                 raise ValueError(f"max_new_tokens={max_new_tokens} with a {p}-token prompt "
                                  f"exceeds the {name}'s max_position_embeddings={limit}: "
                                  f"accepted max_new_tokens <= {limit - p}")
@@ -88,7 +89,7 @@ def _prepare(target, draft, input_ids, attention_mask, rule, num_draft_tokens, m
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     rule_obj: Rule = make_rule(rule)
     validate_pair(target, draft, input_ids=input_ids, max_new_tokens=max_new_tokens,
-                  num_draft_tokens=num_draft_tokens)
+                  num_draft_tokens=num_draft_tokens, compile=compile)
     generator = make_generator(seed, input_ids.device)
     static = compile if static_cache is None else static_cache
     if compile and not static:
@@ -136,8 +137,10 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
                     ``uncond_input_ids`` [B, P] (left-padded like the prompt) are the
                     unconditional rows, rolled back together with the conditional ones.
     compile:        static caches and decoding steps captured as CUDA graphs (one per step
-                    width, replayed every step; CUDA only); the eager path is the reference
-                    and gives identical tokens under greedy decoding.
+                    width, replayed every step; CUDA only); ``"inductor"`` also fuses each
+                    step with torch.compile first (about 30 s of compilation per width for a
+                    7B model). The eager path is the reference and gives identical tokens
+                    under greedy decoding in float32. K stays fixed to the end (one width).
     static_cache:   static, position-indexed caches without compiling (default: = compile).
 
     Rows keep independent accepted lengths (ragged, DESIGN.md); each row stops at its own
@@ -157,7 +160,7 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
     stats.seconds_prefill = time.perf_counter() - t0
     res = run(tgt, drafter, rule_obj, input_ids[:, -1], max_new_tokens=max_new_tokens,
               stop_token_ids=set(stop_token_ids), generator=generator, stats=stats,
-              profile=profile)
+              profile=profile, fixed_k=bool(compile))
     if pad_token_id is None:
         pad_token_id = getattr(target.config, "pad_token_id", None)
         pad_token_id = 0 if pad_token_id is None else pad_token_id

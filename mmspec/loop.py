@@ -55,12 +55,14 @@ def _sync(device: torch.device) -> None:
 def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Tensor, *,
            max_new_tokens: int, stop_token_ids: set[int] | None = None,
            generator: torch.Generator | None = None, stats: StepStats | None = None,
-           profile: bool = False) -> Iterator[StepEvent]:
+           profile: bool = False, fixed_k: bool = False) -> Iterator[StepEvent]:
     """Run the loop after both target and drafter have seen the prompt.
 
     first_tokens: [B] the last prompt token of each row (not yet fed to either model).
     profile:      synchronise the device between phases so the per-phase seconds are exact
                   on CUDA (costs speed; CPU timings are always exact).
+    fixed_k:      never shrink K near the end (captured steps keep one width; tokens past
+                  max_new_tokens are dropped, positions may run K past it).
     """
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens!r}: accepted an integer >= 1")
@@ -77,7 +79,7 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
     t_start = time.perf_counter()
     while not all(finished):
         remaining = min(max_new_tokens - produced_host[i] for i in range(b) if not finished[i])
-        k_max = remaining - 1
+        k_max = max_new_tokens if fixed_k else remaining - 1
 
         # Finished rows ride along as padding: their inputs are masked and their positions
         # stop advancing (models with absolute position tables never see them overflow).

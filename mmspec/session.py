@@ -64,7 +64,8 @@ class CausalLMSession:
                     length (nothing is copied); steps pass a 4-D mask [rows, 1, n, static_len]
                     (a public argument) so every step of a width has fixed shapes.
     compile:        capture each step width once as a CUDA graph and replay it (needs a
-                    static cache and a CUDA device). The prompt is always run eagerly.
+                    static cache and a CUDA device); ``"inductor"``: capture the step after
+                    fusing it with torch.compile. The prompt is always run eagerly.
     """
 
     def __init__(self, model, params: SamplingParams, guidance_scale: float | None = None,
@@ -209,19 +210,28 @@ class CausalLMSession:
         if key not in self._graphs:
             static = {k: v.clone() for k, v in tensors.items()}
             call = dict(static, use_cache=True, **{self._cache_arg: self.cache})
+            fn = self.net
+            if self.compile == "inductor":
+                if getattr(self, "_fused", None) is None:
+                    from torch import _dynamo
+
+                    _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
+                    self._fused = torch.compile(self.net, mode="max-autotune-no-cudagraphs",
+                                                dynamic=False)
+                fn = self._fused
             n = tensors["position_ids"].shape[1]
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(2):                 # warm up, then undo the writes
-                    self.net(**call)
+                    fn(**call)
                     crop(self.cache, n)
             torch.cuda.current_stream().wait_stream(side)
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
-                out = self.net(**call)
+                out = fn(**call)
             self._graphs[key] = (graph, static, out)
         graph, static, out = self._graphs[key]
         for k, v in tensors.items():

@@ -47,3 +47,14 @@ def test_captured_equals_eager_images_with_guidance_and_jacobi():
         a = pipe([[3, 4, 5], [6]], **kw)
         b = pipe([[3, 4, 5], [6]], compile=True, **kw)
         assert torch.equal(a.tokens, b.tokens), method
+
+
+def test_inductor_fused_capture_equals_eager():
+    dev = torch.device("cuda")
+    t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
+    d = tiny_llama(vocab=64, hidden=32, layers=1, seed=1).to(dev)
+    ids = torch.tensor([[1, 2, 3, 4, 5]], device=dev)
+    kw = dict(temperature=0, max_new_tokens=16, num_draft_tokens=3)
+    eager = mmspec.generate(t, d, ids, **kw)
+    fused = mmspec.generate(t, d, ids, compile="inductor", **kw)
+    assert torch.equal(eager.sequences, fused.sequences)
