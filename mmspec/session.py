@@ -267,3 +267,33 @@ class CausalLMSession:
         if self.static_len is None and self.cache.get_seq_length() != expected:
             raise RuntimeError(f"cache length {self.cache.get_seq_length()} != committed "
                                f"length {expected}")
+
+
+class PaddedSession:
+    """A draft session whose vocabulary is a prefix of the target's (padded target
+    vocabularies, e.g. llava-1.5-hf's 32064 over a 32000-id draft): probabilities are padded
+    with zeros up to the target's size, so the draft never proposes the extra ids; if the
+    target emits one, the draft reads ``fallback_id`` in its place (drafts are proposals, so
+    this costs acceptance, never correctness)."""
+
+    def __init__(self, session, vocab_size: int, fallback_id: int = 0):
+        if session.vocab_size > vocab_size:
+            raise ValueError(f"draft vocabulary ({session.vocab_size}) is larger than the "
+                             f"target's ({vocab_size}): accepted a prefix of the target's")
+        self.inner = session
+        self.vocab_size = vocab_size
+        self.fallback_id = fallback_id
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def prefill(self, *args, **kwargs):
+        return self.inner.prefill(*args, **kwargs)
+
+    def step(self, tokens, valid=None):
+        tokens = torch.where(tokens < self.inner.vocab_size, tokens, self.fallback_id)
+        p = self.inner.step(tokens, valid)
+        return torch.nn.functional.pad(p, (0, self.vocab_size - p.shape[-1]))
+
+    def commit(self, keep, valid):
+        return self.inner.commit(keep, valid)

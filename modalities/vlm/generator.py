@@ -1,0 +1,274 @@
+"""``VisionLanguageGenerator``: speculative decoding for LLaVA-family models.
+
+    gen = VisionLanguageGenerator.from_pretrained("llava-hf/llava-1.5-7b-hf", draft="...")
+    out = gen.generate(image, "What is in the picture?", method="exact", max_new_tokens=64)
+    print(out.texts[0], out.stats)
+    for piece in gen.generate(image, "Describe it.", stream=True): print(piece, end="")
+
+Targets: LlavaForConditionalGeneration and LlavaNextForConditionalGeneration (anyres:
+``image_sizes`` and per-image token counts come from the processor) through transformers'
+Auto classes and processors (chat templates). Image features are computed once, in the
+prefill; verification passes carry no pixels.
+
+Drafts (``draft_mode``):
+- ``"text"``: a causal LM that never sees the image: the prompt's text with the image
+  placeholders removed (Gagrani et al.). A draft vocabulary that is a prefix of the target's
+  (padded target vocabularies) is mapped by zero-padding; other mismatches are errors.
+- ``"image"``: a small VLM that sees the image with its own vision tower.
+- ``"ensemble"``: image + text and text-only prompts (and text + caption when ``captions``
+  are given) run as one draft batch on a VLM draft, their distributions mixed with weights
+  adapted to how well each mode matched the target so far (IbED / TABED).
+- Jacobi self-drafting on the target's text (``method="sjd"`` ...) and every rule.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from mmspec.drafters import ModelDrafter
+from mmspec.drafters.ensemble import EnsembleDrafter
+from mmspec.loop import stream
+from mmspec.registry import build_method
+from mmspec.sampling import SamplingParams, make_generator
+from mmspec.session import CausalLMSession, PaddedSession, output_vocab_size
+from mmspec.types import StepStats
+
+
+@dataclass
+class VLMOutput:
+    texts: list[str]
+    token_ids: list[list[int]]
+    stats: StepStats
+    seconds: float
+
+
+def _is_vlm(model) -> bool:
+    return hasattr(model.config, "vision_config")
+
+
+class VisionLanguageGenerator:
+    """target: a LLaVA-family model; processor: its processor (tokenizer, image processor,
+    chat template); draft: a causal LM (text draft) or a VLM (image / ensemble draft)."""
+
+    def __init__(self, target, processor, draft=None, draft_mode: str | None = None,
+                 draft_processor=None):
+        if not _is_vlm(target):
+            raise ValueError("target must be a vision-language model (a config with vision_config)")
+        self.target, self.processor, self.draft = target, processor, draft
+        self.draft_processor = draft_processor or processor
+        if draft is not None:
+            draft_mode = draft_mode or ("image" if _is_vlm(draft) else "text")
+            if draft_mode not in ("text", "image", "ensemble"):
+                raise ValueError(f"draft_mode={draft_mode!r}: accepted 'text', 'image' or 'ensemble'")
+            if draft_mode in ("image", "ensemble") and not _is_vlm(draft):
+                raise ValueError(f"draft_mode={draft_mode!r} needs a vision-language draft")
+            vt, vd = output_vocab_size(target), output_vocab_size(draft)
+            if vd > vt:
+                raise ValueError(f"vocabulary mismatch: the draft has {vd} ids, the target {vt}: "
+                                 "accepted a draft whose vocabulary is the target's or a prefix "
+                                 "of it (padded target vocabularies)")
+            self._check_tokenizers()
+        self.draft_mode = draft_mode
+        self.image_token_id = getattr(target.config, "image_token_index",
+                                      getattr(target.config, "image_token_id", None))
+
+    def _check_tokenizers(self) -> None:
+        a = getattr(self.processor, "tokenizer", None)
+        b = getattr(self.draft_processor, "tokenizer", None)
+        if a is None or b is None or a is b:
+            return
+        va, vb = a.get_vocab(), b.get_vocab()
+        shared = set(va) & set(vb)
+        if any(va[t] != vb[t] for t in shared) or len(vb) > len(va):
+            raise ValueError("vocabulary mismatch: draft and target tokenizers map tokens to "
+                             "different ids; accepted tokenizers that agree on the shared range")
+
+    @classmethod
+    def from_pretrained(cls, target, draft=None, draft_mode=None, **load_kwargs):
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
+
+        def load(spec):
+            if not isinstance(spec, str):
+                return spec
+            try:
+                return AutoModelForImageTextToText.from_pretrained(spec, **load_kwargs).eval()
+            except ValueError:
+                return AutoModelForCausalLM.from_pretrained(spec, **load_kwargs).eval()
+
+        proc = AutoProcessor.from_pretrained(target) if isinstance(target, str) else None
+        return cls(load(target), proc, load(draft) if draft is not None else None, draft_mode)
+
+    # -- inputs ---------------------------------------------------------------------------------
+    def _texts(self, prompts) -> list[str]:
+        out = []
+        for p in prompts:
+            if isinstance(p, str):
+                out.append(p)
+            elif isinstance(p, list):       # chat messages
+                out.append(self.processor.apply_chat_template(p, add_generation_prompt=True))
+            else:
+                raise ValueError("prompt_or_messages: accepted strings or chat message lists")
+        return out
+
+    def encode(self, images, prompts, processor=None) -> dict:
+        """Processor outputs for image-prompt pairs, after checking counts and shapes."""
+        proc = processor or self.processor
+        texts = self._texts(prompts)
+        token = getattr(proc, "image_token", "<image>")
+        counts = [t.count(token) for t in texts]
+        n_images = sum(len(i) if isinstance(i, (list, tuple)) else (0 if i is None else 1)
+                       for i in images)
+        for t, c, img in zip(texts, counts, images):
+            has = img is not None and not (isinstance(img, (list, tuple)) and not img)
+            if has and c == 0:
+                raise ValueError(f"prompt {t!r} has no {token} token but an image was given: "
+                                 f"accepted one {token} per image")
+            if not has and c > 0:
+                raise ValueError(f"prompt {t!r} has an {token} token but no image was given")
+        if sum(counts) != n_images:
+            raise ValueError(f"image count mismatch: {n_images} images for {sum(counts)} "
+                             f"{token} tokens")
+        flat = [i for im in images for i in (im if isinstance(im, (list, tuple)) else [im])
+                if i is not None]
+        for im in flat:
+            if isinstance(im, torch.Tensor) and (im.dim() != 3 or im.shape[0] != 3):
+                raise ValueError(f"image tensors must be [3, H, W], got {tuple(im.shape)}")
+        proc.tokenizer.padding_side = "left"
+        batch = proc(images=flat or None, text=texts, return_tensors="pt", padding=True)
+        return {k: v.to(self.target.device) for k, v in batch.items()}
+
+    def text_only(self, batch: dict) -> dict:
+        """The same prompts without image placeholders, left-padded again (text drafts)."""
+        rows = []
+        for ids, m in zip(batch["input_ids"], batch["attention_mask"]):
+            keep = (m == 1) & (ids != self.image_token_id)
+            rows.append(ids[keep].tolist())
+        pad = self.processor.tokenizer.pad_token_id or 0
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r):] = torch.tensor(r)
+            mask[i, width - len(r):] = 1
+        dev = batch["input_ids"].device
+        return dict(input_ids=ids.to(dev), attention_mask=mask.to(dev))
+
+    # -- generation -------------------------------------------------------------------------------
+    def _drafter_and_batch(self, method, method_params, params, batch, images, prompts, captions):
+        vt = output_vocab_size(self.target)
+        num = method_params.pop("num_draft_tokens", 4)
+        mode = self.draft_mode
+        uses_draft = self.draft is not None and not method.startswith(("plain", "sjd"))
+        if uses_draft and mode == "ensemble":
+            pieces = [self.encode(images, prompts, self.draft_processor)]
+            pieces.append(self.text_only(pieces[0]))
+            if captions is not None:
+                pieces.append(self.text_only(self.encode(
+                    images, [f"{c} {p}" if isinstance(p, str) else p for c, p in zip(captions, prompts)],
+                    self.draft_processor)))
+            ids, mask = _stack([(p["input_ids"], p["attention_mask"]) for p in pieces],
+                               self.processor.tokenizer.pad_token_id or 0)
+            extra = {k: v for k, v in pieces[0].items() if k not in ("input_ids", "attention_mask")}
+            session = PaddedSession(CausalLMSession(self.draft, params), vt)
+            drafter = EnsembleDrafter(session, len(pieces), num)
+            return drafter, dict(input_ids=ids, attention_mask=mask, **extra)
+        if uses_draft:
+            dbatch = (self.encode(images, prompts, self.draft_processor) if mode == "image"
+                      else self.text_only(batch))
+            session = PaddedSession(CausalLMSession(self.draft, params), vt)
+            return lambda: session, dbatch
+        return None, batch
+
+    @torch.inference_mode()
+    def generate(self, images, prompt_or_messages, *, method: str = "plain",
+                 max_new_tokens: int = 64, temperature: float = 1.0, top_p: float | None = None,
+                 top_k: int | None = None, seed: int | None = None, stream: bool = False,
+                 captions=None, **method_params):
+        """One image (or None, or a list) per prompt; a single pair may be given unwrapped."""
+        if not isinstance(prompt_or_messages, (list, tuple)) or (
+                prompt_or_messages and isinstance(prompt_or_messages[0], dict)):
+            prompts, images = [prompt_or_messages], [images]
+        else:
+            prompts = list(prompt_or_messages)
+            images = list(images) if isinstance(images, (list, tuple)) else [images] * len(prompts)
+        if not prompts:
+            raise ValueError("prompt_or_messages: accepted at least one prompt")
+        if len(images) != len(prompts):
+            raise ValueError(f"image count mismatch: {len(images)} image entries for "
+                             f"{len(prompts)} prompts")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens!r}: accepted an integer >= 1")
+        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+        batch = self.encode(images, prompts)
+        mparams = dict(method_params)
+        drafter_or_factory, dbatch = self._drafter_and_batch(method, mparams, params, batch,
+                                                             images, prompts, captions)
+        if isinstance(drafter_or_factory, EnsembleDrafter):
+            _, rule = build_method(method if method != "plain" else "exact", mparams,
+                                   draft_session=lambda: None,
+                                   embeddings=self.target.get_input_embeddings().weight.detach())
+            drafter = drafter_or_factory
+        else:
+            drafter, rule = build_method(method, mparams, draft_session=drafter_or_factory,
+                                         embeddings=self.target.get_input_embeddings().weight.detach(),
+                                         jacobi_defaults={})
+        if isinstance(drafter, ModelDrafter) and not isinstance(drafter, EnsembleDrafter):
+            drafter.num_tokens = mparams.get("num_draft_tokens", drafter.num_tokens)
+        gen = make_generator(seed, self.target.device)
+        if hasattr(drafter, "generator"):
+            drafter.generator = gen
+        it = self._run(batch, dbatch, drafter, rule, params, gen, max_new_tokens)
+        return _in_inference_mode(it) if stream else self._collect(it)
+
+    def _run(self, batch, dbatch, drafter, rule, params, gen, max_new_tokens):
+        t0 = time.perf_counter()
+        session = CausalLMSession(self.target, params)
+        extra = {k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask")}
+        session.prefill(batch["input_ids"], batch["attention_mask"], **extra)
+        drafter.begin(vocab_size=session.vocab_size, **dbatch)
+        stats = StepStats()
+        stats.seconds_prefill = time.perf_counter() - t0
+        tok = self.processor.tokenizer
+        eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+        rows = [[] for _ in range(batch["input_ids"].shape[0])]
+        shown = [""] * len(rows)
+        for ev in stream(session, drafter, rule, batch["input_ids"][:, -1],
+                         max_new_tokens=max_new_tokens, stop_token_ids=set(eos),
+                         generator=gen, stats=stats):
+            pieces = []
+            for i, new in enumerate(ev.new_tokens):
+                rows[i].extend(new)
+                text = tok.decode([t for t in rows[i] if t not in eos], skip_special_tokens=True)
+                pieces.append(text[len(shown[i]):])
+                shown[i] = text
+            yield pieces, rows, stats, time.perf_counter() - t0
+
+    def _collect(self, it) -> VLMOutput:
+        pieces = rows = stats = None
+        seconds = 0.0
+        texts = None
+        for pieces, rows, stats, seconds in it:
+            texts = pieces if texts is None else [a + b for a, b in zip(texts, pieces)]
+        return VLMOutput(texts=texts, token_ids=rows, stats=stats, seconds=seconds)
+
+
+def _in_inference_mode(it):
+    """Yield from a generator, running each of its steps under inference mode only (the
+    caller's code between pieces runs in its own mode)."""
+    while True:
+        with torch.inference_mode():
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+        yield item[0]
+
+
+def _stack(pairs, pad):
+    width = max(ids.shape[1] for ids, _ in pairs)
+    ids = torch.cat([torch.nn.functional.pad(i, (width - i.shape[1], 0), value=pad) for i, _ in pairs])
+    mask = torch.cat([torch.nn.functional.pad(m, (width - m.shape[1], 0), value=0) for _, m in pairs])
+    return ids, mask

@@ -1,0 +1,137 @@
+"""Vision-language adapter: greedy equality for each target class and draft kind, sampling
+distribution, streaming, padded vocabularies and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from scipy import stats as sstats
+
+from modalities.vlm import VisionLanguageGenerator
+from tiny_vlm import (images, tiny_llava, tiny_llava_next, tiny_next_processor, tiny_processor,
+                      tiny_text_lm)
+
+MSGS = [{"role": "user", "content": [{"type": "image"},
+                                     {"type": "text", "text": "what colour is the circle ?"}]}]
+
+
+def _pairs(kind):
+    if kind == "llava":
+        return images(2), [MSGS, "USER: <image> a ASSISTANT:"]
+    rng = np.random.default_rng(0)
+    ims = [Image.fromarray(rng.integers(0, 255, (32, 64, 3), dtype=np.uint8)),
+           Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8))]
+    return ims, ["USER: <image> what colour is the circle ? ASSISTANT:", "USER: <image> a ASSISTANT:"]
+
+
+def _models(kind):
+    if kind == "llava":
+        return tiny_llava(), tiny_llava(seed=1, hidden=16, layers=1), tiny_processor()
+    return tiny_llava_next(), tiny_llava_next(seed=1, hidden=16, layers=1), tiny_next_processor()
+
+
+@pytest.mark.parametrize("kind", ["llava", "llava-next"])
+def test_speculative_greedy_equals_plain_greedy(kind):
+    target, vlm_draft, proc = _models(kind)
+    ims, prompts = _pairs(kind)
+    plain = VisionLanguageGenerator(target, proc).generate(ims, prompts, method="plain",
+                                                             temperature=0, max_new_tokens=12)
+    for draft, mode in ((tiny_text_lm(), "text"), (vlm_draft, "image"), (vlm_draft, "ensemble")):
+        g = VisionLanguageGenerator(target, proc, draft, mode)
+        for method in ("exact", "greedy"):
+            out = g.generate(ims, prompts, method=method, temperature=0, max_new_tokens=12, seed=0)
+            assert out.token_ids == plain.token_ids, (mode, method)
+    g = VisionLanguageGenerator(target, proc)
+    for method in ("sjd", "sjd-maximal"):
+        assert g.generate(ims, prompts, method=method, temperature=0, max_new_tokens=12,
+                          seed=0).token_ids == plain.token_ids
+
+
+def test_exact_sampling_matches_plain_sampling():
+    """First two generated tokens, 3000 samples each, two-sample chi-square."""
+    target, _, proc = _models("llava")
+    with torch.no_grad():
+        target.lm_head.weight.mul_(0.05)       # flat enough that every id shows up
+    draft = tiny_text_lm()
+    with torch.no_grad():
+        draft.lm_head.weight.mul_(0.05)
+    im = images(1)[0]
+    n = 3000
+    g = VisionLanguageGenerator(target, proc, draft, "text")
+    kw = dict(max_new_tokens=2, num_draft_tokens=2)
+    a = g.generate([im] * n, ["USER: <image> a ASSISTANT:"] * n, method="plain", seed=0, **kw)
+    b = g.generate([im] * n, ["USER: <image> a ASSISTANT:"] * n, method="exact", seed=1, **kw)
+    assert b.stats.acceptance_rate > 0.3
+    v = target.config.text_config.vocab_size
+
+    def hist(rows):   # first two tokens; a row that stopped at EOS has an "ended" second slot
+        return np.bincount([r[0] * (v + 1) + (r[1] if len(r) > 1 else v) for r in rows],
+                           minlength=v * (v + 1))
+    ha, hb = hist(a.token_ids), hist(b.token_ids)
+    keep = (ha + hb) > 0
+    assert sstats.chi2_contingency(np.stack([ha[keep], hb[keep]]))[1] > 1e-4
+
+
+def test_streaming_yields_the_same_text():
+    target, draft, proc = _models("llava")
+    ims, prompts = _pairs("llava")
+    g = VisionLanguageGenerator(target, proc, draft, "image")
+    full = g.generate(ims, prompts, method="exact", max_new_tokens=10, seed=3)
+    texts = ["", ""]
+    for pieces in g.generate(ims, prompts, method="exact", max_new_tokens=10, seed=3, stream=True):
+        texts = [t + p for t, p in zip(texts, pieces)]
+    assert texts == full.texts
+
+
+def test_padded_target_vocabulary_maps_a_prefix_draft():
+    proc = tiny_processor()
+    target = tiny_llava()
+    big = tiny_llava(vocab=64)                   # a target padded past the tokenizer
+    with torch.no_grad():
+        big.lm_head.weight[44:] = -10.0          # padded ids are never likely
+    ims, prompts = _pairs("llava")
+    g = VisionLanguageGenerator(big, proc, tiny_text_lm(), "text")
+    plain = g.generate(ims, prompts, method="plain", temperature=0, max_new_tokens=8)
+    spec = g.generate(ims, prompts, method="exact", temperature=0, max_new_tokens=8)
+    assert spec.token_ids == plain.token_ids
+    with pytest.raises(ValueError, match="vocabulary mismatch"):
+        VisionLanguageGenerator(target, proc, tiny_text_lm(vocab=64), "text")
+    del target
+
+
+def test_bad_input():
+    target, draft, proc = _models("llava")
+    g = VisionLanguageGenerator(target, proc, draft, "image")
+    im = images(1)[0]
+    with pytest.raises(ValueError, match="has no <image> token but an image was given"):
+        g.generate(im, "USER: a ASSISTANT:")
+    with pytest.raises(ValueError, match="has an <image> token but no image was given"):
+        g.generate(None, "USER: <image> a ASSISTANT:")
+    with pytest.raises(ValueError, match="image count mismatch"):
+        g.generate([im, im], ["USER: <image> a ASSISTANT:"])
+    with pytest.raises(ValueError, match=r"image tensors must be \[3, H, W\]"):
+        g.generate(torch.zeros(4, 32, 32), "USER: <image> a ASSISTANT:")
+    with pytest.raises(ValueError, match="max_new_tokens=0"):
+        g.generate(im, "USER: <image> a ASSISTANT:", max_new_tokens=0)
+    with pytest.raises(ValueError, match="draft_mode='ensemble' needs a vision-language draft"):
+        VisionLanguageGenerator(target, proc, tiny_text_lm(), "ensemble")
+
+
+def test_recipe_runs_on_a_saved_tiny_model(tmp_path, capsys):
+    from recipes import vlm as recipe
+
+    target, draft, proc = _models("llava")
+    target.save_pretrained(tmp_path / "t")
+    proc.save_pretrained(tmp_path / "t")
+    draft.save_pretrained(tmp_path / "d")
+    proc.save_pretrained(tmp_path / "d")
+    img = tmp_path / "x.png"
+    images(1)[0].save(img)
+    res = recipe.main([str(img), "what colour is the circle ?", "--target", str(tmp_path / "t"),
+                       "--draft", str(tmp_path / "d"), "--draft-mode", "image",
+                       "--max-new-tokens", "6"])
+    assert res["spec"].token_ids == res["plain"].token_ids
+    out = capsys.readouterr().out
+    assert "tokens/step" in out and "identical to plain: True" in out
