@@ -89,19 +89,23 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
             _sync(device)
         t1 = time.perf_counter()
         k = draft.tokens.shape[1]
-        fed = torch.cat([last[:, None], draft.tokens], 1)
-        p = target.step(fed, active[:, None].expand_as(fed))                 # [B, K+1, V]
+        fed = torch.cat([last[:, None], draft.tokens], 1)                    # [B, K+1, *event]
+        p = target.step(fed, active[:, None].expand(b, fed.shape[1]))        # [B, K+1, *event, V]
         if profile:
             _sync(device)
         t2 = time.perf_counter()
         out = rule(draft.tokens, draft.probs, p, generator, validate=False)
+        if not getattr(target, "ragged", True):
+            out = _common_prefix(out, active)
         # Emitted tokens that count: up to the first stop token and the row's budget.
         cols = torch.arange(k + 1, device=device)
         emitted = out.num_emitted
         done = torch.zeros_like(active)
         first_stop = emitted
         if stops.numel():
-            hit = torch.isin(out.tokens, stops) & (cols[None] < emitted[:, None])
+            hit = torch.isin(out.tokens, stops)
+            hit = hit.flatten(2).any(-1) if hit.dim() > 2 else hit           # any id of an event
+            hit = hit & (cols[None] < emitted[:, None])
             done = hit.any(1)
             first_stop = torch.where(done, hit.float().argmax(1) + 1, emitted)
         cut = torch.minimum(first_stop, max_new_tokens - produced)
@@ -114,8 +118,9 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
         bad = ~torch.isfinite(p).all()
         if draft.probs is not None:
             bad = bad | ~torch.isfinite(draft.probs).all()
+        event = tuple(out.tokens.shape[2:])
         host = torch.cat([out.num_accepted[:, None], cut[:, None], active[:, None].long(),
-                          bad.to(torch.long).expand(b, 1), out.tokens], 1).tolist()
+                          bad.to(torch.long).expand(b, 1), out.tokens.reshape(b, -1)], 1).tolist()
         t3 = time.perf_counter()
         if host[0][3]:
             raise ValueError("the model produced NaN or inf probabilities (check its logits "
@@ -133,7 +138,12 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
         for i, row in enumerate(host):
             if finished[i]:
                 continue
-            new_tokens[i] = row[4 : 4 + row[1]]
+            if event:   # events of several ids: one list per event
+                size = out.tokens[0, 0].numel()
+                flat = row[4 : 4 + row[1] * size]
+                new_tokens[i] = [flat[j:j + size] for j in range(0, len(flat), size)]
+            else:
+                new_tokens[i] = row[4 : 4 + row[1]]
             produced_host[i] += row[1]
             finished[i] = not row[2]
         stats.seconds_draft += t1 - t0
@@ -141,6 +151,23 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
         stats.seconds_accept += (t3 - t2) + (t4 - t3)
         stats.seconds_total = time.perf_counter() - t_start + stats.seconds_prefill
         yield StepEvent(new_tokens=new_tokens, finished=list(finished), stats=stats)
+
+
+def _common_prefix(out, active):
+    """Commit every running row to the shortest accepted length (for targets whose positions
+    follow the cache length, so rows cannot keep holes): each row emits a prefix of its
+    valid run, which is still exact."""
+    from .types import PAD, VerifyOutput
+
+    n = out.num_accepted
+    big = torch.iinfo(n.dtype).max
+    n_min = torch.where(active, n, big).min()
+    n_min = torch.where(n_min == big, n.min(), n_min)
+    cols = torch.arange(out.tokens.shape[1], device=n.device)
+    keep = cols[None] <= n_min
+    keep = keep.view(*keep.shape, *([1] * (out.tokens.dim() - 2)))
+    tokens = torch.where(keep, out.tokens, PAD)
+    return VerifyOutput(tokens=tokens, num_accepted=torch.minimum(n, n_min).expand_as(n).clone())
 
 
 def run(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Tensor,

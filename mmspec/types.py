@@ -65,6 +65,8 @@ class VerifyOutput:
 
     tokens:       [B, K+1] long  emitted tokens (accepted drafts, then one recovered or
                                  bonus token), padded with PAD (-1) after the last one.
+                                 Events of several ids (codec frames) add trailing dims:
+                                 [B, K+1, C].
     num_accepted: [B] long       0..K accepted drafts; a row emits num_accepted + 1 tokens.
     """
 
@@ -77,8 +79,9 @@ class VerifyOutput:
 
     @property
     def last_tokens(self) -> torch.Tensor:
-        """[B] the final emitted token of each row (the recovered or bonus token)."""
-        return self.tokens.gather(1, self.num_accepted[:, None]).squeeze(1)
+        """[B, *event] the final emitted event of each row (the recovered or bonus one)."""
+        rows = torch.arange(self.tokens.shape[0], device=self.tokens.device)
+        return self.tokens[rows, self.num_accepted]
 
 
 @dataclass

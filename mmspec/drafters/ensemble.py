@@ -68,7 +68,8 @@ class EnsembleDrafter(ModelDrafter):
         k = min(self.num_tokens, k_max)
         self._k = k
         m, b = self.modes, self.b
-        on = torch.ones_like(last) if active is None else active.long()
+        on = (torch.ones(last.shape[0], dtype=torch.long, device=last.device) if active is None
+              else active.long())
         feed, valid = self._feed_with(self._rep(last))
         valid = valid * self._rep(on)[:, None]
         if k == 0:

@@ -41,7 +41,7 @@ class ModelDrafter:
         self._backlog = self._backlog_valid = None
 
     def _feed_with(self, last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        one = torch.ones_like(last)[:, None]
+        one = torch.ones(last.shape[0], 1, dtype=torch.long, device=last.device)
         if self._backlog is None:
             return last[:, None], one
         return (torch.cat([self._backlog, last[:, None]], 1),
@@ -51,7 +51,8 @@ class ModelDrafter:
         k = min(self.num_tokens, k_max)
         self._k = k
         feed, valid = self._feed_with(last)
-        on = torch.ones_like(last) if active is None else active.long()
+        on = (torch.ones(last.shape[0], dtype=torch.long, device=last.device) if active is None
+              else active.long())
         valid = valid * on[:, None]
         if k == 0:  # nothing to draft: remember ``last`` for the next step
             self._backlog, self._backlog_valid = feed, valid
@@ -83,7 +84,9 @@ class ModelDrafter:
         self.session.commit(self._fed + kept_drafts, valid)
         if max_n == k:  # rows that accepted every draft: their K-th token is not cached yet
             all_in = (n == k)[:, None]
-            self._backlog = torch.where(all_in, out.tokens[:, k - 1 : k], 0)  # 0: masked filler
+            fill = out.tokens[:, k - 1 : k]
+            mask = all_in.view(*all_in.shape, *([1] * (fill.dim() - 2)))
+            self._backlog = torch.where(mask, fill, 0)  # 0: masked filler
             self._backlog_valid = all_in.long()
         else:
             self._backlog = self._backlog_valid = None

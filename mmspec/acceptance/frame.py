@@ -1,0 +1,114 @@
+"""Frame-level acceptance for multi-codebook events (codec frames from parallel heads).
+
+A delay-pattern decoder (MusicGen, Parler, Dia) emits one C-tuple per step from C heads that
+are independent given the prefix: p(frame) = prod_c p_c, and a draft of the same pattern has
+q(frame) = prod_c q_c. METHODS.md section 7: verify codebook by codebook with a scalar rule:
+codebook c is kept with that rule's acceptance probability (independent uniforms); the frame
+is accepted when every codebook is; at the first rejected codebook c* of the first rejected
+frame, y_{c*} is drawn from the rule's residual, codebooks before c* keep the draft, and
+codebooks after c* are drawn fresh from p_c.
+
+Lossless with the exact rule: codebook by codebook this is exact speculative sampling of
+independent variables (x_c ~ q_c independently of the earlier codebooks' tests, so y_c ~ p_c;
+after a rejection the rest are fresh draws from p), so the emitted frame ~ prod_c p_c; the
+next frame is only verified when the whole frame was accepted. With relaxed rules (PCG groups
+from each codebook's embedding table) the frame inherits their declared properties per
+codebook.
+
+Shapes: draft_tokens [B, K, C], draft_probs [B, K, C, V] or None, target_probs
+[B, K+1, C, V]; tokens [B, K+1, C] padded with PAD.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..sampling import check_probs, sample
+from ..types import PAD, VerifyOutput
+from .base import Rule
+from .exact import Exact
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class Frame(Rule):
+    """``Frame()`` (exact per codebook) or ``Frame(rules=[rule_0, ..., rule_{C-1}])``."""
+
+    rules: tuple = field(default_factory=lambda: (Exact(),))
+    name = "frame"
+
+    def __post_init__(self):
+        rules = tuple(self.rules) if isinstance(self.rules, (list, tuple)) else (self.rules,)
+        if not rules or not all(isinstance(r, Rule) for r in rules):
+            raise ValueError("rules: accepted a Rule or a list of Rules (one per codebook)")
+        object.__setattr__(self, "rules", rules)
+
+    @property
+    def lossless(self) -> bool:   # type: ignore[override]
+        return all(r.lossless for r in self.rules)
+
+    def rule(self, c: int) -> Rule:
+        return self.rules[c] if len(self.rules) > 1 else self.rules[0]
+
+    def validate(self, draft_tokens, draft_probs, target_probs, values: bool = True) -> None:
+        if draft_tokens.dim() != 3 or draft_tokens.dtype != torch.long:
+            raise ValueError(f"draft_tokens must be a [B, K, C] long tensor (frames of C "
+                             f"codebooks), got {tuple(draft_tokens.shape)}")
+        b, k, c = draft_tokens.shape
+        if target_probs.dim() != 4 or target_probs.shape[:3] != (b, k + 1, c):
+            raise ValueError(f"target_probs must be [B, K+1, C, V] = [{b}, {k + 1}, {c}, V], got "
+                             f"{tuple(target_probs.shape)}")
+        if len(self.rules) > 1 and len(self.rules) != c:
+            raise ValueError(f"{len(self.rules)} rules for {c} codebooks: accepted one rule or one "
+                             "per codebook")
+        v = target_probs.shape[-1]
+        if draft_probs is not None and tuple(draft_probs.shape) != (b, k, c, v):
+            raise ValueError(f"draft_probs must be None or [B, K, C, V] = [{b}, {k}, {c}, {v}], "
+                             f"got {tuple(draft_probs.shape)}")
+        if values:
+            check_probs("target_probs", target_probs)
+            if draft_probs is not None:
+                check_probs("draft_probs", draft_probs)
+
+    def accept_probs(self, x, p, q) -> torch.Tensor:
+        """[B, K, C] per-codebook acceptance probabilities."""
+        cols = []
+        for c in range(x.shape[-1]):
+            qc = None if q is None else q[:, :, c]
+            cols.append(self.rule(c).accept_prob(x[..., c], p[:, :, c], qc))
+        return torch.stack(cols, -1)
+
+    def residuals(self, x, p, q, pos) -> torch.Tensor:
+        """x [N, C], p and q [N, C, V] -> [N, C, V] each codebook's residual."""
+        return torch.stack([self.rule(c).residual(x[:, c], p[:, c], None if q is None else q[:, c], pos)
+                            for c in range(x.shape[-1])], 1)
+
+    def __call__(self, draft_tokens, draft_probs, target_probs, generator=None, *, validate=True):
+        self.validate(draft_tokens, draft_probs, target_probs, values=validate)
+        b, k, c = draft_tokens.shape
+        p = target_probs
+        rows = torch.arange(b, device=p.device)
+        if k == 0:
+            tok = sample(p[:, 0], generator)                                      # [B, C]
+            return VerifyOutput(tokens=tok[:, None], num_accepted=torch.zeros(b, dtype=torch.long,
+                                                                               device=p.device))
+        a = self.accept_probs(draft_tokens, p[:, :k], draft_probs)                # [B, K, C]
+        u = torch.rand(a.shape, generator=generator, device=a.device, dtype=a.dtype)
+        ok = u < a
+        n = ok.all(-1).long().cumprod(1).sum(1)                                   # [B]
+        j = n.clamp(max=k - 1)
+        x_j, ok_j, p_j = draft_tokens[rows, j], ok[rows, j], p[rows, j]           # [B, C], [B, C, V]
+        q_j = None if draft_probs is None else draft_probs[rows, j]
+        first_bad = torch.where(~ok_j, torch.arange(c, device=p.device), c).amin(1)  # [B]
+        res = self.residuals(x_j, p_j, q_j, j)
+        y_res, y_new = sample(res, generator), sample(p_j, generator)
+        cc = torch.arange(c, device=p.device)[None]
+        recovered = torch.where(cc < first_bad[:, None], x_j,
+                                torch.where(cc == first_bad[:, None], y_res, y_new))
+        last = torch.where((n < k)[:, None], recovered, sample(p[:, k], generator))
+        tokens = torch.cat([draft_tokens, draft_tokens.new_full((b, 1, c), PAD)], 1)
+        cols = torch.arange(k + 1, device=p.device)
+        tokens = torch.where((cols[None] < n[:, None])[..., None], tokens, PAD)
+        tokens[rows, n] = last
+        return VerifyOutput(tokens=tokens, num_accepted=n)
