@@ -12,7 +12,8 @@ Per step, all rows together:
             holes for rows that accepted less (ragged rows, no truncation to the shortest).
 5. Observe: the drafter rolls back or keeps the target's samples; stats are recorded.
 
-Rows stop at a stop token or after ``max_new_tokens``; tokens emitted past either are
+Rows stop at a stop token (for multi-id events, in the event's last id: the last codebook
+of a delay pattern ends last) or after ``max_new_tokens``; tokens emitted past either are
 dropped (a prefix of a valid run is still exact). ``k_max`` shrinks so that no step drafts
 past the smallest remaining budget of the rows still running.
 """
@@ -103,8 +104,8 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
         done = torch.zeros_like(active)
         first_stop = emitted
         if stops.numel():
-            hit = torch.isin(out.tokens, stops)
-            hit = hit.flatten(2).any(-1) if hit.dim() > 2 else hit           # any id of an event
+            ids = out.tokens.flatten(2)[..., -1] if out.tokens.dim() > 2 else out.tokens
+            hit = torch.isin(ids, stops)       # multi-id events stop on their last id
             hit = hit & (cols[None] < emitted[:, None])
             done = hit.any(1)
             first_stop = torch.where(done, hit.float().argmax(1) + 1, emitted)

@@ -39,7 +39,7 @@ class NoDraft:
         pass
 
     def propose(self, last, k_max, active=None):
-        return Draft(tokens=torch.zeros(last.shape[0], 0, dtype=torch.long, device=last.device))
+        return Draft(tokens=last.new_zeros(last.shape[0], 0, *last.shape[1:]))
 
     def observe(self, out, target_probs, num_accepted) -> None:
         pass

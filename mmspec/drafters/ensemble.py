@@ -75,7 +75,7 @@ class EnsembleDrafter(ModelDrafter):
         if k == 0:
             self._backlog, self._backlog_valid = feed, valid
             self._fed = 0
-            return Draft(tokens=last.new_zeros(b, 0), probs=None)
+            return Draft(tokens=last.new_zeros(b, 0, *last.shape[1:]), probs=None)
         self._fed = feed.shape[1]
         self._fed_valid = valid
         self._on = on

@@ -57,7 +57,7 @@ class ModelDrafter:
         if k == 0:  # nothing to draft: remember ``last`` for the next step
             self._backlog, self._backlog_valid = feed, valid
             self._fed = 0
-            return Draft(tokens=last.new_zeros(last.shape[0], 0), probs=None)
+            return Draft(tokens=last.new_zeros(last.shape[0], 0, *last.shape[1:]), probs=None)
         self._fed = feed.shape[1]
         self._fed_valid = valid
         self._on = on

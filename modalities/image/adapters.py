@@ -23,7 +23,7 @@ import torch
 
 from mmspec.cache import cache_argument
 from mmspec.sampling import SamplingParams
-from mmspec.session import CausalLMSession
+from mmspec.session import CausalLMSession, TokenSpanSession
 
 
 def left_pad(rows: list[list[int]], pad: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,34 +109,6 @@ class ImageAdapter:
 # Decoder-only models whose vocabulary contains the image tokens (Emu3, Lumina-mGPT pattern,
 # the bundled shapes-world model).
 # --------------------------------------------------------------------------------------------
-
-class TokenSpanSession(CausalLMSession):
-    """Compact ids <-> vocabulary ids; optional end-of-row token forced at the row ends."""
-
-    def __init__(self, model, params, guidance_scale, to_vocab: torch.Tensor,
-                 eol_every: int | None = None, **engine):
-        super().__init__(model, params, guidance_scale, **engine)
-        self.to_vocab = to_vocab.to(_device(model))
-        self.vocab_size = int(to_vocab.numel())
-        self.eol_every = eol_every       # row width including the EOL column
-
-    def embed(self, tokens, first_step=False):
-        f = int(first_step)              # the prompt's last token is already a vocabulary id
-        ids = self.to_vocab[tokens[:, f:].clamp(min=0)]
-        return {"input_ids": torch.cat([tokens[:, :f], ids], 1)}
-
-    def logits(self, out):
-        return out.logits.index_select(-1, self.to_vocab)
-
-    def mask_logits(self, logits, gen_index):
-        if self.eol_every is None:
-            return logits
-        eol_pos = (gen_index % self.eol_every) == self.eol_every - 1            # [B, n]
-        is_eol = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
-        is_eol[-1] = True
-        allowed = torch.where(eol_pos[..., None], is_eol, ~is_eol)
-        return logits.masked_fill(~allowed, float("-inf"))
-
 
 class TokenSpanAdapter(ImageAdapter):
     """A causal LM over [text ids | image ids]; the prompt ends with the begin-of-image id.

@@ -1,1 +1,10 @@
-"""Modality adapters."""
+"""Codec-token speech: delay-pattern multi-codebook targets (MusicGen layout), the
+``TextToSpeech`` pipeline, and the delay pattern itself."""
+
+from .delay import DelayPatternSession, apply_delay, undo_delay
+from .pipeline import (AudioOutput, DelayPatternAdapter, EncodecCodec, SingleCodebookAdapter,
+                       TextToSpeech)
+
+__all__ = ["TextToSpeech", "AudioOutput", "DelayPatternAdapter", "SingleCodebookAdapter",
+           "EncodecCodec",
+           "DelayPatternSession", "apply_delay", "undo_delay"]

@@ -1,0 +1,140 @@
+"""Delay-pattern multi-codebook decoders (MusicGen, Parler-TTS style): the adapter owns the
+pattern.
+
+In the delayed stream, codebook c of frame f sits at decoding step t = f + c, so one step
+emits a C-tuple whose entries belong to different frames; every entry is predicted by its own
+head from the same prefix, so a step is one event with factorised p = prod_c p_c and the
+``Frame`` rule verifies it exactly. Steps where codebook c is outside its frames (t < c, or
+t >= N + c after the last frame N - 1) are forced to the pad token (end-of-speech token for
+models that stop on their own) by the adapter's logits mask, as part of the target
+distribution. ``apply_delay`` / ``undo_delay`` convert between frames and the delayed stream.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mmspec.cache import crop
+from mmspec.sampling import SamplingParams, guide
+
+
+def apply_delay(frames: torch.Tensor, pad: int) -> torch.Tensor:
+    """[B, N, C] frames -> [B, N + C - 1, C] delayed stream (pad outside each codebook's span)."""
+    b, n, c = frames.shape
+    out = frames.new_full((b, n + c - 1, c), pad)
+    for k in range(c):
+        out[:, k:k + n, k] = frames[:, :, k]
+    return out
+
+
+def undo_delay(stream: torch.Tensor, frames: int) -> torch.Tensor:
+    """[B, T, C] delayed stream -> [B, frames, C] (needs T >= frames + C - 1)."""
+    b, t, c = stream.shape
+    if t < frames + c - 1:
+        raise ValueError(f"a delayed stream of {t} steps holds at most {t - c + 1} frames of "
+                         f"{c} codebooks, not {frames}")
+    return torch.stack([stream[:, k:k + frames, k] for k in range(c)], -1)
+
+
+class DelayPatternSession:
+    """MusicgenForConditionalGeneration-style model: text encoder + multi-codebook decoder.
+
+    The decoder's positions follow its cache length (sinusoidal embeddings take no position
+    ids), so rows cannot keep holes: ``ragged = False`` and the loop commits every row to the
+    shortest accepted length (still exact: each row emits a prefix of its valid run).
+    Guidance: the unconditional rows see zeroed encoder states (as transformers' MusicGen).
+
+    num_frames: fixed frame count (MusicGen), or the cap when ``eos_token_id`` is set: the
+                frame count is then where codebook 0 emits end-of-speech, and codebook c is
+                forced to it from step N + c on.
+    """
+
+    ragged = False
+
+    def __init__(self, model, params: SamplingParams, guidance_scale: float | None,
+                 num_frames: int, pad_token_id: int, eos_token_id: int | None = None):
+        self.model = model
+        self.params = params
+        self.guidance_scale = guidance_scale
+        self.codebooks = int(model.decoder.num_codebooks)
+        self.vocab_size = int(model.decoder.config.vocab_size)
+        self.num_frames = num_frames
+        self.pad = pad_token_id
+        self.eos = eos_token_id
+        self.cache = None
+
+    @property
+    def guided(self) -> bool:
+        return self.guidance_scale is not None
+
+    def prefill(self, input_ids, attention_mask, **kw) -> None:
+        from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+        self.batch_size = input_ids.shape[0]
+        enc = self.model.text_encoder(input_ids=input_ids, attention_mask=attention_mask)
+        hidden, mask = enc.last_hidden_state, attention_mask
+        if self.guided:
+            hidden = torch.cat([hidden, torch.zeros_like(hidden)], 0)
+            mask = torch.cat([mask, mask], 0)
+        self.encoder_outputs = (hidden,)
+        self.encoder_mask = mask
+        self.cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        self.length = 0
+        self._since = 0
+        dev = input_ids.device
+        self.eos_step = torch.full((self.batch_size,), 1 << 30, dtype=torch.long, device=dev)
+        self._pending_eos = self.eos_step
+
+    def step(self, tokens: torch.Tensor, valid=None) -> torch.Tensor:
+        """tokens [B, n, C] (the last committed step, then drafts) -> probs [B, n, C, V]."""
+        b, n, c = tokens.shape
+        rows = torch.cat([tokens, tokens], 0) if self.guided else tokens
+        r = rows.shape[0]
+        dec = rows.clamp(min=0).permute(0, 2, 1).reshape(r * c, n)
+        out = self.model(encoder_outputs=self.encoder_outputs, attention_mask=self.encoder_mask,
+                         decoder_input_ids=dec,
+                         decoder_attention_mask=torch.ones(r, self.length + n, dtype=torch.long,
+                                                           device=tokens.device),
+                         cache=self.cache, use_cache=True)
+        logits = out.logits.view(r, c, n, -1).permute(0, 2, 1, 3)              # [R, n, C, V]
+        if self.guided:
+            logits = guide(logits[:b], logits[b:], self.guidance_scale)
+        # Step of each prediction and the end-of-speech step seen so far in the prefix.
+        t = self.length + torch.arange(n, device=tokens.device)                 # predicted steps
+        t = t[None].expand(b, n)
+        eos = self.eos_step[:, None].expand(b, n)
+        if self.eos is not None:   # codebook 0 emitting end-of-speech at fed step s ends frames
+            fed_steps = t - 1
+            hit = (tokens[..., 0] == self.eos) & (fed_steps >= 0)
+            first = torch.where(hit, fed_steps, 1 << 30).cummin(1).values
+            eos = torch.minimum(eos, first)
+            self._pending = (first, fed_steps)
+        c_idx = torch.arange(c, device=tokens.device)
+        end = torch.minimum(eos, torch.full_like(eos, self.num_frames))        # [B, n]
+        # codebook c is outside its frames at step t: before its delay or after the last frame
+        forced = (t[..., None] < c_idx) | (t[..., None] >= end[..., None] + c_idx)
+        fill = self.pad if self.eos is None else self.eos
+        logits = torch.where(forced[..., None], torch.full_like(logits, float("-inf")), logits)
+        logits[..., fill] = torch.where(forced, 0.0, logits[..., fill])
+        if self.eos is not None:   # inside the frames, end-of-speech only from codebook 0
+            inside = ~forced
+            ban = inside.clone()
+            ban[..., 0] = False
+            logits[..., self.eos] = torch.where(ban, float("-inf"), logits[..., self.eos])
+        if self.pad != fill:
+            logits[..., self.pad] = float("-inf")
+        self._since += n
+        self.length += n
+        return self.params.probs(logits)
+
+    def commit(self, keep: int, valid) -> None:
+        n = self._since
+        if not 0 <= keep <= n:
+            raise ValueError(f"keep={keep}: accepted 0..{n}")
+        crop(self.cache, n - keep)
+        self.length -= n - keep
+        if self.eos is not None and keep:
+            first, fed_steps = self._pending
+            kept_first = torch.where(fed_steps[:, :keep] < self.length, first[:, :keep], 1 << 30)
+            self.eos_step = torch.minimum(self.eos_step, kept_first.min(1).values)
+        self._since = 0

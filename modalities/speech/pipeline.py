@@ -1,0 +1,357 @@
+"""``TextToSpeech``: codec-token speech generation with any method.
+
+    tts = TextToSpeech.from_pretrained("samples/models/shapes-tts", draft="samples/models/shapes-tts-draft")
+    out = tts("a small blue star at the bottom", method="exact", seed=0)
+    out.save("out/tts")          # WAV files (soundfile) and spectrogram PNGs
+
+Targets (adapters in this package):
+- delay-pattern multi-codebook decoders (``MusicgenForConditionalGeneration`` and models of
+  that layout): one event per decoding step = a C-tuple, verified codebook by codebook with
+  ``Frame`` (lossless with the exact rule);
+- single-codebook decoder-only models over codec ids (Llasa-style): an ordinary token stream
+  (``SingleCodebookAdapter``), where every drafter works, Jacobi included.
+Depth-decoder models (CSM) are not supported: their frames are drafted by a second
+autoregressive model per frame, which needs a frame-level residual over the joint of a
+depth decoder (see README).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from mmspec.acceptance import Frame
+from mmspec.drafters import ModelDrafter
+from mmspec.loop import stream
+from mmspec.registry import build_method
+from mmspec.sampling import SamplingParams, make_generator
+from mmspec.types import StepStats
+
+from .delay import DelayPatternSession, undo_delay
+
+
+@dataclass
+class AudioOutput:
+    """waveforms: one float32 array per text; codes: [frames, C] per text; stats."""
+
+    waveforms: list
+    sample_rate: int
+    codes: list
+    stats: StepStats
+    seconds: float
+
+    def save(self, path: str, spectrogram: bool = True, prefix: str = "speech") -> list[str]:
+        """Write ``prefix_XXX.wav`` (and ``.png`` spectrograms) into the folder ``path``."""
+        import soundfile as sf
+
+        os.makedirs(path, exist_ok=True)
+        written = []
+        for i, w in enumerate(self.waveforms):
+            f = os.path.join(path, f"{prefix}_{i:03d}.wav")
+            sf.write(f, np.asarray(w, np.float32), self.sample_rate)
+            written.append(f)
+            if spectrogram:
+                written.append(save_spectrogram(w, self.sample_rate, f[:-4] + ".png"))
+        return written
+
+
+def mel_db(wave, sample_rate: int) -> np.ndarray:
+    import torchaudio
+
+    w = torch.as_tensor(np.asarray(wave, np.float32))
+    n_fft = 512
+    while n_fft > 16 and n_fft // 2 >= w.numel():       # very short clips
+        n_fft //= 2
+    if w.numel() <= n_fft // 2:
+        w = torch.nn.functional.pad(w, (0, n_fft // 2 + 1 - w.numel()))
+    mel = torchaudio.transforms.MelSpectrogram(sample_rate=sample_rate, n_fft=n_fft,
+                                               hop_length=max(1, min(n_fft // 4, sample_rate // 100)),
+                                               n_mels=min(64, n_fft // 8))
+    m = mel(w)
+    return (10 * torch.log10(m + 1e-8)).numpy()
+
+
+def save_spectrogram(wave, sample_rate: int, path: str, title: str | None = None) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 2.4))
+    ax.imshow(mel_db(wave, sample_rate), origin="lower", aspect="auto", cmap="magma")
+    ax.set_xlabel("frame (10 ms)")
+    ax.set_ylabel("mel bin")
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+class DelayPatternAdapter:
+    """A MusicGen-layout model: ``model.text_encoder``, ``model.decoder`` with C codebooks,
+    a codec with ``decode(frames [B, N, C]) -> [B, samples]`` and ``sample_rate``.
+
+    tokenizer: ``encode(str) -> ids`` (or a transformers tokenizer); pad_token_id: the
+    decoder's pad / start id; eos_token_id: end-of-speech id (None: fixed length).
+    """
+
+    def __init__(self, model, codec, tokenizer=None, pad_token_id=None, eos_token_id=None,
+                 max_frames: int = 256, frames_per_char: float | None = None):
+        self.model = model
+        self.codec = codec
+        self.tokenizer = tokenizer
+        dcfg = model.decoder.config
+        self.codebooks = int(model.decoder.num_codebooks)
+        self.vocab_size = int(dcfg.vocab_size)
+        self.pad = dcfg.pad_token_id if pad_token_id is None else pad_token_id
+        self.start = getattr(model.generation_config, "decoder_start_token_id", None) or self.pad
+        self.eos = eos_token_id
+        self.max_frames = max_frames
+        self.frames_per_char = frames_per_char
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    @property
+    def sample_rate(self) -> int:
+        return int(self.codec.sample_rate)
+
+    def check_compatible(self, draft: "DelayPatternAdapter") -> None:
+        if (draft.codebooks, draft.vocab_size) != (self.codebooks, self.vocab_size):
+            raise ValueError(f"draft has {draft.codebooks} codebooks of {draft.vocab_size} ids, "
+                             f"the target {self.codebooks} of {self.vocab_size}: accepted a draft "
+                             "with the target's codebooks")
+        if draft.codec.sample_rate != self.codec.sample_rate:
+            raise ValueError(f"sample-rate mismatch: draft codec {draft.codec.sample_rate} Hz, "
+                             f"target {self.codec.sample_rate} Hz")
+
+    def encode_text(self, texts: list[str]) -> dict:
+        rows = []
+        for t in texts:
+            if isinstance(t, str):
+                if not t.strip():
+                    raise ValueError("text: accepted non-empty strings")
+                if self.tokenizer is None:
+                    raise ValueError("string texts need a tokenizer")
+                enc = self.tokenizer.encode(t)
+                rows.append(list(enc["input_ids"] if isinstance(enc, dict) else enc))
+            else:
+                rows.append([int(x) for x in t])
+                if not rows[-1]:
+                    raise ValueError("text: accepted non-empty token lists")
+        width = max(len(r) for r in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r)
+            mask[i, : len(r)] = 1
+        return dict(input_ids=ids.to(self.device), attention_mask=mask.to(self.device))
+
+    def session(self, params, guidance_scale, num_frames):
+        return DelayPatternSession(self.model, params, guidance_scale, num_frames, self.pad, self.eos)
+
+    def codebook_embeddings(self, c: int) -> torch.Tensor:
+        emb = self.model.decoder.get_input_embeddings()
+        table = emb[c] if isinstance(emb, torch.nn.ModuleList) else emb
+        return table.weight.detach().float()[: self.vocab_size]
+
+    def decode(self, frames: torch.Tensor) -> np.ndarray:
+        with torch.no_grad():
+            return self.codec.decode(frames.clamp(0, self.codec.codebook_size - 1))
+
+
+class SingleCodebookAdapter:
+    """A decoder-only LM over [text ids | codec ids] (Llasa-style): an ordinary token stream.
+
+    codec_ids: vocabulary id of each codec code (codec order); end_id: end-of-speech id;
+    prefix / suffix: ids around the text; codec: ``decode(frames [B, N, 1])``.
+    """
+
+    codebooks = 1
+
+    def __init__(self, model, codec, codec_ids, end_id: int, tokenizer=None, prefix=(), suffix=(),
+                 pad_id: int = 0, max_frames: int = 256):
+        self.model, self.codec, self.tokenizer = model, codec, tokenizer
+        self.to_vocab = torch.cat([torch.as_tensor(list(codec_ids)), torch.tensor([end_id])])
+        self.vocab_size = int(self.to_vocab.numel())          # codes + end-of-speech
+        self.eos = self.vocab_size - 1
+        self.prefix, self.suffix, self.pad_id = list(prefix), list(suffix), pad_id
+        self.max_frames = max_frames
+
+    device = DelayPatternAdapter.device
+    sample_rate = DelayPatternAdapter.sample_rate
+
+    def check_compatible(self, draft) -> None:
+        if draft.vocab_size != self.vocab_size:
+            raise ValueError(f"draft has {draft.vocab_size} codec ids, the target "
+                             f"{self.vocab_size}: accepted a draft with the target's codebook")
+        if draft.codec.sample_rate != self.codec.sample_rate:
+            raise ValueError(f"sample-rate mismatch: draft codec {draft.codec.sample_rate} Hz, "
+                             f"target {self.codec.sample_rate} Hz")
+
+    def encode_text(self, texts) -> dict:
+        rows = []
+        for t in texts:
+            if isinstance(t, str) and not t.strip():
+                raise ValueError("text: accepted non-empty strings")
+            body = (self.tokenizer.encode(t) if isinstance(t, str) else [int(x) for x in t])
+            if not body:
+                raise ValueError("text: accepted non-empty token lists")
+            rows.append(self.prefix + list(body) + self.suffix)
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r):] = torch.tensor(r)
+            mask[i, width - len(r):] = 1
+        return dict(input_ids=ids.to(self.device), attention_mask=mask.to(self.device))
+
+    def session(self, params, guidance_scale, num_frames=None):
+        from mmspec.session import TokenSpanSession
+
+        return TokenSpanSession(self.model, params, guidance_scale, self.to_vocab)
+
+    def codebook_embeddings(self, c: int = 0) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight.detach().float()[self.to_vocab]
+
+    def decode(self, frames):
+        with torch.no_grad():
+            return self.codec.decode(frames)
+
+
+class EncodecCodec:
+    """transformers' EncodecModel behind the codec surface (e.g. MusicGen's audio encoder)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.sample_rate = int(model.config.sampling_rate)
+        self.codebook_size = int(model.config.codebook_size)
+
+    def decode(self, frames: torch.Tensor) -> np.ndarray:
+        codes = frames.permute(0, 2, 1)[None]                          # [1, B, C, N]
+        audio = self.model.decode(codes, [None]).audio_values           # [B, 1, samples]
+        return audio[:, 0].float().cpu().numpy()
+
+
+class TextToSpeech:
+    def __init__(self, target, draft=None, defaults=None):
+        if draft is not None:
+            target.check_compatible(draft)
+        self.target, self.draft = target, draft
+        self.defaults = dict(defaults or {})
+
+    @classmethod
+    def from_pretrained(cls, target, draft=None, **load_kwargs):
+        from .bundled import load_speech_adapter
+
+        t, defaults = load_speech_adapter(target, **load_kwargs)
+        d = load_speech_adapter(draft, **load_kwargs)[0] if draft is not None else None
+        return cls(t, d, defaults)
+
+    @torch.inference_mode()
+    def __call__(self, text, *, method: str = "plain", temperature: float = 1.0,
+                 top_k: int | None = None, seed: int | None = None, description=None,
+                 guidance_scale: float | None = None, max_frames: int | None = None,
+                 progress: bool = True, decode: bool = True, **method_params) -> AudioOutput:
+        tgt = self.target
+        texts = [text] if isinstance(text, str) or (isinstance(text, list) and text
+                                                     and isinstance(text[0], int)) else list(text)
+        if not texts:
+            raise ValueError("text: accepted at least one text")
+        if description is not None:
+            texts = [f"{description} {t}" if isinstance(t, str) else t for t in texts]
+        if guidance_scale is None:
+            guidance_scale = self.defaults.get("guidance_scale")
+        if guidance_scale is not None and not (math.isfinite(guidance_scale) and guidance_scale >= 0):
+            raise ValueError(f"guidance_scale={guidance_scale!r}: accepted a finite float >= 0")
+        if top_k is None:
+            top_k = self.defaults.get("top_k")
+        frames = max_frames or tgt.max_frames
+        if not isinstance(frames, int) or frames < 1:
+            raise ValueError(f"max_frames={frames!r}: accepted an integer >= 1")
+        params = SamplingParams(temperature=temperature, top_k=top_k)
+        g = guidance_scale if guidance_scale not in (None, 1.0) else None
+        batch = tgt.encode_text(texts)
+        c = tgt.codebooks
+        draft_session = None
+        if self.draft is not None:
+            draft_session = lambda: self.draft.session(params, g, frames)  # noqa: E731
+        single = isinstance(tgt, SingleCodebookAdapter)
+        drafter, scalar = build_method(method, method_params, draft_session=draft_session,
+                                       embeddings=tgt.codebook_embeddings(0),
+                                       jacobi_defaults=dict(init_range=(0, tgt.vocab_size - 1)))
+        if single:
+            rule = scalar
+        elif hasattr(scalar, "embeddings"):   # relaxed rules: each codebook its own table
+            rule = Frame(rules=[dataclasses.replace(scalar, embeddings=tgt.codebook_embeddings(k))
+                                for k in range(c)])
+        else:
+            rule = Frame(rules=[scalar])
+        if not single and not isinstance(drafter, ModelDrafter) and type(drafter).__name__ != "NoDraft":
+            raise ValueError(f"method={method!r}: delay-pattern targets draft with a model or "
+                             "plain decoding (Jacobi windows over frames are not supported)")
+        gen = make_generator(seed, tgt.device)
+        if hasattr(drafter, "generator"):
+            drafter.generator = gen
+        stats = StepStats()
+        t0 = time.perf_counter()
+        session = tgt.session(params, g, frames)
+        if single and g is not None:
+            empty = tgt.encode_text([[tgt.pad_id]] * len(texts))
+            un = torch.full_like(batch["input_ids"], tgt.pad_id)
+            um = torch.zeros_like(batch["attention_mask"])
+            w = empty["input_ids"].shape[1]
+            un[:, -w:], um[:, -w:] = empty["input_ids"], empty["attention_mask"]
+            session.prefill(**batch, uncond_ids=un, uncond_mask=um)
+        else:
+            session.prefill(**batch)
+        if isinstance(drafter, ModelDrafter):
+            drafter.begin(vocab_size=tgt.vocab_size, **self.draft.encode_text(texts))
+        else:
+            drafter.begin(batch["input_ids"], batch["attention_mask"], vocab_size=tgt.vocab_size)
+        stats.seconds_prefill = time.perf_counter() - t0
+        if single:
+            first = batch["input_ids"][:, -1]
+            steps = frames
+        else:
+            first = torch.full((len(texts), c), tgt.start, dtype=torch.long, device=tgt.device)
+            steps = frames + c - 1
+        rows = [[] for _ in texts]
+        stops = {tgt.eos} if tgt.eos is not None else set()
+        bar = tqdm(total=steps, desc=method, disable=None if progress else True, leave=False)
+        for ev in stream(session, drafter, rule, first, max_new_tokens=steps, stop_token_ids=stops,
+                         generator=gen, stats=stats):
+            for i, new in enumerate(ev.new_tokens):
+                rows[i].extend(new)
+            bar.update(min(len(r) for r in rows) - bar.n)
+        bar.close()
+        codes = []
+        for r in rows:
+            if single:   # a plain stream: codes up to end-of-speech
+                ids = [t for t in r if t != tgt.eos]
+                codes.append(torch.tensor(ids, dtype=torch.long).view(-1, 1))
+                continue
+            delayed = torch.tensor(r, dtype=torch.long)[None]                  # [1, T, C]
+            if tgt.eos is not None:
+                col0 = delayed[0, :, 0]
+                n_frames = int((col0 == tgt.eos).nonzero()[0]) if bool((col0 == tgt.eos).any()) else delayed.shape[1] - c + 1
+            else:
+                n_frames = frames
+            n_frames = max(0, min(n_frames, delayed.shape[1] - c + 1))
+            codes.append(undo_delay(delayed, n_frames)[0])
+        waves = []
+        if decode:
+            for cd in codes:
+                waves.append(tgt.decode(cd[None].to(tgt.device))[0] if len(cd) else np.zeros(0, np.float32))
+        return AudioOutput(waveforms=waves, sample_rate=tgt.sample_rate, codes=codes, stats=stats,
+                           seconds=time.perf_counter() - t0)

@@ -1,0 +1,132 @@
+"""Speech adapter: delay pattern round trip, greedy equality for delay-pattern and
+single-codebook targets, sampling distribution on a tiny delay-pattern model, audio shapes,
+bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats as sstats
+
+from modalities.speech import (DelayPatternAdapter, EncodecCodec, SingleCodebookAdapter,
+                               TextToSpeech, apply_delay, undo_delay)
+from tiny_speech import tiny_musicgen
+
+TEXTS = [[3, 4, 5, 6, 7], [8, 9]]
+
+
+def test_delay_pattern_round_trips():
+    frames = torch.randint(0, 16, (2, 7, 4))
+    stream = apply_delay(frames, pad=16)
+    assert stream.shape == (2, 10, 4)
+    assert (stream[:, 0, 1:] == 16).all() and (stream[:, -1, :-1] == 16).all()
+    assert torch.equal(undo_delay(stream, 7), frames)
+    with pytest.raises(ValueError, match="holds at most"):
+        undo_delay(stream, 8)
+
+
+@pytest.fixture(scope="module")
+def delay_pair():
+    return tiny_musicgen(), tiny_musicgen(seed=1, hidden=8, layers=1)
+
+
+@pytest.mark.parametrize("guidance", [None, 3.0])
+def test_delay_pattern_greedy_equals_plain(delay_pair, guidance):
+    tts = TextToSpeech.from_pretrained(*delay_pair)
+    kw = dict(temperature=0, max_frames=12, progress=False, guidance_scale=guidance)
+    plain = tts(TEXTS, method="plain", **kw)
+    assert [c.shape for c in plain.codes] == [(12, 2), (12, 2)]
+    for method in ("exact", "greedy", "pcg"):
+        out = tts(TEXTS, method=method, theta=1.0, **kw) if method == "pcg" else tts(TEXTS, method=method, **kw)
+        assert all(torch.equal(a, b) for a, b in zip(out.codes, plain.codes)), method
+    # the plain codes respect the pattern: every frame holds real codes
+    assert all((c < 16).all() for c in plain.codes)
+
+
+def test_audio_has_the_codec_rate_and_length(delay_pair, tmp_path):
+    tts = TextToSpeech.from_pretrained(*delay_pair)
+    out = tts(TEXTS, max_frames=10, progress=False, seed=0)
+    assert out.sample_rate == 16000
+    assert [w.shape for w in out.waveforms] == [(160,), (160,)]     # 10 frames x hop 16
+    files = out.save(str(tmp_path))
+    import soundfile as sf
+
+    data, sr = sf.read(files[0])
+    assert sr == 16000 and len(data) == 160
+    assert files[1].endswith(".png")
+
+
+def test_exact_sampling_matches_plain_sampling(delay_pair):
+    t, d = tiny_musicgen(codebook_size=4), tiny_musicgen(seed=1, hidden=8, layers=1, codebook_size=4)
+    with torch.no_grad():
+        for m in (t, d):
+            for head in m.decoder.lm_heads:
+                head.weight.mul_(0.2)
+    tts = TextToSpeech.from_pretrained(t, draft=d)
+    n = 3000
+    kw = dict(max_frames=2, progress=False, decode=False)
+    a = tts([[3, 4, 5]] * n, method="plain", seed=0, **kw)
+    b = tts([[3, 4, 5]] * n, method="exact", seed=1, num_draft_tokens=2, **kw)
+    # Rows of this model cannot keep holes (its positions follow the cache length), so a batch
+    # commits to its shortest accepted length; one row alone shows the drafts are used.
+    one = tts([[3, 4, 5]], method="exact", seed=2, num_draft_tokens=2, max_frames=12,
+              progress=False, decode=False)
+    assert one.stats.acceptance_rate > 0.2
+
+    def hist(codes):   # first frame (2 codebooks) x second frame's codebook 0
+        return np.bincount([int(c[0, 0]) * 16 + int(c[0, 1]) * 4 + int(c[1, 0]) for c in codes],
+                           minlength=64)
+    ha, hb = hist(a.codes), hist(b.codes)
+    keep = (ha + hb) > 0
+    assert sstats.chi2_contingency(np.stack([ha[keep], hb[keep]]))[1] > 1e-4
+
+
+def _single(seed=0, hidden=32):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=40, hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                      max_position_embeddings=128, pad_token_id=0)
+    return LlamaForCausalLM(cfg).eval()
+
+
+class ToyCodec:
+    sample_rate = 8000
+    codebook_size = 16
+
+    def decode(self, frames):
+        return np.repeat(frames[..., 0].cpu().numpy().astype(np.float32) / 16, 80, axis=1)
+
+
+def test_single_codebook_greedy_equals_plain_including_jacobi():
+    mk = lambda m: SingleCodebookAdapter(m, ToyCodec(), range(20, 36), end_id=36,  # noqa: E731
+                                         prefix=[1], suffix=[2], max_frames=16)
+    tts = TextToSpeech(mk(_single()), mk(_single(seed=1, hidden=16)))
+    plain = tts(TEXTS, method="plain", temperature=0, progress=False)
+    for method in ("exact", "sjd", "sjd-maximal", "lantern"):
+        out = tts(TEXTS, method=method, temperature=0, progress=False)
+        assert all(torch.equal(a, b) for a, b in zip(out.codes, plain.codes)), method
+    assert plain.waveforms[0].shape[0] == 80 * plain.codes[0].shape[0]
+
+
+def test_bad_input(delay_pair):
+    t, d = delay_pair
+    with pytest.raises(ValueError, match="codebooks"):
+        TextToSpeech.from_pretrained(t, draft=tiny_musicgen(codebooks=3))
+    with pytest.raises(ValueError, match="codebooks of"):
+        TextToSpeech.from_pretrained(t, draft=tiny_musicgen(codebook_size=8))
+    other = DelayPatternAdapter(d, EncodecCodec(d.audio_encoder))
+    other.codec.sample_rate = 24000
+    with pytest.raises(ValueError, match="sample-rate mismatch"):
+        TextToSpeech(DelayPatternAdapter(t, EncodecCodec(t.audio_encoder)), other)
+    tts = TextToSpeech.from_pretrained(t)
+    with pytest.raises(ValueError, match="at least one text"):
+        tts([], progress=False)
+    with pytest.raises(ValueError, match="non-empty"):
+        tts([[]], progress=False)
+    with pytest.raises(ValueError, match="string texts need a tokenizer"):
+        tts("hello", progress=False)
+    with pytest.raises(ValueError, match="Jacobi windows over frames"):
+        tts(TEXTS, method="sjd", progress=False)

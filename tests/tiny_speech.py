@@ -1,0 +1,26 @@
+"""Tiny MusicGen-layout models built from configs (text encoder, 2-codebook decoder, Encodec)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def tiny_musicgen(seed: int = 0, hidden: int = 16, layers: int = 2, codebooks: int = 2,
+                  codebook_size: int = 16):
+    from transformers import MusicgenConfig, MusicgenForConditionalGeneration
+
+    torch.manual_seed(seed)
+    t5 = dict(model_type="t5", vocab_size=40, d_model=16, d_kv=8, d_ff=32, num_layers=1,
+              num_heads=2, decoder_start_token_id=0)
+    enc = dict(model_type="encodec", target_bandwidths=[8.0], sampling_rate=16000,
+               audio_channels=1, num_filters=4, num_residual_layers=1, upsampling_ratios=[4, 4],
+               hidden_size=8, codebook_size=codebook_size, codebook_dim=8, num_lstm_layers=1)
+    dec = dict(model_type="musicgen_decoder", vocab_size=codebook_size + 1,
+               max_position_embeddings=256, num_hidden_layers=layers, ffn_dim=2 * hidden,
+               num_attention_heads=2, hidden_size=hidden, num_codebooks=codebooks,
+               pad_token_id=codebook_size, bos_token_id=codebook_size,
+               decoder_start_token_id=codebook_size)
+    cfg = MusicgenConfig(text_encoder=t5, audio_encoder=enc, decoder=dec)
+    m = MusicgenForConditionalGeneration(cfg).eval()
+    m.generation_config.decoder_start_token_id = codebook_size
+    return m
