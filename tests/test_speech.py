@@ -130,3 +130,31 @@ def test_bad_input(delay_pair):
         tts("hello", progress=False)
     with pytest.raises(ValueError, match="Jacobi windows over frames"):
         tts(TEXTS, method="sjd", progress=False)
+
+
+def save_bundled_tiny(folder, model, max_frames=8):
+    """The bundled speech format around a tiny model (Encodec codec, character tokenizer)."""
+    import json
+
+    model.save_pretrained(folder / "model")
+    model.audio_encoder.save_pretrained(folder / "codec")
+    meta = dict(codec="../codec", alphabet="abcdefghijklmnopqrstuvwxyz .", char_offset=1,
+                pad_id=16, eos_id=None, max_frames=max_frames, defaults={"guidance_scale": 1.0})
+    (folder / "model" / "mmspec_speech.json").write_text(json.dumps(meta))
+    return folder / "model"
+
+
+def test_recipe_runs_end_to_end(tmp_path, capsys, delay_pair):
+    from recipes import tts as recipe
+
+    t, d = delay_pair
+    tp = save_bundled_tiny(tmp_path / "t", t)
+    dp = save_bundled_tiny(tmp_path / "d", d)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a red star\nblue\n")
+    res = recipe.main(["--model", str(tp), "--draft", str(dp), "--out", str(tmp_path / "out"),
+                       "--temperature", "0", "--method", "exact", "--texts-file", str(texts)])
+    assert (tmp_path / "out" / "comparison.png").exists()
+    assert len(list((tmp_path / "out" / "plain").glob("*.wav"))) == 2
+    assert "codes identical to plain: True" in capsys.readouterr().out
+    assert res["spec"].stats.steps <= res["plain"].stats.steps

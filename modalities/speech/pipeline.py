@@ -237,6 +237,10 @@ class EncodecCodec:
         self.sample_rate = int(model.config.sampling_rate)
         self.codebook_size = int(model.config.codebook_size)
 
+    def to(self, device):
+        self.model.to(device)
+        return self
+
     def decode(self, frames: torch.Tensor) -> np.ndarray:
         codes = frames.permute(0, 2, 1)[None]                          # [1, B, C, N]
         audio = self.model.decode(codes, [None]).audio_values           # [B, 1, samples]
