@@ -272,6 +272,8 @@ class TextToSpeech:
                                                      and isinstance(text[0], int)) else list(text)
         if not texts:
             raise ValueError("text: accepted at least one text")
+        if description is None:
+            description = self.defaults.get("description")     # e.g. the bundled speaker tag
         if description is not None:
             texts = [f"{description} {t}" if isinstance(t, str) else t for t in texts]
         if guidance_scale is None:
@@ -352,7 +354,8 @@ class TextToSpeech:
             else:
                 n_frames = frames
             n_frames = max(0, min(n_frames, delayed.shape[1] - c + 1))
-            codes.append(undo_delay(delayed, n_frames)[0])
+            codes.append(undo_delay(delayed, n_frames)[0] if n_frames else
+                         torch.zeros(0, c, dtype=torch.long))
         waves = []
         if decode:
             for cd in codes:
