@@ -140,7 +140,7 @@ def train(args):
     model.eval()
     out_dir = args.out
     model.to(torch.bfloat16).save_pretrained(out_dir, safe_serialization=True)
-    meta = dict(codec=os.path.relpath(os.path.abspath(args.codec), os.path.abspath(out_dir)),
+    meta = dict(codec=args.codec_ref,
                 alphabet=ALPHABET, char_offset=1, pad_id=PAD, eos_id=EOS,
                 max_frames=int(max(len(f) for f in frames) * 1.5),
                 defaults={"guidance_scale": args.guidance, "description": "us"})
@@ -211,6 +211,8 @@ def main(argv=None):
     ap.add_argument("--guidance", type=float, default=1.0)
     ap.add_argument("--data", default="data/speech")
     ap.add_argument("--codec", default="samples/models/shapes-codec")
+    ap.add_argument("--codec-ref", default="../shapes-codec",
+                    help="the codec folder as the model folder will see it (relative path)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--evaluate", action="store_true")
     ap.add_argument("--draft-dir", default=None)

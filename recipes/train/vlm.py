@@ -92,13 +92,19 @@ def build(which: str):
 
 
 def examples(seeds, rng):
-    """(image, question, answer) triples."""
+    """(image, question, answer) triples (images rendered in parallel)."""
+    from PIL import Image
+
+    from recipes.train.data import render
+
+    seeds = list(seeds)
+    imgs, _ = render(seeds)
     out = []
-    for s in seeds:
-        scene, img, _ = sw.sample(s)
+    for s, arr in zip(seeds, imgs):
+        scene = sw.sample_scene(random.Random(s))
         qa = sw.questions(scene, random.Random(s))
         q, a = qa[rng.randrange(len(qa))]
-        out.append((img, spaced(q), spaced(a)))
+        out.append((Image.fromarray(arr), spaced(q), spaced(a)))
     return out
 
 
@@ -164,7 +170,7 @@ def main(argv=None):
     ap.add_argument("--time-budget", type=float, default=300.0)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--data", type=int, default=60000)
+    ap.add_argument("--data", type=int, default=30000)
     ap.add_argument("--eval", type=int, default=500)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
