@@ -91,8 +91,9 @@ def build(which: str):
     return LlavaForConditionalGeneration(cfg)
 
 
-def examples(seeds, rng):
-    """(image, question, answer) triples (images rendered in parallel)."""
+def examples(seeds, rng, all_questions: bool = False):
+    """(image, question, answer) triples (images rendered in parallel); with
+    ``all_questions`` the third item is the scene's whole list of (question, answer) pairs."""
     from PIL import Image
 
     from recipes.train.data import render
@@ -102,9 +103,12 @@ def examples(seeds, rng):
     out = []
     for s, arr in zip(seeds, imgs):
         scene = sw.sample_scene(random.Random(s))
-        qa = sw.questions(scene, random.Random(s))
-        q, a = qa[rng.randrange(len(qa))]
-        out.append((Image.fromarray(arr), spaced(q), spaced(a)))
+        qa = [(spaced(q), spaced(a)) for q, a in sw.questions(scene, random.Random(s))]
+        if all_questions:
+            out.append((Image.fromarray(arr), None, qa))
+        else:
+            q, a = qa[rng.randrange(len(qa))]
+            out.append((Image.fromarray(arr), q, a))
     return out
 
 
@@ -171,7 +175,7 @@ def main(argv=None):
                     help="seconds: training stops early past it (the card gives the steps run)")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--data", type=int, default=30000)
+    ap.add_argument("--data", type=int, default=60000)
     ap.add_argument("--eval", type=int, default=500)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -185,12 +189,16 @@ def main(argv=None):
     model = build(args.which).to(dev)
     with_image = args.which != "text-draft"
     rng = random.Random(0)
-    data = examples(range(args.data), rng)
+    data = examples(range(args.data), rng, all_questions=True)   # a fresh question per visit
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     model.train()
 
     def step_loss():
-        batch = [data[rng.randrange(len(data))] for _ in range(args.batch)]
+        batch = []
+        for _ in range(args.batch):
+            img, _, qa = data[rng.randrange(len(data))]
+            q, a = qa[rng.randrange(len(qa))]
+            batch.append((img, q, a))
         inputs = encode_batch(proc, batch, with_image, dev)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             return model(**inputs).loss
@@ -227,8 +235,8 @@ def main(argv=None):
                         f"word-level tokenizer of {len(WORDS)} words, chat template 'USER: <image> "
                         "question ASSISTANT:'",
         "parameters": f"{metrics['params']:,} (stored in bfloat16)",
-        "data": f"{args.data} shapes-world images, one random question each per sample "
-                "(colour, shape, size, count, position, yes/no, describe)",
+        "data": f"{args.data} shapes-world images, a random one of each scene's questions per "
+                "visit (colour, shape, size, count, position, yes/no, describe)",
         "steps": f"{steps} at batch {args.batch}, AdamW lr {args.lr}",
         "final loss": f"{metrics['final_loss']:.4f} (answer tokens)",
         "quality": f"answer accuracy {acc:.3f} on {args.eval} held-out questions, greedy decoding "
