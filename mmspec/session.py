@@ -216,7 +216,7 @@ class CausalLMSession:
                     from torch import _dynamo
 
                     _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
-                    self._fused = torch.compile(self.net, mode="max-autotune-no-cudagraphs",
+                    self._fused = torch.compile(self.net, mode="default",
                                                 dynamic=False)
                 fn = self._fused
             n = tensors["position_ids"].shape[1]
