@@ -111,18 +111,22 @@ class DelayPatternSession:
             self._pending = (first, fed_steps)
         c_idx = torch.arange(c, device=tokens.device)
         end = torch.minimum(eos, torch.full_like(eos, self.num_frames))        # [B, n]
-        # codebook c is outside its frames at step t: before its delay or after the last frame
-        forced = (t[..., None] < c_idx) | (t[..., None] >= end[..., None] + c_idx)
-        fill = self.pad if self.eos is None else self.eos
+        # codebook c is outside its frames at step t: before its delay (pad) or after the last
+        # frame (end-of-speech; pad for fixed-length models)
+        head = t[..., None] < c_idx                                             # [B, n, C]
+        tail = t[..., None] >= end[..., None] + c_idx
+        forced = head | tail
         logits = torch.where(forced[..., None], torch.full_like(logits, float("-inf")), logits)
-        logits[..., fill] = torch.where(forced, 0.0, logits[..., fill])
+        logits[..., self.pad] = torch.where(head, 0.0, logits[..., self.pad])
+        fill = self.pad if self.eos is None else self.eos
+        logits[..., fill] = torch.where(tail, 0.0, logits[..., fill])
         if self.eos is not None:   # inside the frames, end-of-speech only from codebook 0
             inside = ~forced
             ban = inside.clone()
             ban[..., 0] = False
             logits[..., self.eos] = torch.where(ban, float("-inf"), logits[..., self.eos])
-        if self.pad != fill:
-            logits[..., self.pad] = float("-inf")
+        if self.eos is not None:   # pad only in the head
+            logits[..., self.pad] = torch.where(head, logits[..., self.pad], float("-inf"))
         self._since += n
         self.length += n
         return self.params.probs(logits)
