@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PYTHONWARNINGS := ignore::UserWarning:setuptools
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench clean speech-deps
 
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,7 +18,15 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PY) -c "import mmspec, torch, torchaudio, transformers, diffusers; print('mmspec', mmspec.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__, '| diffusers', diffusers.__version__)"
 	touch $(STAMP)
 
-setup: $(STAMP)
+# espeak-ng (Debian package) speaks the reference sentences of the speech tests and demo.
+speech-deps:
+	@command -v espeak-ng >/dev/null 2>&1 || { \
+	  echo "installing espeak-ng (apt-get)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq >/dev/null && $$SUDO apt-get install -y -qq espeak-ng >/dev/null \
+	  || { echo "could not install espeak-ng: apt-get install -y espeak-ng"; exit 1; }; }
+
+setup: $(STAMP) speech-deps
 
 demo: setup
 	$(PY) -m recipes.demo

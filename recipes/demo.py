@@ -8,6 +8,11 @@ compression, tokens per step, acceptance, wall-clock ratio against plain decodin
 in this run, compositional accuracy by the shapes-world parser) and writes
 out/demo/comparison.png (images side by side at the same seed) and out/demo/quality_vs_speedup.png.
 
+Then vision-language answers (samples/models/shapes-vlm with its text-only, image and
+ensemble drafts; quality: answer accuracy) and text-to-speech (samples/models/shapes-tts and
+its draft; quality: mel cepstral distortion against espeak-ng), with the same columns, WAV
+files and a spectrogram comparison under out/demo/.
+
 ``python -m recipes.demo --text`` runs the earlier text-pair demo instead.
 """
 
@@ -102,6 +107,89 @@ def print_image_table(rows, n_prompts):
           "on a GPU); accuracy = fraction of images whose parse matches the caption.")
 
 
+def vlm_demo(n: int = 24, seed: int = 0):
+    import random
+
+    from modalities import shapes_world as sw
+    from modalities.vlm import VisionLanguageGenerator
+    from recipes.train.vlm import spaced
+
+    models = os.path.join(ROOT, "samples", "models")
+    qs = []
+    for s in range(20_000_000, 20_000_000 + n):
+        scene, img, _ = sw.sample(s)
+        q, a = sw.questions(scene, random.Random(s))[s % 4 + 2]
+        qs.append((img, [{"role": "user", "content": [{"type": "image"},
+                                                      {"type": "text", "text": spaced(q)}]}], spaced(a)))
+    images, msgs = [q[0] for q in qs], [q[1] for q in qs]
+    rows = []
+    setups = [("plain", "shapes-vlm-text-draft", "text", "plain"),
+              ("exact, text-only draft", "shapes-vlm-text-draft", "text", "exact"),
+              ("exact, VLM draft", "shapes-vlm-draft", "image", "exact"),
+              ("exact, ensemble draft", "shapes-vlm-draft", "ensemble", "exact"),
+              ("sjd", "shapes-vlm-text-draft", "text", "sjd")]
+    for name, draft, mode, method in setups:
+        gen = VisionLanguageGenerator.from_pretrained(os.path.join(models, "shapes-vlm"),
+                                                      draft=os.path.join(models, draft), draft_mode=mode)
+        out = gen.generate(images, msgs, method=method, temperature=0, max_new_tokens=24, seed=seed)
+        acc = sum(t.strip() == a for t, (_, _, a) in zip(out.texts, qs)) / n
+        rows.append(dict(method=name, nfe=out.stats.steps, tokens_per_step=out.stats.tokens_per_step,
+                         acceptance=out.stats.acceptance_rate, seconds=out.seconds, quality=acc))
+    base = rows[0]["seconds"]
+    for r in rows:
+        r["speedup"] = base / r["seconds"]
+    return rows, qs[0]
+
+
+def tts_demo(out_dir: str, seed: int = 0):
+    import numpy as np
+
+    from eval.metrics import mel_cepstral_distortion
+    from modalities.speech import TextToSpeech
+    from recipes.train.speech_data import reference
+    from recipes.tts import comparison
+
+    models = os.path.join(ROOT, "samples", "models")
+    tts = TextToSpeech.from_pretrained(os.path.join(models, "shapes-tts"),
+                                       draft=os.path.join(models, "shapes-tts-draft"))
+    texts = ["a small blue star at the bottom", "there is a red cross"]
+    refs = [reference(f"us {t}") for t in texts]
+    rows, outs = [], {}
+    for method, kw in (("plain", {}), ("exact", {}), ("pcg", {"theta": 0.45})):
+        # one text at a time: this model's rows commit to the batch's shortest accepted length
+        parts = [tts(t, method=method, seed=seed, progress=False, **kw) for t in texts]
+        waves = [p.waveforms[0] for p in parts]
+        mcd = float(np.mean([mel_cepstral_distortion(w, r) for w, r in zip(waves, refs)]))
+        st = [p.stats for p in parts]
+        drafted = sum(s.drafted for s in st)
+        rows.append(dict(method=method, nfe=sum(s.steps for s in st),
+                         tokens_per_step=sum(s.emitted for s in st) / sum(s.row_steps for s in st),
+                         acceptance=sum(s.accepted for s in st) / drafted if drafted else 0.0,
+                         seconds=sum(p.seconds for p in parts), quality=mcd))
+        outs[method] = parts
+        for i, p in enumerate(parts):
+            p.save(os.path.join(out_dir, "tts", method), spectrogram=False, prefix=f"text{i}")
+    base = rows[0]["seconds"]
+    for r in rows:
+        r["speedup"] = base / r["seconds"]
+
+    class Joined:   # the comparison figure takes one output per method
+        def __init__(self, parts):
+            self.waveforms = [p.waveforms[0] for p in parts]
+            self.sample_rate = parts[0].sample_rate
+    comparison(Joined(outs["plain"]), Joined(outs["exact"]), "exact",
+               os.path.join(out_dir, "tts_comparison.png"))
+    return rows
+
+
+def print_rows(rows, quality):
+    print(f"{'method':24} {'NFE':>4} {'tokens/step':>11} {'acceptance':>10} {'wall-clock':>10} {quality:>12}")
+    print("-" * 76)
+    for r in rows:
+        print(f"{r['method']:24} {r['nfe']:>4} {r['tokens_per_step']:>11.2f} {r['acceptance']:>10.3f} "
+              f"{r['speedup']:>9.2f}x {r['quality']:>12.3f}")
+
+
 def text_demo(batch=4, max_new_tokens=48, seed=0):
     from recipes.demo_text import print_table, text_table
 
@@ -128,7 +216,14 @@ def main(argv=None) -> None:
     rows, prompts, pipe = image_demo(args.prompts, args.seed, args.out)
     print(f"example caption: {prompts[0]!r}\n")
     print_image_table(rows, args.prompts)
-    print(f"\nwrote {args.out}/comparison.png and {args.out}/quality_vs_speedup.png "
+    print(f"\nwrote {args.out}/comparison.png and {args.out}/quality_vs_speedup.png")
+    print("\nvision-language answers on the bundled shapes-world VLM (24 held-out questions, greedy)")
+    rows, example = vlm_demo()
+    print_rows(rows, "accuracy")
+    print("\ntext-to-speech on the bundled shapes-world TTS (2 sentences, seed 0; quality: MCD in dB "
+          "against espeak-ng, lower is better)")
+    print_rows(tts_demo(args.out), "MCD (dB)")
+    print(f"\nwrote WAV files under {args.out}/tts and {args.out}/tts_comparison.png "
           f"({time.time() - t0:.0f} s in all)")
 
 
