@@ -48,6 +48,9 @@ class LoopResult:
     finished: list[bool] = field(default_factory=list)
 
 
+_HEAD = 6   # per-row host values before the tokens: n, cut, active, bad, fallback, proposals
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -116,13 +119,28 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
         was_active = active
         active = active & ~done
         # The one deliberate synchronisation: counts, ids, cuts and a finiteness flag together.
-        bad = ~torch.isfinite(p).all()
-        if draft.probs is not None:
+        bad = (~torch.isfinite(p).all() if isinstance(p, torch.Tensor)
+               else torch.zeros((), dtype=torch.bool, device=device))   # densities validate themselves
+        if isinstance(draft.probs, torch.Tensor):
             bad = bad | ~torch.isfinite(draft.probs).all()
+        zeros = torch.zeros(b, dtype=torch.long, device=device)
+        fb = out.fallbacks.long() if out.fallbacks is not None else zeros
+        props = out.residual_proposals if out.residual_proposals is not None else zeros
         event = tuple(out.tokens.shape[2:])
-        host = torch.cat([out.num_accepted[:, None], cut[:, None], active[:, None].long(),
-                          bad.to(torch.long).expand(b, 1), out.tokens.reshape(b, -1)], 1).tolist()
+        head = torch.cat([out.num_accepted[:, None], cut[:, None], active[:, None].long(),
+                          bad.to(torch.long).expand(b, 1), fb[:, None], props[:, None]], 1)
+        body = out.tokens.reshape(b, -1)
+        if body.is_floating_point():   # vector tokens: counts travel exactly as float64
+            head, body = head.double(), body.double()
+        host = torch.cat([head, body], 1).tolist()
+        host = [[int(x) for x in row[:_HEAD]] + row[_HEAD:] for row in host]
         t3 = time.perf_counter()
+        if out.residual_proposals is not None:
+            for i, row in enumerate(host):
+                if not finished[i] and row[5]:
+                    stats.extra["rejections"] = stats.extra.get("rejections", 0) + 1
+                    stats.extra["residual_proposals"] = stats.extra.get("residual_proposals", 0) + row[5]
+                    stats.extra["residual_fallbacks"] = stats.extra.get("residual_fallbacks", 0) + row[4]
         if host[0][3]:
             raise ValueError("the model produced NaN or inf probabilities (check its logits "
                              "and dtype): accepted finite logits")
@@ -141,10 +159,10 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
                 continue
             if event:   # events of several ids: one list per event
                 size = out.tokens[0, 0].numel()
-                flat = row[4 : 4 + row[1] * size]
+                flat = row[_HEAD : _HEAD + row[1] * size]
                 new_tokens[i] = [flat[j:j + size] for j in range(0, len(flat), size)]
             else:
-                new_tokens[i] = row[4 : 4 + row[1]]
+                new_tokens[i] = row[_HEAD : _HEAD + row[1]]
             produced_host[i] += row[1]
             finished[i] = not row[2]
         stats.seconds_draft += t1 - t0

@@ -72,6 +72,8 @@ class VerifyOutput:
 
     tokens: torch.Tensor
     num_accepted: torch.Tensor
+    fallbacks: torch.Tensor | None = None   # [B] bool: residual draws that hit a bound
+    residual_proposals: torch.Tensor | None = None   # [B] long: proposals drawn at a rejection
 
     @property
     def num_emitted(self) -> torch.Tensor:

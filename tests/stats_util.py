@@ -48,3 +48,28 @@ def tv_two_sample_threshold(probs: np.ndarray, n: int, delta: float = 1e-6) -> f
 
 def tv(a: np.ndarray, b: np.ndarray) -> float:
     return float(0.5 * np.abs(a - b).sum())
+
+
+def energy_test_pvalue(x, y, permutations: int = 400, seed: int = 0) -> float:
+    """Two-sample energy-distance permutation test (Szekely & Rizzo): the p-value of
+    E = 2 E|X-Y| - E|X-X'| - E|Y-Y'| among ``permutations`` relabellings of the pooled sample.
+    The smallest attainable p-value is 1 / (permutations + 1)."""
+    import torch
+
+    x = torch.as_tensor(np.asarray(x), dtype=torch.float64).reshape(len(x), -1)
+    y = torch.as_tensor(np.asarray(y), dtype=torch.float64).reshape(len(y), -1)
+    z = torch.cat([x, y])
+    d = torch.cdist(z, z)
+    n, m = len(x), len(y)
+    g = torch.Generator().manual_seed(seed)
+    labels = [torch.cat([torch.ones(n), torch.zeros(m)]).double()]
+    for _ in range(permutations):
+        labels.append(labels[0][torch.randperm(n + m, generator=g)])
+    u = torch.stack(labels, 1)                                   # [N, P+1] membership of X
+    v = 1 - u
+    du, dv = d @ u, d @ v
+    xy = (u * dv).sum(0) / (n * m)
+    xx = (u * du).sum(0) / (n * n)
+    yy = (v * dv).sum(0) / (m * m)
+    stat = 2 * xy - xx - yy
+    return float(((stat[1:] >= stat[0]).sum() + 1) / (permutations + 1))

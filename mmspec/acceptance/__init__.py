@@ -3,17 +3,19 @@
 Lossless: ``Exact`` (speculative sampling), ``Greedy`` (greedy verification).
 Relaxed (declare ``lossless = False`` and a TV bound): ``Lantern`` (and LANTERN++ with
 ``lam``), ``Grouped`` (GSD), ``Annealed`` (Cool-SD). ``CoarseGrained`` (PCG) is exact at
-group level (``group_lossless = True``). ``Frame`` verifies multi-codebook frames codebook by
+group level (``group_lossless = True``). ``ContinuousExact`` (CSpD) verifies vector tokens
+against densities. ``Frame`` verifies multi-codebook frames codebook by
 codebook with any of them.
 """
 
 from .annealed import Annealed
 from .base import Relaxed, Rule
 from .coarse import CoarseGrained
+from .continuous import ContinuousExact
 from .exact import Exact, Greedy
 from .frame import Frame
 from .grouped import Grouped
 from .lantern import Lantern
 
 __all__ = ["Rule", "Relaxed", "Exact", "Greedy", "Lantern", "Grouped", "CoarseGrained",
-           "Annealed", "Frame"]
+           "Annealed", "Frame", "ContinuousExact"]

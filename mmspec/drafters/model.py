@@ -3,7 +3,8 @@
 Each step the draft feeds its pending tokens, then samples K tokens one forward at a time
 (processed exactly as the target: same SamplingParams), recording q_1..q_K. After the target
 verifies, the draft's cache keeps the slots of the tokens that were accepted and drops the
-rest (holes for rows that accepted fewer). The K-th draft token is sampled but never fed; if
+rest (holes for rows that accepted fewer). Sessions of continuous models return densities
+(``log_prob``/``sample``/``stack``) instead of probability tensors; tokens are then vectors. The K-th draft token is sampled but never fed; if
 a row accepts all K it is fed, with the new last token, at the start of the next step.
 """
 
@@ -63,13 +64,14 @@ class ModelDrafter:
         self._on = on
         tokens, probs = [], []
         for i in range(k):
-            q = self.session.step(feed, valid)[:, -1]                      # [B, V]
-            x = sample(q, self.generator)
+            q = self.session.step(feed, valid)[:, -1]                      # [B, V] or densities
+            x = q.sample(self.generator) if hasattr(q, "log_prob") else sample(q, self.generator)
             tokens.append(x)
             probs.append(q)
             if i < k - 1:
                 feed, valid = x[:, None], on[:, None]
-        return Draft(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1))
+        stack = type(probs[0]).stack if hasattr(probs[0], "log_prob") else torch.stack
+        return Draft(tokens=torch.stack(tokens, 1), probs=stack(probs, 1))
 
     def observe(self, out, target_probs, num_accepted) -> None:
         k = self._k
