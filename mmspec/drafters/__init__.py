@@ -3,5 +3,6 @@
 from .base import Drafter, NoDraft
 from .jacobi import Jacobi
 from .model import ModelDrafter
+from .prefill import Prefilled
 
-__all__ = ["Drafter", "NoDraft", "ModelDrafter", "Jacobi"]
+__all__ = ["Drafter", "NoDraft", "ModelDrafter", "Jacobi", "Prefilled"]

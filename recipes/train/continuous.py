@@ -1,0 +1,236 @@
+"""Train continuous-token image models (modalities.image.continuous) from scratch.
+
+    python -m recipes.train.continuous --data shapes --size target --head mixture
+    python -m recipes.train.continuous --data shapes --size draft --head mixture
+    python -m recipes.train.continuous --data synthetic --size tiny --steps 300   # seconds, CPU
+
+``--data shapes``: text-conditional over the pre-quantisation latents of the bundled
+shapes-vq (16x16 grid, D = 8), captions as word ids, dropped 10% of the time (guidance
+needs the unconditional branch). ``--data synthetic``: a class-conditional latent sequence
+with known structure (a 2-D autoregressive process whose start depends on the class), for
+tests and the CPU benchmark. Writes safetensors, config and a model card with the final loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from modalities.image.continuous import ContinuousARConfig, ContinuousARModel
+
+SIZES = {"tiny": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, head_width=32, head_depth=1),
+         "tiny-draft": dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                            num_key_value_heads=1, intermediate_size=32, head_width=32, head_depth=1),
+         "target": dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=8,
+                        num_key_value_heads=8, intermediate_size=688, head_width=256, head_depth=3),
+         "draft": dict(hidden_size=96, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=4, intermediate_size=256, head_width=128, head_depth=2)}
+
+
+class SyntheticLatents:
+    """Class-conditional sequences x_0..x_{L-1} in R^D: x_0 ~ a class-dependent two-component
+    mixture; x_i = R x_{i-1} * 0.8 + c_class + 0.3 * noise (R a fixed rotation). Deterministic
+    from ``seed``."""
+
+    num_classes = 5
+
+    def __init__(self, length: int = 6, dim: int = 2, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.length, self.dim = length, dim
+        self.centres = torch.randn(self.num_classes, 2, dim, generator=g) * 1.5
+        self.drift = torch.randn(self.num_classes, dim, generator=g) * 0.5
+        q, _ = torch.linalg.qr(torch.randn(dim, dim, generator=g))
+        self.rot = q
+
+    def sample(self, n: int, generator=None, labels=None) -> tuple[torch.Tensor, torch.Tensor]:
+        c = (torch.randint(0, self.num_classes, (n,), generator=generator) if labels is None
+             else torch.as_tensor(labels))
+        comp = torch.randint(0, 2, (n,), generator=generator)
+        x = self.centres[c, comp] + 0.4 * torch.randn(n, self.dim, generator=generator)
+        out = [x]
+        for _ in range(self.length - 1):
+            x = 0.8 * x @ self.rot.T + self.drift[c] + 0.3 * torch.randn(n, self.dim, generator=generator)
+            out.append(x)
+        return c, torch.stack(out, 1)
+
+    def config(self, **kw) -> dict:
+        return dict(latent_dim=self.dim, grid=(1, self.length), cond_vocab_size=self.num_classes, **kw)
+
+
+def prompt_rows(rows: list[list[int]], cfg: ContinuousARConfig, drop: torch.Tensor | None = None):
+    """[cond ids..., bos] left-padded with null ids (training uses the full width: the null
+    padding is part of the unconditional prompt the model learns)."""
+    width = max(len(r) for r in rows) + 1
+    ids = torch.full((len(rows), width), cfg.null_id, dtype=torch.long)
+    for i, r in enumerate(rows):
+        if drop is None or not bool(drop[i]):
+            ids[i, width - 1 - len(r): width - 1] = torch.tensor(r, dtype=torch.long)
+    ids[:, -1] = cfg.bos_id
+    return ids
+
+
+def build(size: str, head: str, data_cfg: dict, **kw) -> ContinuousARModel:
+    cfg = ContinuousARConfig(head=head, max_position_embeddings=512, **SIZES[size], **data_cfg, **kw)
+    return ContinuousARModel(cfg)
+
+
+def train(model: ContinuousARModel, batches, steps: int, lr: float = 2e-3, seed: int = 0,
+          progress: bool = True, time_budget: float | None = None) -> list[float]:
+    """AdamW with warm-up and cosine decay; ``batches(step, generator) -> (prompt_ids, latents)``.
+    Returns the loss per step (stops early only at ``time_budget`` seconds, and says so)."""
+    dev = next(model.parameters()).device
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
+    warm = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    g = torch.Generator().manual_seed(seed)
+    gd = torch.Generator(device=dev).manual_seed(seed)
+    model.train()
+    losses, t0 = [], time.time()
+    bar = tqdm(range(steps), desc="train", disable=not progress)
+    for step in bar:
+        ids, lat = batches(step, g)
+        loss = model.training_loss(ids.to(dev), lat.to(dev), generator=gd)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+        if step % 50 == 0:
+            bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
+        if time_budget is not None and time.time() - t0 > time_budget:
+            print(f"time budget reached after {step + 1} of {steps} steps")
+            break
+    model.eval()
+    return losses
+
+
+def synthetic_batches(data: SyntheticLatents, cfg: ContinuousARConfig, batch: int, drop: float = 0.1):
+    def fn(step, g):
+        c, x = data.sample(batch, g)
+        d = torch.rand(batch, generator=g) < drop
+        return prompt_rows([[int(v)] for v in c], cfg, d), x
+    return fn
+
+
+def train_synthetic(size: str = "tiny", head: str = "mixture", steps: int = 300, batch: int = 128,
+                    seed: int = 0, length: int = 6, progress: bool = False, **kw):
+    """A model of ``SyntheticLatents(length)`` (tests and eval/bench_continuous.py)."""
+    data = SyntheticLatents(length=length)
+    torch.manual_seed(seed)
+    model = build(size, head, data.config(), **kw)
+    losses = train(model, synthetic_batches(data, model.config, batch), steps, seed=seed,
+                   progress=progress)
+    return model, losses, data
+
+
+# -- the shapes world ----------------------------------------------------------------------------
+class CaptionIds:
+    """Caption words -> conditioning ids 0..V-1 (the generator's ``tokenizer``)."""
+
+    def __init__(self):
+        from recipes.train.t2i import WORDS
+
+        self.words = list(WORDS)
+        self.index = {w: i for i, w in enumerate(self.words)}
+
+    def encode(self, text: str) -> list[int]:
+        unknown = [w for w in text.split() if w not in self.index]
+        if unknown:
+            raise ValueError(f"words outside the shapes-world vocabulary: {unknown}")
+        return [self.index[w] for w in text.split()]
+
+
+@torch.no_grad()
+def shapes_latents(vq, images: np.ndarray, dev) -> torch.Tensor:
+    """Pre-quantisation latents [N, 256, D] of rendered scenes (uint8 [N, 64, 64, 3])."""
+    from recipes.train.data import to_tensor
+
+    out = []
+    for i in range(0, len(images), 1000):
+        h = vq.encode(to_tensor(images[i:i + 1000], dev).to(vq.dtype)).latents
+        out.append(h.float().flatten(2).transpose(1, 2).cpu())
+    return torch.cat(out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", choices=["shapes", "synthetic"], default="shapes")
+    ap.add_argument("--size", choices=list(SIZES), default="target")
+    ap.add_argument("--head", choices=["mixture", "diffusion"], default="mixture")
+    ap.add_argument("--components", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=6000)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--images", type=int, default=100000)
+    ap.add_argument("--vq", default="samples/models/shapes-vq")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--time-budget", type=float, default=None)
+    a = ap.parse_args(argv)
+    from recipes.train.data import count_params, device, write_card
+
+    dev = device()
+    t0 = time.time()
+    if a.data == "synthetic":
+        data = SyntheticLatents()
+        torch.manual_seed(a.seed)
+        model = build(a.size, a.head, data.config(), num_components=a.components).to(dev)
+        batches = synthetic_batches(data, model.config, a.batch)
+        desc = "synthetic class-conditional latent sequences (SyntheticLatents, length 6, D = 2)"
+    else:
+        from diffusers import VQModel
+
+        from recipes.train.data import HELD_OUT, render
+
+        vq = VQModel.from_pretrained(a.vq, torch_dtype=torch.float32).to(dev).eval()
+        seeds = [s for s in range(a.images + 2 * HELD_OUT) if s % 50 != 7][: a.images]
+        images, captions = render(seeds)
+        lat = shapes_latents(vq, images, dev)
+        mean, std = float(lat.mean()), float(lat.std())
+        lat = ((lat - mean) / std).to(dev)
+        tok = CaptionIds()
+        ids = [tok.encode(c) for c in captions]
+        torch.manual_seed(a.seed)
+        model = build(a.size, a.head, dict(latent_dim=lat.shape[-1], grid=(16, 16),
+                                           cond_vocab_size=len(tok.words), latent_mean=mean,
+                                           latent_std=std),
+                      num_components=a.components).to(dev)
+        width = max(len(r) for r in ids) + 1
+        full = prompt_rows(ids, model.config)
+        full = torch.cat([torch.full((len(ids), width - full.shape[1]), model.config.null_id), full], 1)
+        null = prompt_rows([[0]] * len(ids), model.config, torch.ones(len(ids), dtype=torch.bool))
+        null = torch.cat([torch.full((len(ids), width - null.shape[1]), model.config.null_id), null], 1)
+        full, null = full.to(dev), null.to(dev)
+
+        def batches(step, g):
+            i = torch.randint(0, len(ids), (a.batch,), generator=g).to(dev)
+            drop = (torch.rand(a.batch, generator=g) < 0.1).to(dev)
+            return torch.where(drop[:, None], null[i], full[i]), lat[i]
+        desc = (f"{a.images} rendered shapes-world scenes (seeds outside the held-out set), "
+                f"pre-quantisation latents of {a.vq}, captions dropped 10% of the time")
+    print(f"{count_params(model) / 1e6:.2f}M parameters, head {a.head}")
+    losses = train(model, batches, a.steps, lr=a.lr, seed=a.seed, time_budget=a.time_budget)
+    out = a.out or os.path.join("samples", "models", f"shapes-continuous-{a.head}-{a.size}")
+    model.save_pretrained(out)
+    final = float(np.mean(losses[-100:]))
+    write_card(out, f"Continuous-token image model ({a.head} head, {a.size})", {
+        "architecture": f"ContinuousARModel: Llama backbone, {a.head} head",
+        "parameters": count_params(model), "data": desc, "steps": len(losses),
+        "final loss": f"{final:.4f} (mean of the last 100 steps)",
+        "seconds": round(time.time() - t0, 1),
+        "command": "python -m recipes.train.continuous " + " ".join(argv or []),
+    })
+    print(f"final loss {final:.4f} -> {out}")
+
+
+if __name__ == "__main__":
+    main()
