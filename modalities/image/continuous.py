@@ -29,7 +29,9 @@ image. A prompt is ``[cond ids..., bos_id]``.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -266,12 +268,18 @@ class ContinuousARModel(PreTrainedModel):
                           use_cache=use_cache, **{cache_argument(self.model): cache}, **kwargs)
 
     def training_loss(self, prompt_ids: torch.Tensor, latents: torch.Tensor,
-                      generator=None) -> torch.Tensor:
-        """Teacher forcing: prompt_ids [B, P] ending with bos_id, latents [B, L, D] (normalised)
-        -> the head's loss on all L positions."""
+                      prompt_mask: torch.Tensor | None = None, generator=None) -> torch.Tensor:
+        """Teacher forcing: prompt_ids [B, P] ending with bos_id (left-padded, ``prompt_mask``
+        0 on padding, as the generator builds prompts), latents [B, L, D] (normalised) -> the
+        head's loss on all L positions."""
         p = prompt_ids.shape[1]
         emb = torch.cat([self.embed(prompt_ids), self.embed(latents=latents[:, :-1])], 1)
-        h = self.model(inputs_embeds=emb).last_hidden_state[:, p - 1:]
+        kw = {}
+        if prompt_mask is not None:
+            mask = torch.cat([prompt_mask.long(), prompt_mask.new_ones(latents.shape[0],
+                                                                      latents.shape[1] - 1).long()], 1)
+            kw = dict(attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0))
+        h = self.model(inputs_embeds=emb, **kw).last_hidden_state[:, p - 1:]
         if isinstance(self.head, DiffusionHead):
             return self.head.loss(h, latents, generator)
         return self.head.loss(h, latents)
@@ -331,6 +339,21 @@ class ContinuousImageOutput:
     stats: object                  # mmspec StepStats (extra: rejections, residual proposals, fallbacks)
 
 
+class WordIds:
+    """Caption words -> conditioning ids 0..V-1 (whitespace-separated, a closed vocabulary)."""
+
+    def __init__(self, words: list[str]):
+        self.words = list(words)
+        self.index = {w: i for i, w in enumerate(self.words)}
+
+    def encode(self, text: str) -> list[int]:
+        unknown = [w for w in text.split() if w not in self.index]
+        if unknown:
+            raise ValueError(f"prompt words outside the model's vocabulary: {unknown}; accepted "
+                             f"words: {' '.join(self.words)}")
+        return [self.index[w] for w in text.split()]
+
+
 def _cast(model):
     return model.eval()
 
@@ -346,10 +369,10 @@ class ContinuousImageGenerator:
     """
 
     def __init__(self, target, draft=None, decoder=None, tokenizer=None):
-        if isinstance(target, str):
-            target = ContinuousARModel.from_pretrained(target)
-        if isinstance(draft, str):
-            draft = ContinuousARModel.from_pretrained(draft)
+        if isinstance(target, (str, os.PathLike)):
+            target = ContinuousARModel.from_pretrained(target, dtype=torch.float32)
+        if isinstance(draft, (str, os.PathLike)):
+            draft = ContinuousARModel.from_pretrained(draft, dtype=torch.float32)
         for name, m in (("target", target), ("draft", draft)):
             if m is not None and not isinstance(m, ContinuousARModel):
                 raise ValueError(f"{name} must be a ContinuousARModel, got {type(m).__name__}")
@@ -364,6 +387,37 @@ class ContinuousImageGenerator:
                                  f"{draft.config.cond_vocab_size}")
         self.target, self.draft = _cast(target), (None if draft is None else _cast(draft))
         self.decoder, self.tokenizer = decoder, tokenizer
+
+    @classmethod
+    def from_pretrained(cls, target, draft=None, **load_kwargs) -> "ContinuousImageGenerator":
+        """Folders written by ``recipes.train.continuous`` (or any ContinuousARModel folder).
+
+        A ``mmspec_continuous.json`` next to the weights names the decoder (a diffusers
+        VQModel or AutoencoderKL folder, relative to the model's) and the caption words of a
+        text-conditional model; without it, no decoder and no tokenizer are attached."""
+        load_kwargs.setdefault("dtype", torch.float32)
+        t = ContinuousARModel.from_pretrained(target, **load_kwargs)
+        d = None if draft is None else ContinuousARModel.from_pretrained(draft, **load_kwargs)
+        decoder = tokenizer = None
+        meta_path = os.path.join(str(target), "mmspec_continuous.json")
+        if os.path.exists(meta_path):
+            with open(meta_path) as f:
+                meta = json.load(f)
+            if meta.get("decoder"):
+                import diffusers
+
+                dpath = os.path.normpath(os.path.join(str(target), meta["decoder"]))
+                kind = getattr(diffusers, meta.get("decoder_class", "VQModel"))
+                decoder = kind.from_pretrained(dpath, torch_dtype=torch.float32).eval()
+            if meta.get("words"):
+                tokenizer = WordIds(meta["words"])
+        return cls(t, d, decoder=decoder, tokenizer=tokenizer)
+
+    def to(self, device) -> "ContinuousImageGenerator":
+        for m in (self.target, self.draft, self.decoder):
+            if m is not None:
+                m.to(device)
+        return self
 
     @property
     def device(self) -> torch.device:

@@ -14,6 +14,7 @@ tests and the CPU benchmark. Writes safetensors, config and a model card with th
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import time
@@ -28,8 +29,8 @@ SIZES = {"tiny": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4
                       num_key_value_heads=2, intermediate_size=64, head_width=32, head_depth=1),
          "tiny-draft": dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                             num_key_value_heads=1, intermediate_size=32, head_width=32, head_depth=1),
-         "target": dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=8,
-                        num_key_value_heads=8, intermediate_size=688, head_width=256, head_depth=3),
+         "target": dict(hidden_size=192, num_hidden_layers=6, num_attention_heads=6,
+                        num_key_value_heads=6, intermediate_size=512, head_width=192, head_depth=3),
          "draft": dict(hidden_size=96, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=4, intermediate_size=256, head_width=128, head_depth=2)}
 
@@ -64,16 +65,20 @@ class SyntheticLatents:
         return dict(latent_dim=self.dim, grid=(1, self.length), cond_vocab_size=self.num_classes, **kw)
 
 
-def prompt_rows(rows: list[list[int]], cfg: ContinuousARConfig, drop: torch.Tensor | None = None):
-    """[cond ids..., bos] left-padded with null ids (training uses the full width: the null
-    padding is part of the unconditional prompt the model learns)."""
-    width = max(len(r) for r in rows) + 1
+def prompt_rows(rows: list[list[int]], cfg: ContinuousARConfig, drop: torch.Tensor | None = None,
+                width: int | None = None):
+    """(ids, mask) [N, W]: ``[cond ids..., bos]`` left-padded (mask 0), exactly as
+    ContinuousImageGenerator builds prompts; a dropped row has null ids in place of its
+    condition (the unconditional prompt of guidance)."""
+    width = width or max(len(r) for r in rows) + 1
     ids = torch.full((len(rows), width), cfg.null_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, r in enumerate(rows):
         if drop is None or not bool(drop[i]):
             ids[i, width - 1 - len(r): width - 1] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - 1 - len(r):] = 1
     ids[:, -1] = cfg.bos_id
-    return ids
+    return ids, mask
 
 
 def build(size: str, head: str, data_cfg: dict, **kw) -> ContinuousARModel:
@@ -84,31 +89,42 @@ def build(size: str, head: str, data_cfg: dict, **kw) -> ContinuousARModel:
 def train(model: ContinuousARModel, batches, steps: int, lr: float = 2e-3, seed: int = 0,
           progress: bool = True, time_budget: float | None = None) -> list[float]:
     """AdamW with warm-up and cosine decay; ``batches(step, generator) -> (prompt_ids, latents)``.
-    Returns the loss per step (stops early only at ``time_budget`` seconds, and says so)."""
+    Returns the loss per step. With ``time_budget`` (seconds) the step count is lowered to fit,
+    timed on the first 20 steps (the schedule follows the new count; it says so)."""
     dev = next(model.parameters()).device
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
+    total = [steps]          # lowered once to fit ``time_budget`` (timed on the first 20 steps)
     warm = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, total[0]) / total[0])))
     g = torch.Generator().manual_seed(seed)
     gd = torch.Generator(device=dev).manual_seed(seed)
     model.train()
     losses, t0 = [], time.time()
-    bar = tqdm(range(steps), desc="train", disable=not progress)
-    for step in bar:
-        ids, lat = batches(step, g)
-        loss = model.training_loss(ids.to(dev), lat.to(dev), generator=gd)
+    bar = tqdm(total=steps, desc="train", disable=not progress, mininterval=5)
+    step = 0
+    while step < total[0]:
+        (ids, mask), lat = batches(step, g)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            loss = model.training_loss(ids.to(dev), lat.to(dev), mask.to(dev), generator=gd)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
         losses.append(float(loss.detach()))
+        step += 1
+        bar.update(1)
         if step % 50 == 0:
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
-        if time_budget is not None and time.time() - t0 > time_budget:
-            print(f"time budget reached after {step + 1} of {steps} steps")
-            break
+        if step == 20 and time_budget is not None:
+            per = (time.time() - t0) / 20
+            fit = max(40, int(time_budget / per))
+            if fit < total[0]:
+                print(f"{per * 1e3:.1f} ms/step: training {fit} of {steps} steps to fit "
+                      f"{time_budget:.0f} s", flush=True)
+                total[0] = fit
+    bar.close()
     model.eval()
     return losses
 
@@ -133,20 +149,12 @@ def train_synthetic(size: str = "tiny", head: str = "mixture", steps: int = 300,
 
 
 # -- the shapes world ----------------------------------------------------------------------------
-class CaptionIds:
-    """Caption words -> conditioning ids 0..V-1 (the generator's ``tokenizer``)."""
+def CaptionIds():
+    """The shapes-world caption words as conditioning ids (the generator's ``tokenizer``)."""
+    from modalities.image.continuous import WordIds
+    from recipes.train.t2i import WORDS
 
-    def __init__(self):
-        from recipes.train.t2i import WORDS
-
-        self.words = list(WORDS)
-        self.index = {w: i for i, w in enumerate(self.words)}
-
-    def encode(self, text: str) -> list[int]:
-        unknown = [w for w in text.split() if w not in self.index]
-        if unknown:
-            raise ValueError(f"words outside the shapes-world vocabulary: {unknown}")
-        return [self.index[w] for w in text.split()]
+    return WordIds(WORDS)
 
 
 @torch.no_grad()
@@ -159,6 +167,55 @@ def shapes_latents(vq, images: np.ndarray, dev) -> torch.Tensor:
         h = vq.encode(to_tensor(images[i:i + 1000], dev).to(vq.dtype)).latents
         out.append(h.float().flatten(2).transpose(1, 2).cpu())
     return torch.cat(out)
+
+
+def load_shapes(vq_path: str, n: int, dev, cache: str | None = None):
+    """(latents [n, 256, D] float32 on the CPU, captions) of training scenes 0..n-1; cached in
+    ``cache`` (a safetensors file plus a captions list) when given."""
+    from safetensors.torch import load_file, save_file
+
+    if cache and os.path.exists(cache) and os.path.exists(cache + ".txt"):
+        lat = load_file(cache)["latents"]
+        with open(cache + ".txt") as f:
+            caps = f.read().splitlines()
+        if len(caps) >= n:
+            return lat[:n], caps[:n]
+    from diffusers import VQModel
+
+    from recipes.train.data import render
+
+    vq = VQModel.from_pretrained(vq_path, torch_dtype=torch.float32).to(dev).eval()
+    images, caps = render(range(n))
+    lat = shapes_latents(vq, images, dev)
+    if cache:
+        os.makedirs(os.path.dirname(cache) or ".", exist_ok=True)
+        save_file({"latents": lat.contiguous()}, cache)
+        with open(cache + ".txt", "w") as f:
+            f.write("\n".join(caps))
+    return lat, caps
+
+
+@torch.no_grad()
+def evaluate(model, vq_path: str, n: int, dev, temperatures=(1.0,), guidance=None,
+             batch: int = 250) -> dict:
+    """Compositional accuracy (shapes-world parser) of plain sampling on n held-out captions."""
+    from diffusers import VQModel
+
+    from modalities import shapes_world as sw
+    from modalities.image.continuous import ContinuousImageGenerator
+    from recipes.train.data import HELD_OUT, render
+
+    vq = VQModel.from_pretrained(vq_path, torch_dtype=torch.float32).to(dev).eval()
+    _, caps = render(range(HELD_OUT, HELD_OUT + n))
+    gen = ContinuousImageGenerator(model.to(dev).eval(), decoder=vq, tokenizer=CaptionIds())
+    out = {}
+    for t in temperatures:
+        imgs = []
+        for i in range(0, n, batch):
+            imgs += gen(prompts=caps[i:i + batch], temperature=t, guidance_scale=guidance,
+                        seed=i).images
+        out[str(t)] = round(sw.compositional_accuracy(imgs, caps), 3)
+    return out
 
 
 def main(argv=None):
@@ -175,11 +232,21 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--time-budget", type=float, default=None)
+    ap.add_argument("--cache", default=None, help="latents cache (safetensors) for --data shapes")
+    ap.add_argument("--prepare-only", action="store_true", help="write --cache and stop")
+    ap.add_argument("--eval", type=int, default=0, help="held-out captions to score (shapes)")
+    ap.add_argument("--guidance", type=float, default=None, help="for --eval (diffusion heads)")
     a = ap.parse_args(argv)
     from recipes.train.data import count_params, device, write_card
 
     dev = device()
     t0 = time.time()
+    if a.prepare_only:
+        if not a.cache:
+            ap.error("--prepare-only needs --cache")
+        lat, _ = load_shapes(a.vq, a.images, dev, a.cache)
+        print(f"{len(lat)} latents -> {a.cache} ({time.time() - t0:.0f} s)")
+        return
     if a.data == "synthetic":
         data = SyntheticLatents()
         torch.manual_seed(a.seed)
@@ -187,14 +254,7 @@ def main(argv=None):
         batches = synthetic_batches(data, model.config, a.batch)
         desc = "synthetic class-conditional latent sequences (SyntheticLatents, length 6, D = 2)"
     else:
-        from diffusers import VQModel
-
-        from recipes.train.data import HELD_OUT, render
-
-        vq = VQModel.from_pretrained(a.vq, torch_dtype=torch.float32).to(dev).eval()
-        seeds = [s for s in range(a.images + 2 * HELD_OUT) if s % 50 != 7][: a.images]
-        images, captions = render(seeds)
-        lat = shapes_latents(vq, images, dev)
+        lat, captions = load_shapes(a.vq, a.images, dev, a.cache)
         mean, std = float(lat.mean()), float(lat.std())
         lat = ((lat - mean) / std).to(dev)
         tok = CaptionIds()
@@ -205,22 +265,20 @@ def main(argv=None):
                                            latent_std=std),
                       num_components=a.components).to(dev)
         width = max(len(r) for r in ids) + 1
-        full = prompt_rows(ids, model.config)
-        full = torch.cat([torch.full((len(ids), width - full.shape[1]), model.config.null_id), full], 1)
-        null = prompt_rows([[0]] * len(ids), model.config, torch.ones(len(ids), dtype=torch.bool))
-        null = torch.cat([torch.full((len(ids), width - null.shape[1]), model.config.null_id), null], 1)
-        full, null = full.to(dev), null.to(dev)
+        full, fmask = (t.to(dev) for t in prompt_rows(ids, model.config, width=width))
+        null, _ = (t.to(dev) for t in prompt_rows(ids, model.config, torch.ones(len(ids)), width))
 
         def batches(step, g):
             i = torch.randint(0, len(ids), (a.batch,), generator=g).to(dev)
             drop = (torch.rand(a.batch, generator=g) < 0.1).to(dev)
-            return torch.where(drop[:, None], null[i], full[i]), lat[i]
+            return (torch.where(drop[:, None], null[i], full[i]), fmask[i]), lat[i]
         desc = (f"{a.images} rendered shapes-world scenes (seeds outside the held-out set), "
                 f"pre-quantisation latents of {a.vq}, captions dropped 10% of the time")
     print(f"{count_params(model) / 1e6:.2f}M parameters, head {a.head}")
     losses = train(model, batches, a.steps, lr=a.lr, seed=a.seed, time_budget=a.time_budget)
     out = a.out or os.path.join("samples", "models", f"shapes-continuous-{a.head}-{a.size}")
-    model.save_pretrained(out)
+    model.to(torch.bfloat16).save_pretrained(out)        # bundled weights: bfloat16
+    model.float()                                           # what loading them gives back
     final = float(np.mean(losses[-100:]))
     write_card(out, f"Continuous-token image model ({a.head} head, {a.size})", {
         "architecture": f"ContinuousARModel: Llama backbone, {a.head} head",
@@ -229,6 +287,25 @@ def main(argv=None):
         "seconds": round(time.time() - t0, 1),
         "command": "python -m recipes.train.continuous " + " ".join(argv or []),
     })
+    if a.data == "shapes":
+        import json as _json
+
+        from recipes.train.t2i import WORDS
+
+        with open(os.path.join(out, "mmspec_continuous.json"), "w") as f:
+            _json.dump({"decoder": os.path.relpath(a.vq, out), "decoder_class": "VQModel",
+                        "words": list(WORDS)}, f, indent=1)
+    fields = {}
+    if a.eval and a.data == "shapes":
+        acc = evaluate(model, a.vq, a.eval, dev, temperatures=(1.0, 0.7), guidance=a.guidance)
+        fields["quality"] = (f"compositional accuracy on {a.eval} held-out captions, plain sampling"
+                             + (f", guidance {a.guidance}" if a.guidance else "") + ": "
+                             + ", ".join(f"temperature {k}: {v}" for k, v in acc.items()))
+        print(json.dumps({"size": a.size, "head": a.head, "final_loss": final,
+                          "compositional_accuracy": acc, "steps": len(losses),
+                          "seconds": round(time.time() - t0, 1)}), flush=True)
+        with open(os.path.join(out, "README.md"), "a") as f:
+            f.write(f"- **quality**: {fields['quality']}\n")
     print(f"final loss {final:.4f} -> {out}")
 
 
