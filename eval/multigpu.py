@@ -50,7 +50,12 @@ def compare_runs(one: str, two: str) -> dict:
     a, b = _rows(one), _rows(two)
     common = sorted(set(a) & set(b))
     same = sum(a[k].get("ids") == b[k].get("ids") for k in common)
+    by_key: dict = {}
+    for k in common:
+        tot, eq = by_key.get(k[0], (0, 0))
+        by_key[k[0]] = (tot + 1, eq + (a[k].get("ids") == b[k].get("ids")))
     return dict(rows_one=len(a), rows_two=len(b), common=len(common), identical_ids=same,
+                identical_by_unit={k: f"{eq}/{tot}" for k, (tot, eq) in sorted(by_key.items())},
                 only_one=len(set(a) - set(b)), only_two=len(set(b) - set(a)))
 
 

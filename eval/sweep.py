@@ -106,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", default=None)
     ap.add_argument("--no-report", action="store_true")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="deterministic GPU kernels where available (CUBLAS_WORKSPACE_CONFIG, "
+                         "torch.use_deterministic_algorithms, math attention), at some cost "
+                         "in speed")
     return ap
 
 
@@ -192,8 +196,24 @@ def run_unit(task, u: dict, prompts: list, batch: int, profile: bool) -> list[di
     return rows
 
 
+def set_deterministic() -> None:
+    """Towards bitwise-reproducible GPU runs: cuBLAS with a fixed workspace (set before its
+    first use), deterministic algorithms where PyTorch has them (a warning where it has not),
+    attention through the math kernel. Not yet shown to suffice on the H200 (README)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+    # Attention through the math kernel: the fused kernels' long-cache paths are the suspects
+    # for the late divergence measured on the H200 (README, "Reproducibility").
+    for name in ("enable_flash_sdp", "enable_mem_efficient_sdp", "enable_cudnn_sdp"):
+        if hasattr(torch.backends.cuda, name):
+            getattr(torch.backends.cuda, name)(False)
+
+
 def main(argv=None) -> str:
     args = resolve(argv)
+    if getattr(args, "deterministic", False):
+        set_deterministic()
     from accelerate import PartialState
 
     state = PartialState()

@@ -93,7 +93,8 @@ class MixtureHead(nn.Module):
                                  nn.Linear(cfg.head_width, m * (1 + 2 * d)))
 
     def params(self, h: torch.Tensor):
-        out = self.net(h.float())
+        w = self.net[0].weight
+        out = self.net(h.to(w.dtype)).float()        # densities in float32 whatever the weights' dtype
         logits, rest = out[..., : self.m], out[..., self.m:].unflatten(-1, (2, self.m, self.d))
         means, raw = rest.unbind(-3)
         # A smooth floor keeps every scale positive and trainable (a parameterisation of the
@@ -166,11 +167,13 @@ class DiffusionHead(nn.Module):
         return self._sched[key]
 
     def eps(self, x, t, z):
-        c = F.silu(self.time(_timestep_embedding(t)) + self.cond(z))
-        h = self.inp(x)
+        """The network's prediction (v) in float32, whatever the weights' dtype."""
+        dt = self.inp.weight.dtype
+        c = F.silu(self.time(_timestep_embedding(t).to(dt)) + self.cond(z.to(dt)))
+        h = self.inp(x.to(dt))
         for blk in self.blocks:
             h = blk(h, c)
-        return self.out(self.norm(h))
+        return self.out(self.norm(h)).float()
 
     def loss(self, h: torch.Tensor, x: torch.Tensor, generator=None) -> torch.Tensor:
         """v-prediction MSE (v = sqrt(abar) eps - sqrt(1 - abar) x0) at a uniform step t."""
