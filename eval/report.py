@@ -133,6 +133,7 @@ def write_report(out_dir: str, task, prompts, options: dict) -> dict:
         if rs:
             first[s["method"]] = [r["ids"] for r in sorted(rs, key=lambda r: r["prompt_index"])]
     if hasattr(task, "visual") and first:
+        task.prompts = list(prompts)       # the chunk-0 prompts the ids belong to
         task.visual(first, os.path.join(out_dir, "comparison.png"))
         plots.append("comparison.png")
     qm = [m for m in getattr(task, "quality_metrics", ()) if any(m in s for s in summary)]

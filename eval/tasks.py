@@ -119,7 +119,215 @@ class ImageTask:
         sheet.save(path)
 
 
-TASKS = {"image": ImageTask}
+def _bundled(path: str) -> bool:
+    return os.path.normpath(str(path)).startswith(os.path.normpath(BUNDLED))
+
+
+class VLMTask:
+    """Vision-language answers with ``modalities.vlm.VisionLanguageGenerator``.
+
+    Prompts: one per line, ``IMAGE<TAB>QUESTION[<TAB>ANSWER]`` where IMAGE is a shapes-world
+    seed (the scene is rendered) or an image file. Per row: answer accuracy (exact match after
+    whitespace normalisation, when the line gives an answer) and agreement with the target's
+    plain greedy answer (computed once per prompt and cached). Greedy by default
+    (``--temperature`` changes it)."""
+
+    modality = "vlm"
+    default_model = os.path.join(BUNDLED, "shapes-vlm")
+    default_draft = os.path.join(BUNDLED, "shapes-vlm-draft")
+    default_prompts = os.path.join(ROOT, "samples", "prompts", "shapes_vqa.tsv")
+    quality_metrics = ("answer_accuracy", "greedy_agreement")
+    higher_is_better = {"answer_accuracy": True, "greedy_agreement": True}
+
+    def __init__(self, model=None, draft=None, device=None, draft_mode=None, max_new_tokens=24,
+                 **gen):
+        from modalities.vlm import VisionLanguageGenerator
+
+        model = model or self.default_model
+        if draft is None and model == self.default_model:
+            draft = self.default_draft
+        self.gen_obj = VisionLanguageGenerator.from_pretrained(
+            model, draft=draft or None, draft_mode=draft_mode or ("image" if draft else None))
+        if device is not None:
+            self.gen_obj.target.to(device)
+            if self.gen_obj.draft is not None:
+                self.gen_obj.draft.to(device)
+        gen.setdefault("temperature", 0.0)
+        self.gen, self.max_new_tokens = gen, max_new_tokens
+        from mmspec.session import output_vocab_size
+
+        self.vocab = output_vocab_size(self.gen_obj.target)
+        self._greedy: dict = {}
+
+    @staticmethod
+    def parse(line: str):
+        parts = line.split("\t")
+        if len(parts) < 2:
+            raise ValueError(f"VLM prompt {line!r}: accepted IMAGE<TAB>QUESTION[<TAB>ANSWER]")
+        return parts[0], parts[1], (parts[2] if len(parts) > 2 else None)
+
+    @staticmethod
+    def image(spec: str):
+        if spec.isdigit():
+            from modalities import shapes_world as sw
+
+            return sw.sample(int(spec))[1]
+        from PIL import Image
+
+        return Image.open(spec).convert("RGB")
+
+    def _inputs(self, prompts):
+        images, msgs = [], []
+        for line in prompts:
+            img, q, _ = self.parse(line)
+            images.append(self.image(img))
+            msgs.append([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]}])
+        return images, msgs
+
+    def run(self, prompts, method, params, seed, profile):
+        images, msgs = self._inputs(prompts)
+        t0 = time.perf_counter()
+        out = self.gen_obj.generate(images, msgs, method=method, seed=seed,
+                                    max_new_tokens=self.max_new_tokens, **self.gen, **params)
+        seconds = time.perf_counter() - t0
+        return dict(outputs=out.texts, tokens=out.token_ids, stats=out.stats, seconds=seconds)
+
+    def score(self, prompts, outputs):
+        norm = lambda t: " ".join(str(t).split())    # noqa: E731
+        todo = [p for p in prompts if p not in self._greedy]
+        if todo:
+            images, msgs = self._inputs(todo)
+            ref = self.gen_obj.generate(images, msgs, method="plain", temperature=0,
+                                        max_new_tokens=self.max_new_tokens, seed=0)
+            self._greedy.update(zip(todo, ref.texts))
+        rows = []
+        for p, text in zip(prompts, outputs):
+            _, _, answer = self.parse(p)
+            r = dict(answer=text, greedy_agreement=float(norm(text) == norm(self._greedy[p])))
+            if answer is not None:
+                r["answer_accuracy"] = float(norm(text) == norm(answer))
+            rows.append(r)
+        return rows
+
+    def visual(self, tokens_by_method: dict, path: str, show: int = 4) -> None:
+        """The first prompts' images with each method's answer at the same seed."""
+        from PIL import Image, ImageDraw
+
+        tok = self.gen_obj.processor.tokenizer
+        prompts = getattr(self, "prompts", None) or self._shown
+        methods = list(tokens_by_method)
+        w, line = 96, 12
+        height = w + line * (2 + len(methods))
+        sheet = Image.new("RGB", (show * (w + 200), height), "white")
+        draw = ImageDraw.Draw(sheet)
+        for j, p in enumerate(prompts[:show]):
+            img_spec, q, _ = self.parse(p)
+            x = j * (w + 200)
+            sheet.paste(self.image(img_spec).resize((w, w)), (x, 0))
+            draw.text((x, w + 2), q[:48], fill="black")
+            for i, m in enumerate(methods):
+                ids = tokens_by_method[m][j] if j < len(tokens_by_method[m]) else []
+                text = tok.decode(ids, skip_special_tokens=True).strip()
+                draw.text((x, w + line * (i + 1) + 2), f"{m[:12]}: {text[:36]}", fill="black")
+        sheet.save(path)
+
+
+class SpeechTask:
+    """Text-to-speech with ``modalities.speech.TextToSpeech``.
+
+    Per row: mel cepstral distortion (DTW) and log-F0 RMSE against the espeak-ng rendering of
+    the text (shapes-world models, whose training data espeak-ng spoke; needs ``make
+    speech-deps``), the duration ratio against it, and the target's negative log-likelihood of
+    the generated codes (nats per code; every model). Generated ids are frames (lists of C
+    codes); tokens per step count frames, the lossless check compares code frequencies."""
+
+    modality = "speech"
+    default_model = os.path.join(BUNDLED, "shapes-tts")
+    default_draft = os.path.join(BUNDLED, "shapes-tts-draft")
+    default_prompts = os.path.join(ROOT, "samples", "prompts", "shapes_tts.txt")
+    quality_metrics = ("mcd", "log_f0_rmse", "duration_ratio", "code_nll")
+    higher_is_better = {"mcd": False, "log_f0_rmse": False, "duration_ratio": None,
+                        "code_nll": False}
+
+    def __init__(self, model=None, draft=None, device=None, **gen):
+        from modalities.speech import TextToSpeech
+
+        model = model or self.default_model
+        if draft is None and model == self.default_model:
+            draft = self.default_draft
+        self.tts = TextToSpeech.from_pretrained(model, draft=draft or None)
+        if device is not None:
+            self.tts.target.model.to(device)
+            if self.tts.draft is not None:
+                self.tts.draft.model.to(device)
+        self.gen = gen
+        self.vocab = int(self.tts.target.vocab_size)
+        self.references = _bundled(model)
+        self._refs: dict = {}
+
+    def run(self, prompts, method, params, seed, profile):
+        t0 = time.perf_counter()
+        out = self.tts(list(prompts), method=method, seed=seed, progress=False, **self.gen, **params)
+        seconds = time.perf_counter() - t0
+        tokens = [c.tolist() for c in out.codes]            # frames: [N][C] ids
+        return dict(outputs=list(zip(out.waveforms, out.codes)), tokens=tokens, stats=out.stats,
+                    seconds=seconds)
+
+    def reference(self, text: str):
+        if text not in self._refs:
+            from recipes.train.speech_data import reference
+
+            tag = self.tts.defaults.get("description") or "us"
+            self._refs[text] = reference(f"{tag} {text}")
+        return self._refs[text]
+
+    def score(self, prompts, outputs):
+        from eval.metrics import duration_ratio, log_f0_rmse, mel_cepstral_distortion
+
+        rows = []
+        sr = self.tts.target.sample_rate
+        for text, (wave, codes) in zip(prompts, outputs):
+            r = dict(code_nll=self.tts.code_nll(text, codes))
+            if self.references:
+                ref = self.reference(text)
+                r["mcd"] = mel_cepstral_distortion(wave, ref, sr)
+                f0 = log_f0_rmse(wave, ref, sr)
+                if f0 == f0:
+                    r["log_f0_rmse"] = f0
+                r["duration_ratio"] = duration_ratio(wave, ref)
+            rows.append(r)
+        return rows
+
+    def visual(self, tokens_by_method: dict, path: str, show: int = 2) -> None:
+        """Mel spectrograms of the first prompts, one row per method, at the same seed."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        from modalities.speech.pipeline import mel_db
+
+        methods = list(tokens_by_method)
+        c = self.tts.target.codebooks
+        fig, axes = plt.subplots(len(methods), show, figsize=(4 * show, 1.8 * len(methods)),
+                                 squeeze=False)
+        for i, m in enumerate(methods):
+            for j, ids in enumerate(tokens_by_method[m][:show]):
+                ax = axes[i, j]
+                codes = torch.tensor(ids, dtype=torch.long).view(-1, c)
+                if len(codes):
+                    wave = self.tts.target.decode(codes[None].to(self.tts.target.device))[0]
+                    ax.imshow(mel_db(wave, self.tts.target.sample_rate), origin="lower",
+                              aspect="auto", cmap="magma")
+                ax.set_title(f"{m[:24]} #{j}", fontsize=8)
+                ax.set_xticks([])
+                ax.set_yticks([])
+        fig.tight_layout()
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+
+
+TASKS = {"image": ImageTask, "vlm": VLMTask, "speech": SpeechTask}
 
 
 def load_prompts(path: str | None, task_cls, n: int | None) -> list:

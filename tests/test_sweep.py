@@ -144,3 +144,53 @@ def test_config_file_and_bad_options(tiny_models, tmp_path):
         sweep_main(["--config", str(bad)])
     with pytest.raises(ValueError, match="accepted METHOD.NAME"):
         sweep_main(_args(tiny_models, tmp_path / "x", extra=["--param", "delta=0.1"]))
+
+
+def test_speech_metrics_against_hand_computed_values():
+    sr = 16000
+    t = np.arange(sr) / sr
+    tone = 0.5 * np.sin(2 * np.pi * 200 * t)
+    f0 = metrics.f0_track(tone, sr)
+    voiced = f0[f0 > 0]
+    assert len(voiced) > 0.8 * len(f0)
+    assert np.median(voiced) == pytest.approx(200, rel=0.01)
+    low = 0.5 * np.sin(2 * np.pi * 100 * t)
+    assert np.median(metrics.f0_track(low, sr)[metrics.f0_track(low, sr) > 0]) == pytest.approx(100, rel=0.01)
+    assert (metrics.f0_track(np.zeros(sr), sr) == 0).all()             # silence is unvoiced
+    assert metrics.log_f0_rmse(tone, tone, sr) == pytest.approx(0.0, abs=1e-9)
+    # An octave apart: |log 200 - log 100| = log 2 on every voiced frame.
+    assert metrics.log_f0_rmse(tone, low, sr) == pytest.approx(np.log(2), rel=0.02)
+    assert metrics.duration_ratio(tone[:8000], tone) == 0.5
+    cost = np.abs(np.arange(5)[:, None] - np.arange(5)[None]).astype(float)
+    assert metrics.dtw_path(cost) == [(i, i) for i in range(5)]
+    frames = [[[1, 2], [3, 4]]] * 10      # codec frames count each id
+    h = metrics.token_histograms(frames, 5)
+    assert h[0].tolist() == [0, 0.25, 0.25, 0.25, 0.25]
+
+
+def test_vlm_sweep_on_the_bundled_models(tmp_path):
+    out = tmp_path / "vlm"
+    sweep_main(["--modality", "vlm", "--methods", "plain,exact", "--num-prompts", "4",
+                "--batch", "2", "--seeds", "0", "--out", str(out)])
+    rows = read_rows(out / "results.jsonl")
+    assert len(rows) == 8
+    for r in rows:
+        assert r["greedy_agreement"] in (0.0, 1.0) and r["answer_accuracy"] in (0.0, 1.0)
+    exact = [r for r in rows if r["method"] == "exact"]
+    # Greedy speculative decoding is token-identical to plain greedy: agreement 1.
+    assert all(r["greedy_agreement"] == 1.0 for r in exact)
+    report = (out / "report.md").read_text()
+    assert "answer_accuracy" in report and (out / "comparison.png").exists()
+
+
+def test_speech_sweep_on_the_bundled_models(tmp_path):
+    out = tmp_path / "speech"
+    sweep_main(["--modality", "speech", "--methods", "plain,pcg", "--param", "pcg.theta=0.45",
+                "--num-prompts", "2", "--batch", "2", "--seeds", "0", "--out", str(out)])
+    rows = read_rows(out / "results.jsonl")
+    assert len(rows) == 4
+    for r in rows:
+        assert 0 < r["mcd"] < 40 and 0.3 < r["duration_ratio"] < 3 and r["code_nll"] >= 0
+        assert all(len(frame) == 4 for frame in r["ids"])            # frames of 4 codebooks
+    report = (out / "report.md").read_text()
+    assert "mcd" in report and "code_nll" in report and (out / "comparison.png").exists()

@@ -263,6 +263,44 @@ class TextToSpeech:
         return cls(t, d, defaults)
 
     @torch.inference_mode()
+    def code_nll(self, text, codes: torch.Tensor) -> float:
+        """Mean negative log-likelihood (nats per code) of ``codes`` [N, C] (as returned in
+        ``AudioOutput.codes``) given ``text`` under the target, teacher-forced at temperature 1
+        without top-k or guidance; end-of-speech included when the model has one. Codes
+        outside each codebook's frames (the delay pattern's padding) are not counted."""
+        tgt = self.target
+        description = self.defaults.get("description")
+        if description is not None and isinstance(text, str):
+            text = f"{description} {text}"
+        codes = torch.as_tensor(codes, dtype=torch.long).to(tgt.device)
+        n = codes.shape[0]
+        session = tgt.session(SamplingParams(temperature=1.0), None, n + 1)
+        session.prefill(**tgt.encode_text([text]))
+        if isinstance(tgt, SingleCodebookAdapter):
+            stream_ids = codes[:, 0]
+            if tgt.eos is not None:
+                stream_ids = torch.cat([stream_ids, stream_ids.new_tensor([tgt.eos])])
+            fed = torch.cat([tgt.encode_text([text])["input_ids"][0, -1:], stream_ids[:-1]])
+            probs = session.step(fed[None])[0]                                  # [T, V]
+            lp = torch.log(probs.gather(-1, stream_ids[:, None]).squeeze(-1))
+            return float(-lp.mean())
+        c = tgt.codebooks
+        frames = codes
+        if tgt.eos is not None:   # the end-of-speech frame: eos on every codebook, delayed
+            frames = torch.cat([codes, codes.new_full((1, c), tgt.eos)])
+        from .delay import apply_delay
+
+        delayed = apply_delay(frames[None], tgt.pad)[0]                         # [T, C]
+        start = torch.full((1, c), tgt.start, dtype=torch.long, device=tgt.device)
+        fed = torch.cat([start, delayed[:-1]])
+        probs = session.step(fed[None])[0]                                      # [T, C, V]
+        lp = torch.log(probs.gather(-1, delayed[..., None]).squeeze(-1))          # [T, C]
+        t = torch.arange(delayed.shape[0], device=lp.device)[:, None]
+        k = torch.arange(c, device=lp.device)[None]
+        inside = (t >= k) & (t < k + frames.shape[0])
+        return float(-lp[inside].mean())
+
+    @torch.inference_mode()
     def __call__(self, text, *, method: str = "plain", temperature: float = 1.0,
                  top_k: int | None = None, seed: int | None = None, description=None,
                  guidance_scale: float | None = None, max_frames: int | None = None,
