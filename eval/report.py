@@ -2,7 +2,8 @@
 
 Speedup of a unit (method x setting x seed x prompt chunk) = plain seconds / method seconds
 for the same prompts and seed, measured in the same run. Its analytic bound uses the unit's
-own measurements: (plain steps x plain cost per step) / (method steps x method cost per step),
+own measurements: (plain prefill + plain steps x plain cost per step) / (method prefill +
+method steps x method cost per step),
 where a method's cost per step is its measured draft + verify time per step (tokens per step
 and the cost ratio, METHODS.md section 1); efficiency = measured / bound is what the engine
 loses outside the models' forwards.
@@ -64,7 +65,10 @@ def summarize(rows: list[dict], task, prompts) -> tuple[list[dict], dict]:
             sp = p["seconds_batch"] / u["seconds_batch"]
             t_plain = (p["seconds_draft"] + p["seconds_verify"]) / max(p["batch_steps"], 1)
             t_step = (u["seconds_draft"] + u["seconds_verify"]) / max(u["batch_steps"], 1)
-            b = (p["batch_steps"] * t_plain) / (u["batch_steps"] * t_step) if t_step > 0 else float("nan")
+            # The prompt's cost (measured) on both sides: it dominates short outputs (VLM answers).
+            pre_p, pre_u = p.get("seconds_prefill", 0.0), u.get("seconds_prefill", 0.0)
+            b = ((pre_p + p["batch_steps"] * t_plain) / (pre_u + u["batch_steps"] * t_step)
+                 if t_step > 0 else float("nan"))
             speed.append(sp)
             bound.append(b)
             eff.append(sp / b if b == b and b > 0 else float("nan"))

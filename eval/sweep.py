@@ -181,6 +181,7 @@ def run_unit(task, u: dict, prompts: list, batch: int, profile: bool) -> list[di
                    params=u["params"], seed=u["seed"], chunk=u["chunk"], key=unit_key(u),
                    prompt_index=u["chunk"] * batch + i, prompt=prompt if isinstance(prompt, (str, int)) else str(prompt),
                    batch=len(chunk), seconds_batch=res["seconds"], batch_steps=st.steps,
+                   seconds_prefill=st.seconds_prefill,
                    seconds_draft=st.seconds_draft, seconds_verify=st.seconds_verify,
                    seconds_accept=st.seconds_accept,
                    nfe=nfe, tokens=len(tokens) if isinstance(tokens, list) else None,

@@ -175,3 +175,24 @@ def test_training_recipe_writes_a_loadable_model(tmp_path):
     model = ContinuousARModel.from_pretrained(out)
     lat = ContinuousImageGenerator(model)([0, 4], seed=0).latents
     assert lat.shape == (2, 6, 2) and torch.isfinite(lat).all()
+
+
+def test_autoencoder_kl_decoder_and_folder_with_decoder_and_words(tmp_path):
+    import json
+
+    from diffusers import AutoencoderKL
+
+    kl = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+                       up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(16, 16),
+                       layers_per_block=1, latent_channels=2, norm_num_groups=8).eval()
+    kl.save_pretrained(tmp_path / "kl")
+    model = tiny_continuous("mixture", grid=(4, 4))
+    model.save_pretrained(tmp_path / "m")
+    words = ["a", "red", "blue", "circle", "star"]
+    (tmp_path / "m" / "mmspec_continuous.json").write_text(json.dumps(
+        {"decoder": "../kl", "decoder_class": "AutoencoderKL", "words": words}))
+    gen = ContinuousImageGenerator.from_pretrained(str(tmp_path / "m"))
+    out = gen(prompts=["a red circle", "a blue star"], seed=0)
+    assert len(out.images) == 2 and out.images[0].size == (8, 8)
+    with pytest.raises(ValueError, match="outside the model's vocabulary"):
+        gen(prompts=["a green circle"])
