@@ -158,3 +158,48 @@ def test_recipe_runs_end_to_end(tmp_path, capsys, delay_pair):
     assert len(list((tmp_path / "out" / "plain").glob("*.wav"))) == 2
     assert "codes identical to plain: True" in capsys.readouterr().out
     assert res["spec"].stats.steps <= res["plain"].stats.steps
+
+
+def tiny_dac(codebooks=2, size=16):
+    from transformers import DacConfig, DacModel
+
+    torch.manual_seed(0)
+    return DacModel(DacConfig(encoder_hidden_size=8, downsampling_ratios=[2, 4], decoder_hidden_size=32,
+                              n_codebooks=codebooks, codebook_size=size, codebook_dim=4,
+                              upsampling_ratios=[4, 2], hidden_size=16, hop_length=8)).eval()
+
+
+def tiny_mimi(codebooks=2, size=16):
+    from transformers import MimiConfig, MimiModel
+
+    torch.manual_seed(0)
+    return MimiModel(MimiConfig(hidden_size=16, num_filters=4, upsampling_ratios=[4, 2],
+                                codebook_size=size, codebook_dim=8, num_quantizers=codebooks,
+                                num_semantic_quantizers=1, vector_quantization_hidden_dimension=8,
+                                upsample_groups=16, num_hidden_layers=1, intermediate_size=32,
+                                num_attention_heads=2, num_key_value_heads=2, head_dim=8)).eval()
+
+
+def test_transformers_codecs_decode_frames_at_their_rate():
+    from modalities.speech import codec_for
+
+    dac = codec_for(tiny_dac(codebooks=3))
+    w = dac.decode(torch.randint(0, 16, (2, 10, 3)))
+    assert w.shape == (2, 80) and dac.sample_rate == 16000 and np.isfinite(w).all()   # hop 8
+    mimi = codec_for(tiny_mimi(codebooks=4))
+    w = mimi.decode(torch.randint(0, 16, (2, 10, 4)))
+    assert mimi.sample_rate == 24000 and w.shape[0] == 2 and w.shape[1] % 10 == 0 and w.shape[1] > 0
+    with pytest.raises(ValueError, match=r"\[B, N, C\]"):
+        dac.decode(torch.randint(0, 16, (10, 3)))
+    with pytest.raises(ValueError, match="accepted EncodecModel, DacModel or MimiModel"):
+        codec_for(torch.nn.Linear(2, 2))
+
+
+def test_delay_pattern_target_speaks_through_a_dac_codec():
+    from modalities.speech import codec_for
+
+    model = tiny_musicgen(codebooks=2, codebook_size=16)
+    tts = TextToSpeech(DelayPatternAdapter(model, codec_for(tiny_dac(codebooks=2))))
+    out = tts(TEXTS, max_frames=6, progress=False, seed=0)
+    assert out.sample_rate == 16000
+    assert [w.shape for w in out.waveforms] == [(48,), (48,)]        # 6 frames x hop 8

@@ -3,8 +3,8 @@
 
 from .delay import DelayPatternSession, apply_delay, undo_delay
 from .pipeline import (AudioOutput, DelayPatternAdapter, EncodecCodec, SingleCodebookAdapter,
-                       TextToSpeech)
+                       TextToSpeech, TransformersCodec, codec_for)
 
 __all__ = ["TextToSpeech", "AudioOutput", "DelayPatternAdapter", "SingleCodebookAdapter",
-           "EncodecCodec",
+           "EncodecCodec", "TransformersCodec", "codec_for",
            "DelayPatternSession", "apply_delay", "undo_delay"]

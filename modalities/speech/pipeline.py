@@ -247,6 +247,48 @@ class EncodecCodec:
         return audio[:, 0].float().cpu().numpy()
 
 
+class TransformersCodec:
+    """A transformers neural codec behind the codec surface: ``DacModel`` or ``MimiModel``
+    (residual codebooks, ``audio_codes`` [B, C, N]); ``EncodecModel`` goes through
+    ``EncodecCodec``. ``decode(frames [B, N, C]) -> [B, samples]`` float32 at
+    ``sample_rate``; ``codebook_size`` ids per codebook."""
+
+    def __init__(self, model):
+        cfg = model.config
+        self.model = model
+        rate = getattr(cfg, "sampling_rate", None) or getattr(cfg, "sample_rate", None)
+        if rate is None:
+            raise ValueError(f"{type(model).__name__}: its config names no sampling rate")
+        self.sample_rate = int(rate)
+        self.codebook_size = int(cfg.codebook_size)
+
+    def to(self, device):
+        self.model.to(device)
+        return self
+
+    @torch.no_grad()
+    def decode(self, frames: torch.Tensor) -> np.ndarray:
+        if frames.dim() != 3:
+            raise ValueError(f"frames must be [B, N, C] codes, got {tuple(frames.shape)}")
+        codes = frames.permute(0, 2, 1).to(next(self.model.parameters()).device)   # [B, C, N]
+        out = self.model.decode(audio_codes=codes)
+        audio = out.audio_values if hasattr(out, "audio_values") else out[0]
+        if audio.dim() == 3:                                                     # [B, 1, samples]
+            audio = audio[:, 0]
+        return audio.float().cpu().numpy()
+
+
+def codec_for(model):
+    """The codec surface for a transformers codec model (Encodec, DAC, Mimi). X-codec and
+    X-codec2 are not wired: their decode takes other inputs and is untested here."""
+    name = type(model).__name__
+    if name == "EncodecModel":
+        return EncodecCodec(model)
+    if name in ("DacModel", "MimiModel"):
+        return TransformersCodec(model)
+    raise ValueError(f"codec {name}: accepted EncodecModel, DacModel or MimiModel")
+
+
 class TextToSpeech:
     def __init__(self, target, draft=None, defaults=None):
         if draft is not None:
