@@ -194,3 +194,19 @@ def test_speech_sweep_on_the_bundled_models(tmp_path):
         assert all(len(frame) == 4 for frame in r["ids"])            # frames of 4 codebooks
     report = (out / "report.md").read_text()
     assert "mcd" in report and "code_nll" in report and (out / "comparison.png").exists()
+
+
+def test_multigpu_compare_runs_counts_identical_rows(tmp_path):
+    from eval.multigpu import NO_MULTICAST, compare_runs
+
+    assert NO_MULTICAST["NCCL_NVLS_ENABLE"] == "0" and os.environ["NCCL_NVLS_ENABLE"] == "0"
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    rows = [dict(key="plain|default|0|0", prompt_index=i, ids=[i, i + 1]) for i in range(3)]
+    a.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rows[1]["ids"] = [9]
+    b.write_text("".join(json.dumps(r) + "\n" for r in rows[:2]) + json.dumps(
+        dict(key="exact|default|0|0", prompt_index=0, ids=[1])) + "\n")
+    res = compare_runs(str(a), str(b))
+    assert res["common"] == 2 and res["identical_ids"] == 1
+    assert res["only_one"] == 1 and res["only_two"] == 1
+    assert res["identical_by_unit"] == {"plain|default|0|0": "1/2"}

@@ -5,7 +5,7 @@ Relaxed (declare ``lossless = False`` and a TV bound): ``Lantern`` (and LANTERN+
 ``lam``), ``Grouped`` (GSD), ``Annealed`` (Cool-SD). ``CoarseGrained`` (PCG) is exact at
 group level (``group_lossless = True``). ``ContinuousExact`` (CSpD) verifies vector tokens
 against densities. ``Frame`` verifies multi-codebook frames codebook by
-codebook with any of them.
+codebook with any of them; ``DepthFrame`` does so for frames from a depth decoder (CSM).
 """
 
 from .annealed import Annealed
@@ -13,9 +13,9 @@ from .base import Relaxed, Rule
 from .coarse import CoarseGrained
 from .continuous import ContinuousExact
 from .exact import Exact, Greedy
-from .frame import Frame
+from .frame import DepthFrame, Frame
 from .grouped import Grouped
 from .lantern import Lantern
 
 __all__ = ["Rule", "Relaxed", "Exact", "Greedy", "Lantern", "Grouped", "CoarseGrained",
-           "Annealed", "Frame", "ContinuousExact"]
+           "Annealed", "Frame", "DepthFrame", "ContinuousExact"]

@@ -112,3 +112,83 @@ class Frame(Rule):
         tokens = torch.where((cols[None] < n[:, None])[..., None], tokens, PAD)
         tokens[rows, n] = last
         return VerifyOutput(tokens=tokens, num_accepted=n)
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class DepthFrame(Frame):
+    """Frames whose codebooks are generated one after another (a depth decoder: CSM).
+
+    ``target_probs`` is not a tensor but an autoregressive frame distribution over [B, K+1]
+    positions with ``along(x [B, K, C]) -> [B, K, C, V]`` (each codebook's conditional given
+    the drafted frame's earlier codebooks, teacher-forced) and ``complete(pos [B], frame
+    [B, C], first_free [B], generator) -> [B, C]`` (codebooks >= first_free drawn from the
+    target's conditionals at frame position pos, the others kept). Draft probabilities are
+    the draft's conditionals along its own frames, [B, K, C, V].
+
+    The rule is ``Frame``'s over the flattened stream of codebooks: codebook c of a drafted
+    frame is kept with the scalar rule's probability for p_c(. | x_<c) against q_c(. | x_<c);
+    at the first rejected codebook c* the residual is drawn, and codebooks after c* are drawn
+    fresh from the target given the new prefix (the depth decoder runs again), so the emitted
+    frame is exactly p(frame) = prod_c p_c(x_c | x_<c) with the exact rule: this is exact
+    speculative sampling of the token sequence x_0, x_1, ... of codebooks (each accepted token
+    is distributed as the target's conditional given the same prefix). Lossless with
+    ``Exact`` per codebook; relaxed rules carry their declared properties per codebook.
+    """
+
+    name = "depth-frame"
+
+    def validate(self, draft_tokens, draft_probs, target_probs, values: bool = True) -> None:
+        if draft_tokens.dim() != 3 or draft_tokens.dtype != torch.long:
+            raise ValueError(f"draft_tokens must be a [B, K, C] long tensor (frames of C "
+                             f"codebooks), got {tuple(draft_tokens.shape)}")
+        b, k, c = draft_tokens.shape
+        if not (hasattr(target_probs, "along") and hasattr(target_probs, "complete")):
+            raise ValueError("target_probs must be an autoregressive frame distribution (along, "
+                             "complete): depth-decoder targets verify frames with their depth "
+                             "decoder")
+        if tuple(target_probs.batch_shape) != (b, k + 1) or target_probs.codebooks != c:
+            raise ValueError(f"target frames must cover [B, K+1] = [{b}, {k + 1}] positions of "
+                             f"{c} codebooks, got {tuple(target_probs.batch_shape)} of "
+                             f"{target_probs.codebooks}")
+        if k and (draft_probs is None or draft_probs.dim() != 4
+                  or tuple(draft_probs.shape[:3]) != (b, k, c)):
+            raise ValueError(f"draft_probs must be [B, K, C, V] = [{b}, {k}, {c}, V] (the draft's "
+                             f"conditionals along its frames), got "
+                             f"{None if draft_probs is None else tuple(draft_probs.shape)}")
+        if values and k:
+            check_probs("draft_probs", draft_probs)
+
+    def __call__(self, draft_tokens, draft_probs, target_probs, generator=None, *, validate=True):
+        self.validate(draft_tokens, draft_probs, target_probs, values=validate)
+        b, k, c = draft_tokens.shape
+        t = target_probs
+        dev = draft_tokens.device
+        rows = torch.arange(b, device=dev)
+        zeros = torch.zeros(b, dtype=torch.long, device=dev)
+        if k == 0:
+            frame = t.complete(zeros, torch.zeros(b, c, dtype=torch.long, device=dev), zeros, generator)
+            return VerifyOutput(tokens=frame[:, None], num_accepted=zeros)
+        p = t.along(draft_tokens)                                                 # [B, K, C, V]
+        if validate:
+            check_probs("target_probs", p)
+        a = self.accept_probs(draft_tokens, p, draft_probs)                       # [B, K, C]
+        u = torch.rand(a.shape, generator=generator, device=a.device, dtype=a.dtype)
+        ok = u < a
+        n = ok.all(-1).long().cumprod(1).sum(1)
+        j = n.clamp(max=k - 1)
+        x_j, ok_j, p_j, q_j = draft_tokens[rows, j], ok[rows, j], p[rows, j], draft_probs[rows, j]
+        first_bad = torch.where(~ok_j, torch.arange(c, device=dev), c).amin(1)   # [B]
+        res = self.residuals(x_j, p_j, q_j, j)                                    # [B, C, V]
+        fb = first_bad.clamp(max=c - 1)
+        y_res = sample(res[rows, fb], generator)
+        rejected = n < k
+        frame = x_j.clone()
+        frame[rows, fb] = torch.where(rejected, y_res, frame[rows, fb])
+        pos = torch.where(rejected, j, k)
+        first_free = torch.where(rejected, first_bad + 1, 0)
+        last = t.complete(pos, frame, first_free, generator)
+        tokens = torch.cat([draft_tokens, draft_tokens.new_full((b, 1, c), PAD)], 1)
+        cols = torch.arange(k + 1, device=dev)
+        tokens = torch.where((cols[None] < n[:, None])[..., None], tokens, PAD)
+        tokens[rows, n] = last
+        return VerifyOutput(tokens=tokens, num_accepted=n)

@@ -4,7 +4,9 @@ Each step the draft feeds its pending tokens, then samples K tokens one forward 
 (processed exactly as the target: same SamplingParams), recording q_1..q_K. After the target
 verifies, the draft's cache keeps the slots of the tokens that were accepted and drops the
 rest (holes for rows that accepted fewer). Sessions of continuous models return densities
-(``log_prob``/``sample``/``stack``) instead of probability tensors; tokens are then vectors. The K-th draft token is sampled but never fed; if
+(``log_prob``/``sample``/``stack``) instead of probability tensors; tokens are then vectors.
+Sessions of depth-decoder models return frame distributions with ``sample_with_probs``: the
+drafted frame and the draft's conditionals along it. The K-th draft token is sampled but never fed; if
 a row accepts all K it is fed, with the new last token, at the start of the next step.
 """
 
@@ -65,7 +67,10 @@ class ModelDrafter:
         tokens, probs = [], []
         for i in range(k):
             q = self.session.step(feed, valid)[:, -1]                      # [B, V] or densities
-            x = q.sample(self.generator) if hasattr(q, "log_prob") else sample(q, self.generator)
+            if hasattr(q, "sample_with_probs"):    # autoregressive frames (a depth decoder)
+                x, q = q.sample_with_probs(self.generator)                 # [B, C], [B, C, V]
+            else:
+                x = q.sample(self.generator) if hasattr(q, "log_prob") else sample(q, self.generator)
             tokens.append(x)
             probs.append(q)
             if i < k - 1:

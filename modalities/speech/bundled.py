@@ -24,11 +24,15 @@ class CharTokenizer:
 
 
 def load_speech_adapter(spec, **load_kwargs):
-    if isinstance(spec, (DelayPatternAdapter, SingleCodebookAdapter)):
+    from .csm import CsmAdapter
+
+    if isinstance(spec, (DelayPatternAdapter, SingleCodebookAdapter, CsmAdapter)):
         return spec, {}
     if not isinstance(spec, (str, os.PathLike)):
         if type(spec).__name__ == "MusicgenForConditionalGeneration":
             return DelayPatternAdapter(spec, EncodecCodec(spec.audio_encoder)), {"guidance_scale": 3.0}
+        if type(spec).__name__ == "CsmForConditionalGeneration":
+            return CsmAdapter(spec), {}
         raise ValueError(f"cannot build a speech adapter from {type(spec).__name__}")
     path = os.fspath(spec)
     meta_path = os.path.join(path, "mmspec_speech.json")
@@ -49,9 +53,20 @@ def load_speech_adapter(spec, **load_kwargs):
     from transformers import AutoConfig, AutoProcessor, MusicgenForConditionalGeneration
 
     cfg = AutoConfig.from_pretrained(path, **load_kwargs)
+    if cfg.model_type == "csm":
+        from transformers import CsmForConditionalGeneration
+
+        from .csm import CsmAdapter
+
+        model = CsmForConditionalGeneration.from_pretrained(path, **load_kwargs).eval()
+        try:
+            proc = AutoProcessor.from_pretrained(path)
+        except (OSError, ValueError):
+            proc = None
+        return CsmAdapter(model, tokenizer=getattr(proc, "tokenizer", proc)), {}
     if cfg.model_type != "musicgen":
         raise ValueError(f"{path}: model_type {cfg.model_type!r} is not a speech target mmspec "
-                         "knows (musicgen layout, or a folder with mmspec_speech.json)")
+                         "knows (musicgen layout, csm, or a folder with mmspec_speech.json)")
     model = MusicgenForConditionalGeneration.from_pretrained(path, **load_kwargs).eval()
     try:
         tok = AutoProcessor.from_pretrained(path).tokenizer

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from mmspec.acceptance import Frame
+from mmspec.acceptance import DepthFrame, Frame
 from mmspec.drafters import ModelDrafter
 from mmspec.loop import stream
 from mmspec.registry import build_method
@@ -376,15 +376,17 @@ class TextToSpeech:
         drafter, scalar = build_method(method, method_params, draft_session=draft_session,
                                        embeddings=tgt.codebook_embeddings(0),
                                        jacobi_defaults=dict(init_range=(0, tgt.vocab_size - 1)))
+        depth = getattr(tgt, "depth", False)
+        frame_rule = DepthFrame if depth else Frame
         if single:
             rule = scalar
         elif hasattr(scalar, "embeddings"):   # relaxed rules: each codebook its own table
-            rule = Frame(rules=[dataclasses.replace(scalar, embeddings=tgt.codebook_embeddings(k))
-                                for k in range(c)])
+            rule = frame_rule(rules=[dataclasses.replace(scalar, embeddings=tgt.codebook_embeddings(k))
+                                     for k in range(c)])
         else:
-            rule = Frame(rules=[scalar])
+            rule = frame_rule(rules=[scalar])
         if not single and not isinstance(drafter, ModelDrafter) and type(drafter).__name__ != "NoDraft":
-            raise ValueError(f"method={method!r}: delay-pattern targets draft with a model or "
+            raise ValueError(f"method={method!r}: multi-codebook targets draft with a model or "
                              "plain decoding (Jacobi windows over frames are not supported)")
         gen = make_generator(seed, tgt.device)
         if hasattr(drafter, "generator"):
@@ -409,6 +411,9 @@ class TextToSpeech:
         if single:
             first = batch["input_ids"][:, -1]
             steps = frames
+        elif depth:   # the first step feeds the prompt's last text token (the session knows it)
+            first = torch.zeros((len(texts), c), dtype=torch.long, device=tgt.device)
+            steps = frames
         else:
             first = torch.full((len(texts), c), tgt.start, dtype=torch.long, device=tgt.device)
             steps = frames + c - 1
@@ -423,6 +428,9 @@ class TextToSpeech:
         bar.close()
         codes = []
         for r in rows:
+            if depth:    # frames up to the first end-of-audio frame
+                codes.append(tgt.frames_of(r))
+                continue
             if single:   # a plain stream: codes up to end-of-speech
                 ids = [t for t in r if t != tgt.eos]
                 codes.append(torch.tensor(ids, dtype=torch.long).view(-1, 1))

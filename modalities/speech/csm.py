@@ -1,0 +1,208 @@
+"""Depth-decoder speech models (Sesame CSM, ``CsmForConditionalGeneration``): one event is a
+frame of C codebooks, codebook 0 from the backbone's head and codebooks 1..C-1 from a small
+depth decoder that reads the backbone's hidden state and the frame's earlier codebooks.
+
+``FrameDistribution`` is what a CSM session returns for [B, n] positions: the backbone's
+hidden states plus the model, so that the ``DepthFrame`` rule can ask for each codebook's
+conditional along a drafted frame (``along``, one depth-decoder forward for every frame at
+once) and for fresh codebooks given a prefix (``complete``, one depth-decoder forward per
+codebook), and a draft can sample a frame with its conditionals (``sample_with_probs``).
+Lossless with the exact rule (see ``mmspec.acceptance.DepthFrame``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from mmspec.sampling import SamplingParams, sample
+from mmspec.session import CausalLMSession
+
+
+class FrameDistribution:
+    """Autoregressive frame distributions at batch positions ``batch_shape`` ([B, n] or [B])."""
+
+    def __init__(self, model, hidden: torch.Tensor, params: SamplingParams):
+        self.model, self.h, self.params = model, hidden, params
+        self.codebooks = int(model.config.num_codebooks)
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return self.h.shape[:-1]
+
+    def __getitem__(self, idx) -> "FrameDistribution":
+        return FrameDistribution(self.model, self.h[idx], self.params)
+
+    def _p0(self, h: torch.Tensor) -> torch.Tensor:
+        return self.params.probs(self.model.lm_head(h).float())
+
+    def _depth(self, h: torch.Tensor, frame: torch.Tensor) -> torch.Tensor:
+        """h [N, H], frame [N, C] -> conditionals of codebooks 1..C-1 given the frame's earlier
+        codebooks, [N, C-1, V] (teacher-forced)."""
+        inp = torch.cat([torch.zeros_like(frame[:, :1]), frame[:, :-1]], 1)   # slot 0: the hidden state
+        out = self.model.depth_decoder(input_ids=inp, backbone_last_hidden_state=h)
+        return self.params.probs(out.logits.float())
+
+    def along(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, k, C] drafted frames at positions 0..k-1 -> [B, k, C, V]."""
+        b, k, c = x.shape
+        h = self.h[:, :k]
+        p0 = self._p0(h)                                                       # [B, k, V]
+        rest = self._depth(h.reshape(b * k, -1), x.reshape(b * k, c)).view(b, k, c - 1, -1)
+        return torch.cat([p0[:, :, None], rest], 2)
+
+    def complete(self, pos: torch.Tensor, frame: torch.Tensor, first_free: torch.Tensor,
+                 generator=None) -> torch.Tensor:
+        """Codebooks >= first_free [B] drawn from the conditionals at position pos [B] given the
+        frame's earlier codebooks; the others kept. -> [B, C]."""
+        rows = torch.arange(frame.shape[0], device=frame.device)
+        h = self.h[rows, pos] if self.h.dim() == 3 else self.h
+        frame = frame.clone()
+        frame[:, 0] = torch.where(first_free <= 0, sample(self._p0(h), generator), frame[:, 0])
+        for c in range(1, self.codebooks):
+            if bool((first_free <= c).any()):
+                probs = self._depth(h, frame)[:, c - 1]
+                frame[:, c] = torch.where(first_free <= c, sample(probs, generator), frame[:, c])
+        return frame
+
+    def sample_with_probs(self, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch [B]: a frame [B, C] and the conditionals it was drawn from [B, C, V]."""
+        if self.h.dim() != 2:
+            raise ValueError("sample_with_probs draws one frame per row: index a position first")
+        b = self.h.shape[0]
+        frame = torch.zeros(b, self.codebooks, dtype=torch.long, device=self.h.device)
+        p0 = self._p0(self.h)
+        frame[:, 0] = sample(p0, generator)
+        probs = [p0]
+        for c in range(1, self.codebooks):
+            pc = self._depth(self.h, frame)[:, c - 1]
+            frame[:, c] = sample(pc, generator)
+            probs.append(pc)
+        return frame, torch.stack(probs, 1)
+
+
+class CsmSession(CausalLMSession):
+    """The backbone of a CSM model with its cache; steps take frames [B, n, C] (the first step
+    after the prompt feeds the prompt's last text token in column 0) and return
+    ``FrameDistribution``s over [B, n]."""
+
+    def __init__(self, model, params: SamplingParams):
+        super().__init__(model, params)
+        self.net = model.backbone_model
+        from mmspec.cache import cache_argument
+
+        self._cache_arg = cache_argument(self.net)
+        self.vocab_size = int(model.config.vocab_size)
+
+    def prefill(self, input_ids, attention_mask, **kw):
+        self._last_text = input_ids[:, -1]
+        super().prefill(input_ids, attention_mask, **kw)
+
+    def prompt_inputs(self, tokens):
+        return {"inputs_embeds": self.model.embed_text_tokens(tokens)}
+
+    def embed(self, tokens, first_step=False):
+        emb = self.net.embed_tokens(tokens.clamp(min=0))                       # sum over codebooks
+        if first_step:
+            text = self.model.embed_text_tokens(self._last_text)[:, None].to(emb.dtype)
+            emb = torch.cat([text, emb[:, 1:]], 1)
+        return {"inputs_embeds": emb}
+
+    def logits(self, out):
+        return out.last_hidden_state
+
+    def step(self, tokens, valid=None):
+        if valid is None:
+            valid = torch.ones(tokens.shape[:2], dtype=torch.long, device=tokens.device)
+        h = self._forward(tokens, valid)
+        self._first = False
+        self._since_commit += tokens.shape[1]
+        return FrameDistribution(self.model, h, self.params)
+
+
+class CsmAdapter:
+    """``CsmForConditionalGeneration`` for ``TextToSpeech``.
+
+    Prompts are text ids (lists of ints, or strings through ``tokenizer``/processor, e.g.
+    ``"[0]Hello there."`` with CSM's processor); frames are decoded by the model's own codec
+    (Mimi) unless ``codec`` is given. Generation runs ``max_frames`` frames and ends each row
+    at its first end-of-audio frame (every codebook = ``codebook_eos_token_id``).
+    """
+
+    depth = True
+
+    def __init__(self, model, codec=None, tokenizer=None, max_frames: int = 128):
+        from .pipeline import TransformersCodec
+
+        cfg = model.config
+        self.model, self.tokenizer, self.max_frames = model, tokenizer, max_frames
+        self.codebooks = int(cfg.num_codebooks)
+        self.vocab_size = int(cfg.vocab_size)
+        self.eos = None                   # frames end by an all-eos frame, trimmed afterwards
+        self.frame_eos = cfg.codebook_eos_token_id
+        pad = cfg.pad_token_id
+        self.pad_id = pad if pad is not None and 0 <= pad < cfg.text_vocab_size else 0
+        self.codec = codec if codec is not None else TransformersCodec(model.codec_model)
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    @property
+    def sample_rate(self) -> int:
+        return int(self.codec.sample_rate)
+
+    def check_compatible(self, draft) -> None:
+        if not getattr(draft, "depth", False):
+            raise ValueError("a depth-decoder target needs a depth-decoder draft (CsmAdapter)")
+        if (draft.codebooks, draft.vocab_size) != (self.codebooks, self.vocab_size):
+            raise ValueError(f"draft has {draft.codebooks} codebooks of {draft.vocab_size} ids, "
+                             f"the target {self.codebooks} of {self.vocab_size}: accepted a draft "
+                             "with the target's codebooks")
+        if draft.sample_rate != self.sample_rate:
+            raise ValueError(f"sample-rate mismatch: draft codec {draft.sample_rate} Hz, "
+                             f"target {self.sample_rate} Hz")
+
+    def encode_text(self, texts) -> dict:
+        rows = []
+        for t in texts:
+            if isinstance(t, str):
+                if not t.strip():
+                    raise ValueError("text: accepted non-empty strings")
+                if self.tokenizer is None:
+                    raise ValueError("string texts need a tokenizer (the CSM processor's)")
+                enc = self.tokenizer(t) if callable(self.tokenizer) else self.tokenizer.encode(t)
+                body = enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc
+                body = list(body[0] if body and isinstance(body[0], list) else body)
+            else:
+                body = [int(x) for x in t]
+            if not body:
+                raise ValueError("text: accepted non-empty token lists")
+            rows.append(body)
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r):] = torch.tensor(r)
+            mask[i, width - len(r):] = 1
+        return dict(input_ids=ids.to(self.device), attention_mask=mask.to(self.device))
+
+    def session(self, params, guidance_scale, num_frames=None):
+        if guidance_scale is not None:
+            raise ValueError("guidance_scale: CSM has no unconditional branch; accepted None")
+        return CsmSession(self.model, params)
+
+    def codebook_embeddings(self, c: int) -> torch.Tensor:
+        table = self.model.backbone_model.embed_tokens.embed_audio_tokens.weight.detach().float()
+        return table[c * self.vocab_size:(c + 1) * self.vocab_size]
+
+    def frames_of(self, row: list) -> torch.Tensor:
+        """Generated frames of one row up to (excluding) its first end-of-audio frame."""
+        codes = torch.tensor(row, dtype=torch.long).view(-1, self.codebooks)
+        end = (codes == self.frame_eos).all(1)
+        n = int(end.nonzero()[0]) if bool(end.any()) else len(codes)
+        return codes[:n]
+
+    def decode(self, frames: torch.Tensor) -> np.ndarray:
+        with torch.no_grad():
+            return self.codec.decode(frames)
