@@ -191,7 +191,7 @@ def test_transformers_codecs_decode_frames_at_their_rate():
     assert mimi.sample_rate == 24000 and w.shape[0] == 2 and w.shape[1] % 10 == 0 and w.shape[1] > 0
     with pytest.raises(ValueError, match=r"\[B, N, C\]"):
         dac.decode(torch.randint(0, 16, (10, 3)))
-    with pytest.raises(ValueError, match="accepted EncodecModel, DacModel or MimiModel"):
+    with pytest.raises(ValueError, match="accepted EncodecModel, DacModel, MimiModel or Xcodec2Model"):
         codec_for(torch.nn.Linear(2, 2))
 
 
@@ -203,3 +203,36 @@ def test_delay_pattern_target_speaks_through_a_dac_codec():
     out = tts(TEXTS, max_frames=6, progress=False, seed=0)
     assert out.sample_rate == 16000
     assert [w.shape for w in out.waveforms] == [(48,), (48,)]        # 6 frames x hop 8
+
+
+def tiny_xcodec2():
+    from transformers import Xcodec2Config, Xcodec2Model
+
+    torch.manual_seed(0)
+    sem = Xcodec2Config().semantic_model_config.to_dict()
+    sem.update(hidden_size=16, num_hidden_layers=1, intermediate_size=32, num_attention_heads=2,
+               output_hidden_size=16, conv_dim=[16], conv_stride=[1], conv_kernel=[1],
+               num_adapter_layers=1, feature_projection_input_dim=16)
+    cfg = Xcodec2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+                        encoder_hidden_size=4, downsampling_ratios=[2, 2], quantization_dim=48,
+                        quantization_levels=[4, 4], semantic_model_config=sem)
+    return Xcodec2Model(cfg).eval()
+
+
+def test_single_codebook_target_speaks_through_xcodec2():
+    """Llasa's layout: a Llama over [text | X-codec2 ids | end], decoded by Xcodec2Model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from modalities.speech import codec_for
+
+    codec = codec_for(tiny_xcodec2())
+    assert codec.codebook_size == 16 and codec.sample_rate == 16000
+    torch.manual_seed(0)
+    lm = LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32,
+                                      num_hidden_layers=1, num_attention_heads=2,
+                                      num_key_value_heads=2, max_position_embeddings=64)).eval()
+    adapter = SingleCodebookAdapter(lm, codec, codec_ids=range(20, 36), end_id=36, max_frames=8)
+    out = TextToSpeech(adapter)([[3, 4, 5]], temperature=0, progress=False)
+    n = len(out.codes[0])
+    assert out.waveforms[0].shape == (4 * n,)                       # hop 4 samples per code

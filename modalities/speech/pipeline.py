@@ -248,8 +248,9 @@ class EncodecCodec:
 
 
 class TransformersCodec:
-    """A transformers neural codec behind the codec surface: ``DacModel`` or ``MimiModel``
-    (residual codebooks, ``audio_codes`` [B, C, N]); ``EncodecModel`` goes through
+    """A transformers neural codec behind the codec surface: ``DacModel``, ``MimiModel``
+    (residual codebooks, ``audio_codes`` [B, C, N]) or ``Xcodec2Model`` (Llasa's codec: one
+    FSQ codebook of prod(quantization_levels) ids, [B, 1, N]); ``EncodecModel`` goes through
     ``EncodecCodec``. ``decode(frames [B, N, C]) -> [B, samples]`` float32 at
     ``sample_rate``; ``codebook_size`` ids per codebook."""
 
@@ -260,7 +261,9 @@ class TransformersCodec:
         if rate is None:
             raise ValueError(f"{type(model).__name__}: its config names no sampling rate")
         self.sample_rate = int(rate)
-        self.codebook_size = int(cfg.codebook_size)
+        levels = getattr(cfg, "quantization_levels", None)       # X-codec2: one FSQ codebook
+        self.codebook_size = (int(np.prod(levels)) if getattr(cfg, "codebook_size", None) is None
+                              and levels else int(cfg.codebook_size))
 
     def to(self, device):
         self.model.to(device)
@@ -279,14 +282,14 @@ class TransformersCodec:
 
 
 def codec_for(model):
-    """The codec surface for a transformers codec model (Encodec, DAC, Mimi). X-codec and
-    X-codec2 are not wired: their decode takes other inputs and is untested here."""
+    """The codec surface for a transformers codec model (Encodec, DAC, Mimi, X-codec2). X-codec
+    (version 1) is not wired: untested here."""
     name = type(model).__name__
     if name == "EncodecModel":
         return EncodecCodec(model)
-    if name in ("DacModel", "MimiModel"):
+    if name in ("DacModel", "MimiModel", "Xcodec2Model"):
         return TransformersCodec(model)
-    raise ValueError(f"codec {name}: accepted EncodecModel, DacModel or MimiModel")
+    raise ValueError(f"codec {name}: accepted EncodecModel, DacModel, MimiModel or Xcodec2Model")
 
 
 class TextToSpeech:
