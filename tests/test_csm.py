@@ -173,7 +173,7 @@ def test_csm_bad_input(csm_pair):
     tts = TextToSpeech(CsmAdapter(target))
     with pytest.raises(ValueError, match="guidance_scale"):
         tts(TEXTS, guidance_scale=2.0, progress=False)
-    with pytest.raises(ValueError, match="Jacobi windows over frames"):
+    with pytest.raises(ValueError, match="Jacobi windows over depth-decoder frames"):
         tts(TEXTS, method="sjd", progress=False)
     with pytest.raises(ValueError, match="non-empty"):
         tts([[]], progress=False)

@@ -37,8 +37,9 @@ def test_delay_pattern_greedy_equals_plain(delay_pair, guidance):
     kw = dict(temperature=0, max_frames=12, progress=False, guidance_scale=guidance)
     plain = tts(TEXTS, method="plain", **kw)
     assert [c.shape for c in plain.codes] == [(12, 2), (12, 2)]
-    for method in ("exact", "greedy", "pcg"):
-        out = tts(TEXTS, method=method, theta=1.0, **kw) if method == "pcg" else tts(TEXTS, method=method, **kw)
+    for method in ("exact", "greedy", "pcg", "sjd", "sjd-maximal", "sjd-gumbel"):
+        extra = dict(theta=1.0) if method == "pcg" else (dict(window=4) if "sjd" in method else {})
+        out = tts(TEXTS, method=method, **extra, **kw)
         assert all(torch.equal(a, b) for a, b in zip(out.codes, plain.codes)), method
     # the plain codes respect the pattern: every frame holds real codes
     assert all((c < 16).all() for c in plain.codes)
@@ -80,6 +81,11 @@ def test_exact_sampling_matches_plain_sampling(delay_pair):
     ha, hb = hist(a.codes), hist(b.codes)
     keep = (ha + hb) > 0
     assert sstats.chi2_contingency(np.stack([ha[keep], hb[keep]]))[1] > 1e-4
+    # Jacobi windows of whole frames (maximal coupling) are exact too.
+    c = tts([[3, 4, 5]] * n, method="sjd-maximal", window=3, seed=3, **kw)
+    hc = hist(c.codes)
+    keep = (ha + hc) > 0
+    assert sstats.chi2_contingency(np.stack([ha[keep], hc[keep]]))[1] > 1e-4
 
 
 def _single(seed=0, hidden=32):
@@ -128,8 +134,8 @@ def test_bad_input(delay_pair):
         tts([[]], progress=False)
     with pytest.raises(ValueError, match="string texts need a tokenizer"):
         tts("hello", progress=False)
-    with pytest.raises(ValueError, match="Jacobi windows over frames"):
-        tts(TEXTS, method="sjd", progress=False)
+    with pytest.raises(ValueError, match="events of several ids"):
+        tts(TEXTS, method="sjd", init="repeat_horizon", grid_width=4, progress=False)
 
 
 def save_bundled_tiny(folder, model, max_frames=8):

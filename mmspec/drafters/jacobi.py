@@ -66,11 +66,14 @@ class Jacobi:
     init_range:  (lo, hi) ids for uniform initialisation (default: the whole vocabulary).
     grid_width:  tokens per grid row, for the spatial priors (required by them).
     span_length: the region's length, checked to be a multiple of grid_width when given.
+    event_shape: () for token streams; (C,) for frames of C ids verified by ``Frame`` (a
+                 delay pattern's parallel heads): every id of a frame is a draft of its own
+                 with its own q, coupled per codebook; uniform initialisation only.
     """
 
     def __init__(self, window: int = 16, init: str = "uniform", coupling: str = "none",
                  init_range: tuple[int, int] | None = None, grid_width: int | None = None,
-                 span_length: int | None = None, generator=None):
+                 span_length: int | None = None, generator=None, event_shape: tuple = ()):
         if not isinstance(window, int) or window < 1:
             raise ValueError(f"window={window!r}: accepted an integer >= 1")
         if init not in INITS:
@@ -88,6 +91,11 @@ class Jacobi:
             lo, hi = init_range
             if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo < hi):
                 raise ValueError(f"init_range={init_range!r}: accepted (lo, hi) with 0 <= lo < hi")
+        event_shape = tuple(event_shape)
+        if event_shape and init != "uniform":
+            raise ValueError(f"init={init!r}: events of several ids (codec frames) accept "
+                             "init='uniform' only")
+        self.event_shape = event_shape
         self.window, self.init, self.coupling = window, init, coupling
         self.init_range, self.grid_width = init_range, grid_width
         self.generator = generator
@@ -107,7 +115,8 @@ class Jacobi:
         self.dtype = torch.float32
         self.gen_pos = torch.zeros(b, dtype=torch.long, device=dev)     # committed generated
         self.history = torch.zeros(b, 64, dtype=torch.long, device=dev)  # committed ids
-        self.gumbel = (_gumbel((b, L, vocab_size), dev, self.dtype, self.generator)
+        ev = self.event_shape
+        self.gumbel = (_gumbel((b, L, *ev, vocab_size), dev, self.dtype, self.generator)
                        if self.coupling == "gumbel" else None)
         # The prompt's last token may live outside the drafted id space (a begin-of-image text
         # id): priors that copy it fall back to a uniform draw from init_range.
@@ -116,39 +125,48 @@ class Jacobi:
         lo, hi = self.init_range if self.init_range is not None else (0, vocab_size)
         last = torch.where(inside, last, torch.randint(lo, hi, last.shape, device=dev,
                                                        generator=self.generator))
-        self.tokens = torch.zeros(b, L, dtype=torch.long, device=dev)
-        self.q = torch.zeros(b, L, vocab_size, dtype=self.dtype, device=dev)
+        self.tokens = torch.zeros(b, L, *ev, dtype=torch.long, device=dev)
+        self.q = torch.zeros(b, L, *ev, vocab_size, dtype=self.dtype, device=dev)
         start = torch.zeros(b, dtype=torch.long, device=dev)
-        self._fill(start, last, prev_q=_one_hot(last, vocab_size, self.dtype))
+        self._fill(start, last, prev_q=None if ev else _one_hot(last, vocab_size, self.dtype))
 
     def propose(self, last: torch.Tensor, k_max: int, active=None) -> Draft:
         k = max(0, min(self.window, k_max))
         return Draft(tokens=self.tokens[:, :k], probs=self.q[:, :k])
 
     # -- refresh ----------------------------------------------------------------------------
+    def _take(self, t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """t [B, L', ...] gathered at slots idx [B, L] along dim 1 -> [B, L, ...]."""
+        view = idx.view(*idx.shape, *([1] * (t.dim() - 2)))
+        return t.gather(1, view.expand(*idx.shape, *t.shape[2:]))
+
+    def _ev(self, m: torch.Tensor) -> torch.Tensor:
+        """A [B, L] mask broadcast over the event dims."""
+        return m.view(*m.shape, *([1] * len(self.event_shape)))
+
     def observe(self, out, target_probs, num_accepted) -> None:
-        b, L = self.tokens.shape
+        b, L = self.tokens.shape[:2]
         dev = self.tokens.device
         k = target_probs.shape[1] - 1
         n = out.num_accepted
         shift = n + 1                                                        # [B]
-        self._record(out, n)
+        if not self.event_shape:
+            self._record(out, n)
         slots = torch.arange(L, device=dev)
         j = slots[None] + shift[:, None]                                     # old slot index
         has_p = j <= k
         has_old = j < L
         jo = j.clamp(max=L - 1)
-        old_tok = self.tokens.gather(1, jo)
-        old_q = self.q.gather(1, jo[..., None].expand(-1, -1, self.v))
-        p_new = target_probs.to(self.dtype).gather(1, j.clamp(max=k)[..., None].expand(-1, -1, self.v))
+        old_tok = self._take(self.tokens, jo)
+        old_q = self._take(self.q, jo)
+        p_new = self._take(target_probs.to(self.dtype), j.clamp(max=k))
         if self.gumbel is not None:
-            fresh = _gumbel((b, L, self.v), dev, self.dtype, self.generator)
-            self.gumbel = torch.where(has_old[..., None], self.gumbel.gather(
-                1, jo[..., None].expand(-1, -1, self.v)), fresh)
+            fresh = _gumbel(self.gumbel.shape, dev, self.dtype, self.generator)
+            self.gumbel = torch.where(self._ev(has_old)[..., None], self._take(self.gumbel, jo), fresh)
 
-        new_tok = self._couple(p_new, old_tok, old_q, has_old)
-        tokens = torch.where(has_p, new_tok, old_tok)
-        q = torch.where(has_p[..., None], p_new, old_q)
+        new_tok = self._couple(p_new, old_tok, old_q, self._ev(has_old))
+        tokens = torch.where(self._ev(has_p), new_tok, old_tok)
+        q = torch.where(self._ev(has_p)[..., None], p_new, old_q)
         self.tokens, self.q = tokens, q
         # Fresh slots: neither a new distribution nor an old draft.
         start = torch.where(has_p | has_old, L, slots[None]).amin(1)          # first fresh
@@ -190,7 +208,7 @@ class Jacobi:
 
     def _fill(self, start: torch.Tensor, last: torch.Tensor, prev_q) -> None:
         """Initialise window slots s >= start[b] (fresh drafts, one-hot q)."""
-        b, L = self.tokens.shape
+        b, L = self.tokens.shape[:2]
         dev = self.tokens.device
         slots = torch.arange(L, device=dev)
         fresh = slots[None] >= start[:, None]                                   # [B, L]
@@ -202,7 +220,8 @@ class Jacobi:
             if self.gumbel is not None:   # consistent with the coupling: argmax of the table
                 tok = self.gumbel[..., lo:hi].argmax(-1) + lo
             else:
-                tok = torch.randint(lo, hi, (b, L), device=dev, generator=self.generator)
+                tok = torch.randint(lo, hi, (b, L, *self.event_shape), device=dev,
+                                    generator=self.generator)
         elif self.init in ("repeat_horizon", "sample_horizon"):
             prev = torch.where(start > 0, self.tokens[rows, (start - 1).clamp(min=0)], last)
             tok = prev[:, None].expand(b, L)
@@ -210,8 +229,9 @@ class Jacobi:
                 tok = sample(prev_q[:, None].expand(b, L, self.v), self.generator)
         else:
             tok = self._vertical(fresh, last)
-        self.tokens = torch.where(fresh, tok, self.tokens)
-        self.q = torch.where(fresh[..., None], _one_hot(self.tokens, self.v, self.dtype), self.q)
+        self.tokens = torch.where(self._ev(fresh), tok, self.tokens)
+        self.q = torch.where(self._ev(fresh)[..., None], _one_hot(self.tokens, self.v, self.dtype),
+                             self.q)
 
     def _vertical(self, fresh: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         """Token above each fresh slot (grid_width back), else the token to the left."""

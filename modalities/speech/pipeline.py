@@ -376,10 +376,12 @@ class TextToSpeech:
         if self.draft is not None:
             draft_session = lambda: self.draft.session(params, g, frames)  # noqa: E731
         single = isinstance(tgt, SingleCodebookAdapter)
-        drafter, scalar = build_method(method, method_params, draft_session=draft_session,
-                                       embeddings=tgt.codebook_embeddings(0),
-                                       jacobi_defaults=dict(init_range=(0, tgt.vocab_size - 1)))
         depth = getattr(tgt, "depth", False)
+        jd = dict(init_range=(0, tgt.vocab_size - 1))
+        if not single:
+            jd["event_shape"] = (c,)          # Jacobi windows of whole frames (delay patterns)
+        drafter, scalar = build_method(method, method_params, draft_session=draft_session,
+                                       embeddings=tgt.codebook_embeddings(0), jacobi_defaults=jd)
         frame_rule = DepthFrame if depth else Frame
         if single:
             rule = scalar
@@ -388,9 +390,10 @@ class TextToSpeech:
                                      for k in range(c)])
         else:
             rule = frame_rule(rules=[scalar])
-        if not single and not isinstance(drafter, ModelDrafter) and type(drafter).__name__ != "NoDraft":
-            raise ValueError(f"method={method!r}: multi-codebook targets draft with a model or "
-                             "plain decoding (Jacobi windows over frames are not supported)")
+        if depth and not isinstance(drafter, ModelDrafter) and type(drafter).__name__ != "NoDraft":
+            raise ValueError(f"method={method!r}: depth-decoder targets draft with a model or "
+                             "plain decoding (Jacobi windows over depth-decoder frames are not "
+                             "supported: their drafts need the conditionals along each frame)")
         gen = make_generator(seed, tgt.device)
         if hasattr(drafter, "generator"):
             drafter.generator = gen
