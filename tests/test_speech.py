@@ -242,3 +242,23 @@ def test_single_codebook_target_speaks_through_xcodec2():
     out = TextToSpeech(adapter)([[3, 4, 5]], temperature=0, progress=False)
     n = len(out.codes[0])
     assert out.waveforms[0].shape == (4 * n,)                       # hop 4 samples per code
+
+
+def test_musicgen_for_causal_lm_with_a_text_encoder_equals_the_full_model(delay_pair):
+    """The decoder alone (MusicgenForCausalLM) plus MusicGen's text encoder gives the codes the
+    full MusicgenForConditionalGeneration gives, plain and speculative, greedy in float32."""
+    t, d = delay_pair
+    full = TextToSpeech.from_pretrained(t, draft=d)
+
+    def parts(m):
+        return DelayPatternAdapter(m.decoder, EncodecCodec(m.audio_encoder),
+                                   text_encoder=m.text_encoder,
+                                   enc_to_dec_proj=getattr(m, "enc_to_dec_proj", None))
+    split = TextToSpeech(parts(t), parts(d))
+    kw = dict(temperature=0, max_frames=8, progress=False)
+    a, b = full(TEXTS, **kw), split(TEXTS, **kw)
+    assert all(torch.equal(x, y) for x, y in zip(a.codes, b.codes))
+    c = split(TEXTS, method="exact", num_draft_tokens=3, **kw)
+    assert all(torch.equal(x, y) for x, y in zip(a.codes, c.codes))
+    with pytest.raises(ValueError, match="text_encoder="):
+        DelayPatternAdapter(t.decoder, EncodecCodec(t.audio_encoder))

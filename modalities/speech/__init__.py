@@ -3,8 +3,8 @@
 
 from .delay import DelayPatternSession, apply_delay, undo_delay
 from .pipeline import (AudioOutput, DelayPatternAdapter, EncodecCodec, SingleCodebookAdapter,
-                       TextToSpeech, TransformersCodec, codec_for)
+                       DecoderWithTextEncoder, TextToSpeech, TransformersCodec, codec_for)
 
 __all__ = ["TextToSpeech", "AudioOutput", "DelayPatternAdapter", "SingleCodebookAdapter",
-           "EncodecCodec", "TransformersCodec", "codec_for",
+           "EncodecCodec", "TransformersCodec", "codec_for", "DecoderWithTextEncoder",
            "DelayPatternSession", "apply_delay", "undo_delay"]

@@ -96,16 +96,50 @@ def save_spectrogram(wave, sample_rate: int, path: str, title: str | None = None
     return path
 
 
+class DecoderWithTextEncoder(torch.nn.Module):
+    """A ``MusicgenForCausalLM`` (the delay-pattern decoder alone) and a separate text encoder,
+    called the way ``MusicgenForConditionalGeneration`` is: the encoder states (projected by
+    ``enc_to_dec_proj`` when given, zeroed on padding) feed the decoder's cross-attention."""
+
+    def __init__(self, decoder, text_encoder, enc_to_dec_proj=None):
+        super().__init__()
+        self.decoder, self.text_encoder, self.enc_to_dec_proj = decoder, text_encoder, enc_to_dec_proj
+        self.generation_config = decoder.generation_config
+        from mmspec.cache import cache_argument
+
+        self._cache_arg = cache_argument(decoder)
+
+    def forward(self, encoder_outputs=None, attention_mask=None, decoder_input_ids=None,
+                decoder_attention_mask=None, cache=None, use_cache=None, **kw):
+        h = encoder_outputs[0]
+        if self.enc_to_dec_proj is not None:
+            h = self.enc_to_dec_proj(h)
+        if attention_mask is not None:
+            h = h * attention_mask[..., None]
+        return self.decoder(input_ids=decoder_input_ids, attention_mask=decoder_attention_mask,
+                            encoder_hidden_states=h, encoder_attention_mask=attention_mask,
+                            use_cache=use_cache, **{self._cache_arg: cache})
+
+
 class DelayPatternAdapter:
     """A MusicGen-layout model: ``model.text_encoder``, ``model.decoder`` with C codebooks,
     a codec with ``decode(frames [B, N, C]) -> [B, samples]`` and ``sample_rate``.
 
+    model:     ``MusicgenForConditionalGeneration``, or ``MusicgenForCausalLM`` (the decoder
+               alone) with ``text_encoder=`` (and ``enc_to_dec_proj=`` when its hidden size
+               differs from the decoder's).
     tokenizer: ``encode(str) -> ids`` (or a transformers tokenizer); pad_token_id: the
     decoder's pad / start id; eos_token_id: end-of-speech id (None: fixed length).
     """
 
     def __init__(self, model, codec, tokenizer=None, pad_token_id=None, eos_token_id=None,
-                 max_frames: int = 256, frames_per_char: float | None = None):
+                 max_frames: int = 256, frames_per_char: float | None = None, text_encoder=None,
+                 enc_to_dec_proj=None):
+        if not hasattr(model, "text_encoder"):
+            if text_encoder is None:
+                raise ValueError(f"{type(model).__name__} has no text encoder: accepted "
+                                 "text_encoder= (e.g. MusicGen's T5 encoder) for a decoder-only model")
+            model = DecoderWithTextEncoder(model, text_encoder, enc_to_dec_proj)
         self.model = model
         self.codec = codec
         self.tokenizer = tokenizer
