@@ -5,14 +5,15 @@
     out.save("out/tts")          # WAV files (soundfile) and spectrogram PNGs
 
 Targets (adapters in this package):
-- delay-pattern multi-codebook decoders (``MusicgenForConditionalGeneration`` and models of
-  that layout): one event per decoding step = a C-tuple, verified codebook by codebook with
-  ``Frame`` (lossless with the exact rule);
+- delay-pattern multi-codebook decoders (``MusicgenForConditionalGeneration``, or
+  ``MusicgenForCausalLM`` with a text encoder): one event per decoding step = a C-tuple,
+  verified codebook by codebook with ``Frame`` (lossless with the exact rule); drafts from a
+  smaller model or Jacobi windows of whole frames;
 - single-codebook decoder-only models over codec ids (Llasa-style): an ordinary token stream
-  (``SingleCodebookAdapter``), where every drafter works, Jacobi included.
-Depth-decoder models (CSM) are not supported: their frames are drafted by a second
-autoregressive model per frame, which needs a frame-level residual over the joint of a
-depth decoder (see README).
+  (``SingleCodebookAdapter``), where every drafter works, Jacobi included;
+- depth-decoder models (CSM, ``modalities.speech.csm.CsmAdapter``): a frame is drafted by a
+  smaller CSM and verified with ``DepthFrame`` (lossless with the exact rule).
+Codecs: transformers' Encodec, DAC, Mimi and X-codec2 (``codec_for``) or the bundled one.
 """
 
 from __future__ import annotations
