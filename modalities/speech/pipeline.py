@@ -243,13 +243,10 @@ class SingleCodebookAdapter:
             if not body:
                 raise ValueError("text: accepted non-empty token lists")
             rows.append(self.prefix + list(body) + self.suffix)
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros(len(rows), width, dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, width - len(r):] = torch.tensor(r)
-            mask[i, width - len(r):] = 1
-        return dict(input_ids=ids.to(self.device), attention_mask=mask.to(self.device))
+        from modalities.image.adapters import left_pad
+
+        ids, mask = left_pad(rows, self.pad_id, self.device)
+        return dict(input_ids=ids, attention_mask=mask)
 
     def session(self, params, guidance_scale, num_frames=None):
         from mmspec.session import TokenSpanSession
