@@ -59,7 +59,8 @@ def _sync(device: torch.device) -> None:
 def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Tensor, *,
            max_new_tokens: int, stop_token_ids: set[int] | None = None,
            generator: torch.Generator | None = None, stats: StepStats | None = None,
-           profile: bool = False, fixed_k: bool = False) -> Iterator[StepEvent]:
+           profile: bool = False, fixed_k: bool = False,
+           stop_on: str = "last") -> Iterator[StepEvent]:
     """Run the loop after both target and drafter have seen the prompt.
 
     first_tokens: [B] the last prompt token of each row (not yet fed to either model).
@@ -67,7 +68,12 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
                   on CUDA (costs speed; CPU timings are always exact).
     fixed_k:      never shrink K near the end (captured steps keep one width; tokens past
                   max_new_tokens are dropped, positions may run K past it).
+    stop_on:      for events of several ids: ``"last"`` (a stop id in the event's last id, as
+                  a delay pattern's last codebook) or ``"all"`` (every id of the event a stop
+                  id, as CSM's end-of-audio frame).
     """
+    if stop_on not in ("last", "all"):
+        raise ValueError(f"stop_on={stop_on!r}: accepted 'last' or 'all'")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens!r}: accepted an integer >= 1")
     stats = stats if stats is not None else StepStats()
@@ -107,8 +113,11 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
         done = torch.zeros_like(active)
         first_stop = emitted
         if stops.numel():
-            ids = out.tokens.flatten(2)[..., -1] if out.tokens.dim() > 2 else out.tokens
-            hit = torch.isin(ids, stops)       # multi-id events stop on their last id
+            if out.tokens.dim() > 2 and stop_on == "all":
+                hit = torch.isin(out.tokens.flatten(2), stops).all(-1)
+            else:                              # multi-id events stop on their last id
+                ids = out.tokens.flatten(2)[..., -1] if out.tokens.dim() > 2 else out.tokens
+                hit = torch.isin(ids, stops)
             hit = hit & (cols[None] < emitted[:, None])
             done = hit.any(1)
             first_stop = torch.where(done, hit.float().argmax(1) + 1, emitted)

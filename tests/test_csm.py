@@ -177,3 +177,16 @@ def test_csm_bad_input(csm_pair):
         tts(TEXTS, method="sjd", progress=False)
     with pytest.raises(ValueError, match="non-empty"):
         tts([[]], progress=False)
+
+
+def test_csm_rows_stop_at_their_first_end_of_audio_frame():
+    model = tiny_csm()
+    bump = lambda mod, inp, out: out + torch.nn.functional.one_hot(  # noqa: E731
+        torch.tensor(0), out.shape[-1]).to(out.dtype) * 50.0
+    model.lm_head.register_forward_hook(bump)
+    model.depth_decoder.codebooks_head.register_forward_hook(bump)
+    tts = TextToSpeech(CsmAdapter(model, max_frames=10), CsmAdapter(model, max_frames=10))
+    for method in ("plain", "exact"):
+        out = tts(TEXTS, method=method, temperature=0, progress=False)
+        assert out.stats.steps == 1                       # the first frame is all end-of-audio
+        assert all(len(c) == 0 for c in out.codes)

@@ -125,8 +125,9 @@ class CsmAdapter:
 
     Prompts are text ids (lists of ints, or strings through ``tokenizer``/processor, e.g.
     ``"[0]Hello there."`` with CSM's processor); frames are decoded by the model's own codec
-    (Mimi) unless ``codec`` is given. Generation runs ``max_frames`` frames and ends each row
-    at its first end-of-audio frame (every codebook = ``codebook_eos_token_id``).
+    (Mimi) unless ``codec`` is given. Each row stops at its first end-of-audio frame (every
+    codebook = ``codebook_eos_token_id``, as transformers' CSM generation) or after
+    ``max_frames``.
     """
 
     depth = True

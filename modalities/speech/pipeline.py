@@ -457,8 +457,11 @@ class TextToSpeech:
             steps = frames + c - 1
         rows = [[] for _ in texts]
         stops = {tgt.eos} if tgt.eos is not None else set()
+        stop_on = "last"
+        if depth:     # CSM: a row ends with its first frame of end-of-audio ids
+            stops, stop_on = {tgt.frame_eos}, "all"
         bar = tqdm(total=steps, desc=method, disable=None if progress else True, leave=False)
-        for ev in stream(session, drafter, rule, first, max_new_tokens=steps, stop_token_ids=stops,
+        for ev in stream(session, drafter, rule, first, max_new_tokens=steps, stop_token_ids=stops, stop_on=stop_on,
                          generator=gen, stats=stats):
             for i, new in enumerate(ev.new_tokens):
                 rows[i].extend(new)
