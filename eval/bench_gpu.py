@@ -2,6 +2,7 @@
 
     python -m eval.bench_gpu --out out/bench_gpu                 # 7B Llama shape, bf16, H200
     python -m eval.bench_gpu --shape tiny --device cpu --no-hf-compile   # a smoke run on CPU
+    python -m eval.bench_gpu --shape janus-pro-7b      # (or musicgen-large): other modalities
 
 Target: a Llama with random bf16 weights (7B shape: 32 layers, hidden 4096, vocab 32000);
 the cost of a step does not depend on the weights' values. Acceptance is controlled on
@@ -38,6 +39,15 @@ from mmspec.session import CausalLMSession
 SHAPES = {
     "7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                num_attention_heads=32, num_key_value_heads=32, vocab_size=32000),
+    # Janus-Pro-7B's language model generating image tokens: the 7B decoder (30 layers) with
+    # its 16,384-id image head as the output layer.
+    "janus-pro-7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=30,
+                         num_attention_heads=32, num_key_value_heads=32, vocab_size=16384),
+    # MusicGen-large's decoder as a Llama-shaped cost proxy: 48 layers of hidden 2048, FFN
+    # 8192, four 2048-id codebook heads counted as one 8192-wide output (its cross-attention,
+    # about a quarter more attention weights, is not modelled).
+    "musicgen-large": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=48,
+                           num_attention_heads=32, num_key_value_heads=32, vocab_size=8192),
     "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                num_attention_heads=32, num_key_value_heads=4, vocab_size=32000),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
