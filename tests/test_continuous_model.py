@@ -196,3 +196,18 @@ def test_autoencoder_kl_decoder_and_folder_with_decoder_and_words(tmp_path):
     assert len(out.images) == 2 and out.images[0].size == (8, 8)
     with pytest.raises(ValueError, match="outside the model's vocabulary"):
         gen(prompts=["a green circle"])
+
+
+def test_input_noise_perturbs_only_what_the_model_reads():
+    model = tiny_continuous("mixture", seed=0, spread=0.6)
+    ids = torch.tensor([[1, model.config.bos_id]])
+    lat = torch.randn(1, 2, 2)
+    base = model.training_loss(ids, lat)
+    same = model.training_loss(ids, lat, generator=torch.Generator().manual_seed(0), input_noise=0.0)
+    noisy = model.training_loss(ids, lat, generator=torch.Generator().manual_seed(0), input_noise=0.5)
+    assert torch.equal(base, same) and not torch.equal(base, noisy)
+    # The first position reads only the prompt: its loss is unchanged by input noise.
+    lat1 = lat[:, :1]
+    assert torch.equal(model.training_loss(ids, lat1),
+                       model.training_loss(ids, lat1, generator=torch.Generator().manual_seed(0),
+                                           input_noise=0.5))

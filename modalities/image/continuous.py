@@ -271,12 +271,19 @@ class ContinuousARModel(PreTrainedModel):
                           use_cache=use_cache, **{cache_argument(self.model): cache}, **kwargs)
 
     def training_loss(self, prompt_ids: torch.Tensor, latents: torch.Tensor,
-                      prompt_mask: torch.Tensor | None = None, generator=None) -> torch.Tensor:
+                      prompt_mask: torch.Tensor | None = None, generator=None,
+                      input_noise: float = 0.0) -> torch.Tensor:
         """Teacher forcing: prompt_ids [B, P] ending with bos_id (left-padded, ``prompt_mask``
         0 on padding, as the generator builds prompts), latents [B, L, D] (normalised) -> the
-        head's loss on all L positions."""
+        head's loss on all L positions. ``input_noise`` > 0 adds Gaussian noise of that
+        standard deviation to the latents the model reads (not to its targets): training
+        against its own sampling noise, a remedy for exposure bias."""
         p = prompt_ids.shape[1]
-        emb = torch.cat([self.embed(prompt_ids), self.embed(latents=latents[:, :-1])], 1)
+        inp = latents[:, :-1]
+        if input_noise:
+            inp = inp + input_noise * torch.randn(inp.shape, device=inp.device, dtype=inp.dtype,
+                                                  generator=generator)
+        emb = torch.cat([self.embed(prompt_ids), self.embed(latents=inp)], 1)
         kw = {}
         if prompt_mask is not None:
             mask = torch.cat([prompt_mask.long(), prompt_mask.new_ones(latents.shape[0],

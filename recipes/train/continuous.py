@@ -87,7 +87,8 @@ def build(size: str, head: str, data_cfg: dict, **kw) -> ContinuousARModel:
 
 
 def train(model: ContinuousARModel, batches, steps: int, lr: float = 2e-3, seed: int = 0,
-          progress: bool = True, time_budget: float | None = None) -> list[float]:
+          progress: bool = True, time_budget: float | None = None,
+          input_noise: float = 0.0) -> list[float]:
     """AdamW with warm-up and cosine decay; ``batches(step, generator) -> (prompt_ids, latents)``.
     Returns the loss per step. With ``time_budget`` (seconds) the step count is lowered to fit,
     timed on steps 10-40 (the schedule follows the new count; it says so)."""
@@ -106,7 +107,8 @@ def train(model: ContinuousARModel, batches, steps: int, lr: float = 2e-3, seed:
     while step < total[0]:
         (ids, mask), lat = batches(step, g)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-            loss = model.training_loss(ids.to(dev), lat.to(dev), mask.to(dev), generator=gd)
+            loss = model.training_loss(ids.to(dev), lat.to(dev), mask.to(dev), generator=gd,
+                                       input_noise=input_noise)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -140,13 +142,14 @@ def synthetic_batches(data: SyntheticLatents, cfg: ContinuousARConfig, batch: in
 
 
 def train_synthetic(size: str = "tiny", head: str = "mixture", steps: int = 300, batch: int = 128,
-                    seed: int = 0, length: int = 6, progress: bool = False, **kw):
+                    seed: int = 0, length: int = 6, progress: bool = False,
+                    input_noise: float = 0.0, **kw):
     """A model of ``SyntheticLatents(length)`` (tests and eval/bench_continuous.py)."""
     data = SyntheticLatents(length=length)
     torch.manual_seed(seed)
     model = build(size, head, data.config(), **kw)
     losses = train(model, synthetic_batches(data, model.config, batch), steps, seed=seed,
-                   progress=progress)
+                   progress=progress, input_noise=input_noise)
     return model, losses, data
 
 
@@ -234,6 +237,8 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--time-budget", type=float, default=None)
+    ap.add_argument("--input-noise", type=float, default=0.0,
+                    help="std of Gaussian noise on the latents the model reads (normalised units)")
     ap.add_argument("--cache", default=None, help="latents cache (safetensors) for --data shapes")
     ap.add_argument("--prepare-only", action="store_true", help="write --cache and stop")
     ap.add_argument("--eval", type=int, default=0, help="held-out captions to score (shapes)")
@@ -277,7 +282,8 @@ def main(argv=None):
         desc = (f"{a.images} rendered shapes-world scenes (seeds outside the held-out set), "
                 f"pre-quantisation latents of {a.vq}, captions dropped 10% of the time")
     print(f"{count_params(model) / 1e6:.2f}M parameters, head {a.head}")
-    losses = train(model, batches, a.steps, lr=a.lr, seed=a.seed, time_budget=a.time_budget)
+    losses = train(model, batches, a.steps, lr=a.lr, seed=a.seed, time_budget=a.time_budget,
+                   input_noise=a.input_noise)
     out = a.out or os.path.join("samples", "models", f"shapes-continuous-{a.head}-{a.size}")
     model.to(torch.bfloat16).save_pretrained(out)        # bundled weights: bfloat16
     model.float()                                           # what loading them gives back
