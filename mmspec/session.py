@@ -15,8 +15,9 @@ the returned distributions are of the guided logits u + s (c - u).
 
 Adapters subclass it to change how ids become inputs (``embed``; the first step after the
 prompt feeds the prompt's last token, which may live in another id space), how outputs become
-logits (``logits``) and which ids are allowed where (``mask_logits``, given each predicted
-token's index among the generated tokens).
+logits (``logits``), which ids are allowed where (``mask_logits``, given each predicted
+token's index among the generated tokens) and what a step returns (``distributions``:
+probabilities by default, densities for continuous tokens, frame distributions for CSM).
 """
 
 from __future__ import annotations
@@ -239,18 +240,26 @@ class CausalLMSession:
         graph.replay()
         return out
 
-    def step(self, tokens: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens [B, n] -> processed (guided) probabilities [B, n, V]."""
+    def step(self, tokens: torch.Tensor, valid: torch.Tensor | None = None):
+        """tokens [B, n, *event] -> ``distributions`` of the outputs (default: processed,
+        guided probabilities [B, n, V])."""
         if valid is None:
-            valid = torch.ones_like(tokens)
+            valid = torch.ones(tokens.shape[:2], dtype=torch.long, device=tokens.device)
         b = self.batch_size
         _, pos = self.seq.plan(self._rows(valid))
         gen_index = pos[:b] - self._base[:, None]
-        logits = self._forward(self._input_rows(tokens), self._rows(valid))
+        out = self._forward(self._input_rows(tokens), self._rows(valid))
         self._first = False
+        self._since_commit += tokens.shape[1]
+        return self.distributions(out, gen_index)
+
+    def distributions(self, logits: torch.Tensor, gen_index: torch.Tensor):
+        """What a step returns for the rows' outputs [R, n, ...] (``logits`` hook's result; R
+        = 2B with guidance): here u + s (c - u), masked and processed into probabilities.
+        Adapters whose tokens are not ids return other distributions (densities, frames)."""
+        b = self.batch_size
         if self.guided:
             logits = guide(logits[:b], logits[b:], self.guidance_scale)
-        self._since_commit += tokens.shape[1]
         return self.params.probs(self.mask_logits(logits, gen_index))
 
     def commit(self, keep: int, valid: torch.Tensor) -> None:

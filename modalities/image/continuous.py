@@ -310,10 +310,7 @@ class ContinuousSession(CausalLMSession):
 
     def prefill(self, input_ids, attention_mask, uncond_ids=None, uncond_mask=None):
         super().prefill(input_ids, attention_mask, uncond_ids, uncond_mask)
-        self._uncond_last = None          # both branches start with bos_id
-
-    def _input_rows(self, tokens):
-        return torch.cat([tokens, tokens], 0) if self.guided else tokens
+        self._uncond_last = None          # both branches start with bos_id: rows are duplicated
 
     def embed(self, tokens, first_step=False):
         return {"latents": tokens, "bos_first": first_step}
@@ -321,18 +318,12 @@ class ContinuousSession(CausalLMSession):
     def logits(self, out):
         return out.last_hidden_state
 
-    def step(self, tokens, valid=None):
-        if valid is None:
-            valid = torch.ones(tokens.shape[:2], dtype=torch.long, device=tokens.device)
-        b = self.batch_size
-        _, pos = self.seq.plan(self._rows(valid))
-        gen_index = pos[:b] - self._base[:, None]
-        h = self._forward(self._input_rows(tokens), self._rows(valid))
-        self._first = False
-        self._since_commit += tokens.shape[1]
+    def distributions(self, h, gen_index):
+        """Hidden states [R, n, H] -> next-latent densities [B, n]."""
         head = self.model.head
         if isinstance(head, MixtureHead):
             return head.density(h, self.temperature)
+        b = self.batch_size
         # Rows that already finished ride along past the last index; their output is never
         # read, so they reuse the last block of noise.
         idx = gen_index.clamp(max=self.noise.shape[1] - 1)

@@ -111,12 +111,7 @@ class CsmSession(CausalLMSession):
     def logits(self, out):
         return out.last_hidden_state
 
-    def step(self, tokens, valid=None):
-        if valid is None:
-            valid = torch.ones(tokens.shape[:2], dtype=torch.long, device=tokens.device)
-        h = self._forward(tokens, valid)
-        self._first = False
-        self._since_commit += tokens.shape[1]
+    def distributions(self, h, gen_index):
         return FrameDistribution(self.model, h, self.params)
 
 
