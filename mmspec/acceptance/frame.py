@@ -84,31 +84,50 @@ class Frame(Rule):
         return torch.stack([self.rule(c).residual(x[:, c], p[:, c], None if q is None else q[:, c], pos)
                             for c in range(x.shape[-1])], 1)
 
+    # -- what the target is asked: overridden by DepthFrame ---------------------------------
+    def along(self, target, draft_tokens, validate: bool):
+        """Each codebook's target distribution at the drafted frames [B, K, C, V]."""
+        return target[:, :draft_tokens.shape[1]]
+
+    def complete(self, target, pos, frame, first_free, generator):
+        """frame [B, C] with codebooks >= first_free [B] drawn from the target at frame position
+        pos [B] (parallel heads: each from its own p_c)."""
+        rows = torch.arange(frame.shape[0], device=frame.device)
+        fresh = sample(target[rows, pos], generator)                               # [B, C]
+        cc = torch.arange(frame.shape[1], device=frame.device)[None]
+        return torch.where(cc >= first_free[:, None], fresh, frame)
+
     def __call__(self, draft_tokens, draft_probs, target_probs, generator=None, *, validate=True):
         self.validate(draft_tokens, draft_probs, target_probs, values=validate)
         b, k, c = draft_tokens.shape
-        p = target_probs
-        rows = torch.arange(b, device=p.device)
+        t = target_probs
+        dev = draft_tokens.device
+        rows = torch.arange(b, device=dev)
+        zeros = torch.zeros(b, dtype=torch.long, device=dev)
         if k == 0:
-            tok = sample(p[:, 0], generator)                                      # [B, C]
-            return VerifyOutput(tokens=tok[:, None], num_accepted=torch.zeros(b, dtype=torch.long,
-                                                                               device=p.device))
-        a = self.accept_probs(draft_tokens, p[:, :k], draft_probs)                # [B, K, C]
+            frame = self.complete(t, zeros, torch.zeros(b, c, dtype=torch.long, device=dev), zeros,
+                                  generator)
+            return VerifyOutput(tokens=frame[:, None], num_accepted=zeros)
+        p = self.along(t, draft_tokens, validate)                                  # [B, K, C, V]
+        a = self.accept_probs(draft_tokens, p, draft_probs)                       # [B, K, C]
         u = torch.rand(a.shape, generator=generator, device=a.device, dtype=a.dtype)
         ok = u < a
         n = ok.all(-1).long().cumprod(1).sum(1)                                   # [B]
         j = n.clamp(max=k - 1)
         x_j, ok_j, p_j = draft_tokens[rows, j], ok[rows, j], p[rows, j]           # [B, C], [B, C, V]
         q_j = None if draft_probs is None else draft_probs[rows, j]
-        first_bad = torch.where(~ok_j, torch.arange(c, device=p.device), c).amin(1)  # [B]
-        res = self.residuals(x_j, p_j, q_j, j)
-        y_res, y_new = sample(res, generator), sample(p_j, generator)
-        cc = torch.arange(c, device=p.device)[None]
-        recovered = torch.where(cc < first_bad[:, None], x_j,
-                                torch.where(cc == first_bad[:, None], y_res, y_new))
-        last = torch.where((n < k)[:, None], recovered, sample(p[:, k], generator))
+        first_bad = torch.where(~ok_j, torch.arange(c, device=dev), c).amin(1)   # [B]
+        fb = first_bad.clamp(max=c - 1)
+        y_res = sample(self.residuals(x_j, p_j, q_j, j)[rows, fb], generator)
+        rejected = n < k
+        frame = x_j.clone()
+        frame[rows, fb] = torch.where(rejected, y_res, frame[rows, fb])
+        # Rejected rows: codebooks after the first rejected one fresh at that frame; rows that
+        # accepted every frame: a whole bonus frame at position K.
+        last = self.complete(t, torch.where(rejected, j, k), frame,
+                             torch.where(rejected, first_bad + 1, 0), generator)
         tokens = torch.cat([draft_tokens, draft_tokens.new_full((b, 1, c), PAD)], 1)
-        cols = torch.arange(k + 1, device=p.device)
+        cols = torch.arange(k + 1, device=dev)
         tokens = torch.where((cols[None] < n[:, None])[..., None], tokens, PAD)
         tokens[rows, n] = last
         return VerifyOutput(tokens=tokens, num_accepted=n)
@@ -158,37 +177,11 @@ class DepthFrame(Frame):
         if values and k:
             check_probs("draft_probs", draft_probs)
 
-    def __call__(self, draft_tokens, draft_probs, target_probs, generator=None, *, validate=True):
-        self.validate(draft_tokens, draft_probs, target_probs, values=validate)
-        b, k, c = draft_tokens.shape
-        t = target_probs
-        dev = draft_tokens.device
-        rows = torch.arange(b, device=dev)
-        zeros = torch.zeros(b, dtype=torch.long, device=dev)
-        if k == 0:
-            frame = t.complete(zeros, torch.zeros(b, c, dtype=torch.long, device=dev), zeros, generator)
-            return VerifyOutput(tokens=frame[:, None], num_accepted=zeros)
-        p = t.along(draft_tokens)                                                 # [B, K, C, V]
+    def along(self, target, draft_tokens, validate: bool):
+        p = target.along(draft_tokens)
         if validate:
             check_probs("target_probs", p)
-        a = self.accept_probs(draft_tokens, p, draft_probs)                       # [B, K, C]
-        u = torch.rand(a.shape, generator=generator, device=a.device, dtype=a.dtype)
-        ok = u < a
-        n = ok.all(-1).long().cumprod(1).sum(1)
-        j = n.clamp(max=k - 1)
-        x_j, ok_j, p_j, q_j = draft_tokens[rows, j], ok[rows, j], p[rows, j], draft_probs[rows, j]
-        first_bad = torch.where(~ok_j, torch.arange(c, device=dev), c).amin(1)   # [B]
-        res = self.residuals(x_j, p_j, q_j, j)                                    # [B, C, V]
-        fb = first_bad.clamp(max=c - 1)
-        y_res = sample(res[rows, fb], generator)
-        rejected = n < k
-        frame = x_j.clone()
-        frame[rows, fb] = torch.where(rejected, y_res, frame[rows, fb])
-        pos = torch.where(rejected, j, k)
-        first_free = torch.where(rejected, first_bad + 1, 0)
-        last = t.complete(pos, frame, first_free, generator)
-        tokens = torch.cat([draft_tokens, draft_tokens.new_full((b, 1, c), PAD)], 1)
-        cols = torch.arange(k + 1, device=dev)
-        tokens = torch.where((cols[None] < n[:, None])[..., None], tokens, PAD)
-        tokens[rows, n] = last
-        return VerifyOutput(tokens=tokens, num_accepted=n)
+        return p
+
+    def complete(self, target, pos, frame, first_free, generator):
+        return target.complete(pos, frame, first_free, generator)
