@@ -190,3 +190,18 @@ def test_csm_rows_stop_at_their_first_end_of_audio_frame():
         out = tts(TEXTS, method=method, temperature=0, progress=False)
         assert out.stats.steps == 1                       # the first frame is all end-of-audio
         assert all(len(c) == 0 for c in out.codes)
+
+
+def test_incremental_depth_walk_matches_teacher_forced_conditionals():
+    """The draft's frame walk (depth decoder on its cache) and the rule's teacher-forced
+    pass give the same conditionals along the same frame."""
+    from mmspec.sampling import SamplingParams
+    from modalities.speech.csm import FrameDistribution
+
+    model = tiny_csm(codebooks=4, scale=2.0)
+    h = torch.randn(5, 1, model.config.hidden_size)
+    fd = FrameDistribution(model, h, SamplingParams(temperature=1.0))
+    with torch.no_grad():
+        frame, probs = fd[:, 0].sample_with_probs(torch.Generator().manual_seed(0))
+        forced = fd.along(frame[:, None])[:, 0]
+    assert torch.allclose(probs, forced, atol=1e-5)

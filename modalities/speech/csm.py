@@ -5,8 +5,9 @@ depth decoder that reads the backbone's hidden state and the frame's earlier cod
 ``FrameDistribution`` is what a CSM session returns for [B, n] positions: the backbone's
 hidden states plus the model, so that the ``DepthFrame`` rule can ask for each codebook's
 conditional along a drafted frame (``along``, one depth-decoder forward for every frame at
-once) and for fresh codebooks given a prefix (``complete``, one depth-decoder forward per
-codebook), and a draft can sample a frame with its conditionals (``sample_with_probs``).
+once) and for fresh codebooks given a prefix (``complete``, one incremental depth-decoder
+step per codebook on its own cache), and a draft can sample a frame with its conditionals
+(``sample_with_probs``, the same walk).
 Lossless with the exact rule (see ``mmspec.acceptance.DepthFrame``).
 """
 
@@ -51,34 +52,46 @@ class FrameDistribution:
         rest = self._depth(h.reshape(b * k, -1), x.reshape(b * k, c)).view(b, k, c - 1, -1)
         return torch.cat([p0[:, :, None], rest], 2)
 
+    def _walk(self, h: torch.Tensor, frame: torch.Tensor, first_free: torch.Tensor, generator):
+        """Codebooks >= first_free [N] drawn one after another from h [N, H], the others kept;
+        the depth decoder runs incrementally on its own cache (one token per codebook).
+        -> (frame [N, C], the conditionals used [N, C, V])."""
+        from transformers import DynamicCache
+
+        from mmspec.cache import cache_argument
+
+        depth = self.model.depth_decoder
+        frame = frame.clone()
+        p0 = self._p0(h)
+        frame[:, 0] = torch.where(first_free <= 0, sample(p0, generator), frame[:, 0])
+        probs = [p0]
+        cache = {cache_argument(depth): DynamicCache(config=depth.config)}
+        inp = torch.stack([torch.zeros_like(frame[:, 0]), frame[:, 0]], 1)   # slot 0: h
+        kw = dict(backbone_last_hidden_state=h)
+        for c in range(1, self.codebooks):
+            out = depth(input_ids=inp, use_cache=True, logits_to_keep=1, **kw, **cache)
+            pc = self.params.probs(out.logits[:, -1].float())
+            frame[:, c] = torch.where(first_free <= c, sample(pc, generator), frame[:, c])
+            probs.append(pc)
+            inp, kw = frame[:, c:c + 1], {}
+        return frame, torch.stack(probs, 1)
+
     def complete(self, pos: torch.Tensor, frame: torch.Tensor, first_free: torch.Tensor,
                  generator=None) -> torch.Tensor:
         """Codebooks >= first_free [B] drawn from the conditionals at position pos [B] given the
         frame's earlier codebooks; the others kept. -> [B, C]."""
         rows = torch.arange(frame.shape[0], device=frame.device)
         h = self.h[rows, pos] if self.h.dim() == 3 else self.h
-        frame = frame.clone()
-        frame[:, 0] = torch.where(first_free <= 0, sample(self._p0(h), generator), frame[:, 0])
-        for c in range(1, self.codebooks):
-            if bool((first_free <= c).any()):
-                probs = self._depth(h, frame)[:, c - 1]
-                frame[:, c] = torch.where(first_free <= c, sample(probs, generator), frame[:, c])
-        return frame
+        return self._walk(h, frame, first_free, generator)[0]
 
     def sample_with_probs(self, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Batch [B]: a frame [B, C] and the conditionals it was drawn from [B, C, V]."""
         if self.h.dim() != 2:
             raise ValueError("sample_with_probs draws one frame per row: index a position first")
         b = self.h.shape[0]
-        frame = torch.zeros(b, self.codebooks, dtype=torch.long, device=self.h.device)
-        p0 = self._p0(self.h)
-        frame[:, 0] = sample(p0, generator)
-        probs = [p0]
-        for c in range(1, self.codebooks):
-            pc = self._depth(self.h, frame)[:, c - 1]
-            frame[:, c] = sample(pc, generator)
-            probs.append(pc)
-        return frame, torch.stack(probs, 1)
+        zeros = torch.zeros(b, dtype=torch.long, device=self.h.device)
+        return self._walk(self.h, torch.zeros(b, self.codebooks, dtype=torch.long,
+                                              device=self.h.device), zeros, generator)
 
 
 class CsmSession(CausalLMSession):
