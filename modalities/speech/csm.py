@@ -19,6 +19,8 @@ import torch
 from mmspec.sampling import SamplingParams, sample
 from mmspec.session import CausalLMSession
 
+from .pipeline import CodecAdapter, TransformersCodec
+
 
 class FrameDistribution:
     """Autoregressive frame distributions at batch positions ``batch_shape`` ([B, n] or [B])."""
@@ -128,7 +130,7 @@ class CsmSession(CausalLMSession):
         return FrameDistribution(self.model, h, self.params)
 
 
-class CsmAdapter:
+class CsmAdapter(CodecAdapter):
     """``CsmForConditionalGeneration`` for ``TextToSpeech``.
 
     Prompts are text ids (lists of ints, or strings through ``tokenizer``/processor, e.g.
@@ -141,8 +143,6 @@ class CsmAdapter:
     depth = True
 
     def __init__(self, model, codec=None, tokenizer=None, max_frames: int = 128):
-        from .pipeline import TransformersCodec
-
         cfg = model.config
         self.model, self.tokenizer, self.max_frames = model, tokenizer, max_frames
         self.codebooks = int(cfg.num_codebooks)
@@ -152,25 +152,6 @@ class CsmAdapter:
         pad = cfg.pad_token_id
         self.pad_id = pad if pad is not None and 0 <= pad < cfg.text_vocab_size else 0
         self.codec = codec if codec is not None else TransformersCodec(model.codec_model)
-
-    @property
-    def device(self):
-        return next(self.model.parameters()).device
-
-    @property
-    def sample_rate(self) -> int:
-        return int(self.codec.sample_rate)
-
-    def check_compatible(self, draft) -> None:
-        if not getattr(draft, "depth", False):
-            raise ValueError("a depth-decoder target needs a depth-decoder draft (CsmAdapter)")
-        if (draft.codebooks, draft.vocab_size) != (self.codebooks, self.vocab_size):
-            raise ValueError(f"draft has {draft.codebooks} codebooks of {draft.vocab_size} ids, "
-                             f"the target {self.codebooks} of {self.vocab_size}: accepted a draft "
-                             "with the target's codebooks")
-        if draft.sample_rate != self.sample_rate:
-            raise ValueError(f"sample-rate mismatch: draft codec {draft.sample_rate} Hz, "
-                             f"target {self.sample_rate} Hz")
 
     def encode_text(self, texts) -> dict:
         rows = []

@@ -122,7 +122,35 @@ class DecoderWithTextEncoder(torch.nn.Module):
                             use_cache=use_cache, **{self._cache_arg: cache})
 
 
-class DelayPatternAdapter:
+class CodecAdapter:
+    """What every speech adapter shares: ``model``, ``codec``, C ``codebooks`` of
+    ``vocab_size`` ids; a draft must be of the same kind with the same codebooks and codec
+    rate."""
+
+    codebooks = 1
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    @property
+    def sample_rate(self) -> int:
+        return int(self.codec.sample_rate)
+
+    def check_compatible(self, draft) -> None:
+        if type(draft) is not type(self):
+            raise ValueError(f"a {type(self).__name__} target needs a draft of the same kind, got "
+                             f"{type(draft).__name__}")
+        if (draft.codebooks, draft.vocab_size) != (self.codebooks, self.vocab_size):
+            raise ValueError(f"draft has {draft.codebooks} codebooks of {draft.vocab_size} ids, "
+                             f"the target {self.codebooks} of {self.vocab_size}: accepted a draft "
+                             "with the target's codebooks")
+        if draft.sample_rate != self.sample_rate:
+            raise ValueError(f"sample-rate mismatch: draft codec {draft.sample_rate} Hz, "
+                             f"target {self.sample_rate} Hz")
+
+
+class DelayPatternAdapter(CodecAdapter):
     """A MusicGen-layout model: ``model.text_encoder``, ``model.decoder`` with C codebooks,
     a codec with ``decode(frames [B, N, C]) -> [B, samples]`` and ``sample_rate``.
 
@@ -152,23 +180,6 @@ class DelayPatternAdapter:
         self.eos = eos_token_id
         self.max_frames = max_frames
         self.frames_per_char = frames_per_char
-
-    @property
-    def device(self):
-        return next(self.model.parameters()).device
-
-    @property
-    def sample_rate(self) -> int:
-        return int(self.codec.sample_rate)
-
-    def check_compatible(self, draft: "DelayPatternAdapter") -> None:
-        if (draft.codebooks, draft.vocab_size) != (self.codebooks, self.vocab_size):
-            raise ValueError(f"draft has {draft.codebooks} codebooks of {draft.vocab_size} ids, "
-                             f"the target {self.codebooks} of {self.vocab_size}: accepted a draft "
-                             "with the target's codebooks")
-        if draft.codec.sample_rate != self.codec.sample_rate:
-            raise ValueError(f"sample-rate mismatch: draft codec {draft.codec.sample_rate} Hz, "
-                             f"target {self.codec.sample_rate} Hz")
 
     def encode_text(self, texts: list[str]) -> dict:
         rows = []
@@ -205,14 +216,12 @@ class DelayPatternAdapter:
             return self.codec.decode(frames.clamp(0, self.codec.codebook_size - 1))
 
 
-class SingleCodebookAdapter:
+class SingleCodebookAdapter(CodecAdapter):
     """A decoder-only LM over [text ids | codec ids] (Llasa-style): an ordinary token stream.
 
     codec_ids: vocabulary id of each codec code (codec order); end_id: end-of-speech id;
     prefix / suffix: ids around the text; codec: ``decode(frames [B, N, 1])``.
     """
-
-    codebooks = 1
 
     def __init__(self, model, codec, codec_ids, end_id: int, tokenizer=None, prefix=(), suffix=(),
                  pad_id: int = 0, max_frames: int = 256):
@@ -222,17 +231,6 @@ class SingleCodebookAdapter:
         self.eos = self.vocab_size - 1
         self.prefix, self.suffix, self.pad_id = list(prefix), list(suffix), pad_id
         self.max_frames = max_frames
-
-    device = DelayPatternAdapter.device
-    sample_rate = DelayPatternAdapter.sample_rate
-
-    def check_compatible(self, draft) -> None:
-        if draft.vocab_size != self.vocab_size:
-            raise ValueError(f"draft has {draft.vocab_size} codec ids, the target "
-                             f"{self.vocab_size}: accepted a draft with the target's codebook")
-        if draft.codec.sample_rate != self.codec.sample_rate:
-            raise ValueError(f"sample-rate mismatch: draft codec {draft.codec.sample_rate} Hz, "
-                             f"target {self.codec.sample_rate} Hz")
 
     def encode_text(self, texts) -> dict:
         rows = []
