@@ -300,31 +300,17 @@ class SpeechTask:
 
     def visual(self, tokens_by_method: dict, path: str, show: int = 2) -> None:
         """Mel spectrograms of the first prompts, one row per method, at the same seed."""
-        import matplotlib
+        from modalities.speech.pipeline import spectrogram_grid
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        from modalities.speech.pipeline import mel_db
-
-        methods = list(tokens_by_method)
-        c = self.tts.target.codebooks
-        fig, axes = plt.subplots(len(methods), show, figsize=(4 * show, 1.8 * len(methods)),
-                                 squeeze=False)
-        for i, m in enumerate(methods):
-            for j, ids in enumerate(tokens_by_method[m][:show]):
-                ax = axes[i, j]
-                codes = torch.tensor(ids, dtype=torch.long).view(-1, c)
-                if len(codes):
-                    wave = self.tts.target.decode(codes[None].to(self.tts.target.device))[0]
-                    ax.imshow(mel_db(wave, self.tts.target.sample_rate), origin="lower",
-                              aspect="auto", cmap="magma")
-                ax.set_title(f"{m[:24]} #{j}", fontsize=8)
-                ax.set_xticks([])
-                ax.set_yticks([])
-        fig.tight_layout()
-        fig.savefig(path, dpi=90)
-        plt.close(fig)
+        tgt = self.tts.target
+        waves = {}
+        for m, rows in tokens_by_method.items():
+            waves[m] = []
+            for ids in rows[:show]:
+                codes = torch.tensor(ids, dtype=torch.long).view(-1, tgt.codebooks)
+                waves[m].append(tgt.decode(codes[None].to(tgt.device))[0] if len(codes)
+                                else np.zeros(0, np.float32))
+        spectrogram_grid(waves, tgt.sample_rate, path, show=show, dpi=90)
 
 
 TASKS = {"image": ImageTask, "vlm": VLMTask, "speech": SpeechTask}

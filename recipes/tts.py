@@ -20,27 +20,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def comparison(plain, spec, method, path):
-    import matplotlib
+    """Plain decoding and the method at the same seed, one spectrogram per text."""
+    from modalities.speech.pipeline import spectrogram_grid
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from modalities.speech.pipeline import mel_db
-
-    n = len(plain.waveforms)
-    fig, axes = plt.subplots(2, n, figsize=(4 * n, 4.5), squeeze=False)
-    for i in range(n):
-        for r, (name, out) in enumerate((("plain", plain), (method, spec))):
-            ax = axes[r][i]
-            if len(out.waveforms[i]):
-                ax.imshow(mel_db(out.waveforms[i], out.sample_rate), origin="lower", aspect="auto",
-                          cmap="magma")
-            ax.set_title(f"{name} #{i}", fontsize=8)
-            ax.set_xticks([])
-            ax.set_yticks([])
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return spectrogram_grid({"plain": plain.waveforms, method: spec.waveforms}, plain.sample_rate,
+                            path)
 
 
 def main(argv=None):

@@ -122,6 +122,33 @@ class DecoderWithTextEncoder(torch.nn.Module):
                             use_cache=use_cache, **{self._cache_arg: cache})
 
 
+def spectrogram_grid(waves_by_name: dict, sample_rate: int, path: str, show: int | None = None,
+                     dpi: int = 100) -> str:
+    """Mel spectrograms, one row per name (a method), one column per waveform (at the same
+    seed), written to ``path``; empty waveforms leave their cell blank."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(waves_by_name)
+    n = max(len(w) for w in waves_by_name.values()) if show is None else show
+    fig, axes = plt.subplots(len(names), n, figsize=(4 * n, 2.2 * len(names)), squeeze=False)
+    for r, name in enumerate(names):
+        for i in range(n):
+            ax = axes[r][i]
+            waves = waves_by_name[name]
+            if i < len(waves) and len(waves[i]):
+                ax.imshow(mel_db(waves[i], sample_rate), origin="lower", aspect="auto", cmap="magma")
+            ax.set_title(f"{name[:24]} #{i}", fontsize=8)
+            ax.set_xticks([])
+            ax.set_yticks([])
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 class CodecAdapter:
     """What every speech adapter shares: ``model``, ``codec``, C ``codebooks`` of
     ``vocab_size`` ids; a draft must be of the same kind with the same codebooks and codec
