@@ -15,16 +15,9 @@ CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}USER: "
 
 
 def word_tokenizer(words=WORDS):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from recipes.train.vlm import tokenizer
 
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
-                                   eos_token="</s>", unk_token="<unk>",
-                                   additional_special_tokens=["<image>"])
-    fast.padding_side = "left"
-    return fast
+    return tokenizer(words, chat_template=None)
 
 
 def tiny_processor(image_size: int = 32, patch: int = 8):

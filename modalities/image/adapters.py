@@ -21,20 +21,11 @@ from __future__ import annotations
 
 import torch
 
+from modalities.padding import left_pad  # noqa: F401  (re-exported)
+
 from mmspec.cache import cache_argument
 from mmspec.sampling import SamplingParams
 from mmspec.session import CausalLMSession, TokenSpanSession
-
-
-def left_pad(rows: list[list[int]], pad: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, r in enumerate(rows):
-        if r:
-            ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-            mask[i, width - len(r):] = 1
-    return ids.to(device), mask.to(device)
 
 
 def pad_together(rows: list[list[int]], other: list[list[int]], pad: int):

@@ -169,7 +169,7 @@ class CsmAdapter(CodecAdapter):
             if not body:
                 raise ValueError("text: accepted non-empty token lists")
             rows.append(body)
-        from modalities.image.adapters import left_pad
+        from modalities.padding import left_pad
 
         ids, mask = left_pad(rows, self.pad_id, self.device)
         return dict(input_ids=ids, attention_mask=mask)

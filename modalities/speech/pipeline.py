@@ -222,13 +222,10 @@ class DelayPatternAdapter(CodecAdapter):
                 rows.append([int(x) for x in t])
                 if not rows[-1]:
                     raise ValueError("text: accepted non-empty token lists")
-        width = max(len(r) for r in rows)
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        mask = torch.zeros(len(rows), width, dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, : len(r)] = torch.tensor(r)
-            mask[i, : len(r)] = 1
-        return dict(input_ids=ids.to(self.device), attention_mask=mask.to(self.device))
+        from modalities.padding import pad_rows
+
+        ids, mask = pad_rows(rows, 0, "right", self.device)       # the text encoder's input
+        return dict(input_ids=ids, attention_mask=mask)
 
     def session(self, params, guidance_scale, num_frames):
         return DelayPatternSession(self.model, params, guidance_scale, num_frames, self.pad, self.eos)
@@ -268,7 +265,7 @@ class SingleCodebookAdapter(CodecAdapter):
             if not body:
                 raise ValueError("text: accepted non-empty token lists")
             rows.append(self.prefix + list(body) + self.suffix)
-        from modalities.image.adapters import left_pad
+        from modalities.padding import left_pad
 
         ids, mask = left_pad(rows, self.pad_id, self.device)
         return dict(input_ids=ids, attention_mask=mask)

@@ -23,9 +23,8 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
-from recipes.train.data import count_params, device, write_card
+from recipes.train.data import count_params, device, fit, write_card
 from recipes.train.speech_data import ALPHABET
 
 CODES, PAD, EOS = 256, 256, 257
@@ -75,14 +74,9 @@ def encode_texts(texts, dev):
     from modalities.speech.bundled import CharTokenizer
 
     tok = CharTokenizer(ALPHABET, 1)
-    rows = [tok.encode(t) for t in texts]
-    w = max(len(r) for r in rows)
-    ids = torch.zeros(len(rows), w, dtype=torch.long)
-    mask = torch.zeros(len(rows), w, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
-        mask[i, : len(r)] = 1
-    return ids.to(dev), mask.to(dev)
+    from modalities.padding import pad_rows
+
+    return pad_rows([tok.encode(t) for t in texts], 0, "right", dev)
 
 
 def batch_tensors(frames_list, c, dev):
@@ -105,7 +99,6 @@ def train(args):
     texts, frames = load(os.path.join(args.data, "speech.npz"))
     c = frames[0].shape[1]
     model = build(args.size, c).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     rng = np.random.default_rng(0)
     t0 = time.time()
 
@@ -121,20 +114,7 @@ def train(args):
         logits = logits.float().view(b, c, t, -1).permute(0, 2, 1, 3)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), ignore_index=-100)
 
-    steps = args.steps
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr, total_steps=steps, pct_start=0.05)
-    t_train = time.time()
-    for i in tqdm(range(steps), desc=f"tts {args.size}", mininterval=10):
-        if time.time() - t_train > args.time_budget:   # hard cap: stop early, say so in the card
-            steps = i
-            break
-        loss = step_loss()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-    model.eval()
+    steps, loss = fit(model, step_loss, args.steps, args.lr, args.time_budget, f"tts {args.size}")
     out_dir = args.out
     model.to(torch.bfloat16).save_pretrained(out_dir, safe_serialization=True)
     meta = dict(codec=args.codec_ref,

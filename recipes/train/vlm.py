@@ -23,10 +23,9 @@ import time
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from modalities import shapes_world as sw
-from recipes.train.data import HELD_OUT, count_params, device, write_card
+from recipes.train.data import HELD_OUT, count_params, device, fit, write_card
 
 WORDS = (["<pad>", "<s>", "</s>", "<unk>", "<image>", "USER:", "ASSISTANT:", "?", ".", "1", "2", "3"]
          + sorted({"a", "and", "are", "at", "colour", "describe", "how", "image", "is", "many",
@@ -41,17 +40,18 @@ SIZES = {"target": dict(hidden=256, layers=6, heads=8, inter=688, vision=128, vl
          "text-draft": dict(hidden=128, layers=2, heads=4, inter=352)}
 
 
-def tokenizer():
+def tokenizer(words=WORDS, chat_template: str | None = CHAT):
+    """A word-level fast tokenizer over ``words`` (left padding, ``<image>`` special)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
                                    eos_token="</s>", unk_token="<unk>",
                                    additional_special_tokens=["<image>"])
     fast.padding_side = "left"
-    fast.chat_template = CHAT
+    fast.chat_template = chat_template
     return fast
 
 
@@ -119,12 +119,9 @@ def encode_batch(proc, batch, with_image: bool, dev):
     enc = proc(images=[b[0] for b in batch], text=prompts, return_tensors="pt", padding=True) \
         if with_image else tok(prompts, return_tensors="pt", padding=True)
     ans = [tok(a + " </s>", add_special_tokens=False)["input_ids"] for _, _, a in batch]
-    width = max(len(x) for x in ans)
-    a_ids = torch.zeros(len(batch), width, dtype=torch.long)
-    a_mask = torch.zeros(len(batch), width, dtype=torch.long)
-    for i, x in enumerate(ans):
-        a_ids[i, : len(x)] = torch.tensor(x)
-        a_mask[i, : len(x)] = 1
+    from modalities.padding import pad_rows
+
+    a_ids, a_mask = pad_rows(ans, 0, "right")
     ids = torch.cat([enc["input_ids"], a_ids], 1)
     mask = torch.cat([enc["attention_mask"], a_mask], 1)
     labels = torch.cat([torch.full_like(enc["input_ids"], -100), torch.where(a_mask == 1, a_ids, -100)], 1)
@@ -190,9 +187,6 @@ def main(argv=None):
     with_image = args.which != "text-draft"
     rng = random.Random(0)
     data = examples(range(args.data), rng, all_questions=True)   # a fresh question per visit
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    model.train()
-
     def step_loss():
         batch = []
         for _ in range(args.batch):
@@ -203,20 +197,7 @@ def main(argv=None):
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             return model(**inputs).loss
 
-    steps = args.steps
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr, total_steps=steps, pct_start=0.05)
-    t_train = time.time()
-    for i in tqdm(range(steps), desc=f"vlm {args.which}", mininterval=10):
-        if time.time() - t_train > args.time_budget:   # hard cap: stop early, say so in the card
-            steps = i
-            break
-        loss = step_loss()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-    model.eval()
+    steps, loss = fit(model, step_loss, args.steps, args.lr, args.time_budget, f"vlm {args.which}")
     train_s = time.time() - t0
     acc = accuracy(model, proc, args.which, args.eval, dev)
     model.to(torch.bfloat16).save_pretrained(out_dir, safe_serialization=True)
