@@ -194,6 +194,14 @@ def _cuda():
     return torch.cuda.is_available()
 
 
+def _ragged_sum(arrays) -> np.ndarray:
+    """Element-wise sum of 1-D sequences of different lengths (zero-padded)."""
+    out = np.zeros(max((len(a) for a in arrays), default=0))
+    for a in arrays:
+        out[: len(a)] += np.asarray(a, float)
+    return out
+
+
 def _plots(out_dir, summary, by, task) -> list[str]:
     import matplotlib
 
@@ -201,6 +209,16 @@ def _plots(out_dir, summary, by, task) -> list[str]:
     import matplotlib.pyplot as plt
 
     made = []
+
+    def save(fig, ax, name, xlabel, ylabel):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, name), dpi=110)
+        plt.close(fig)
+        made.append(name)
+
     qm = next((m for m in getattr(task, "quality_metrics", ()) if any(m in s for s in summary)), None)
     if qm:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -219,56 +237,30 @@ def _plots(out_dir, summary, by, task) -> list[str]:
             fx, fy = zip(*sorted(front))
             ax.plot(fx, fy, "k--", lw=1, label="Pareto front")
             ax.legend(fontsize=8)
-        ax.set_xlabel("measured speedup against plain decoding")
-        ax.set_ylabel(qm.replace("_", " "))
-        ax.grid(alpha=0.3)
         ax.set_title(f"{task.modality}: quality versus speedup")
-        fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, "quality_vs_speedup.png"), dpi=110)
-        plt.close(fig)
-        made.append("quality_vs_speedup.png")
+        save(fig, ax, "quality_vs_speedup.png", "measured speedup against plain decoding",
+             qm.replace("_", " "))
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, rs in by.items():
         units = {}
         for r in rs:
             units.setdefault(r["key"], r)
-        acc = np.zeros(0)
-        dra = np.zeros(0)
-        for u in units.values():
-            a, d = np.array(u["accepted_by_position"], float), np.array(u["drafted_by_position"], float)
-            n = max(len(acc), len(a))
-            acc, dra = np.pad(acc, (0, n - len(acc))), np.pad(dra, (0, n - len(dra)))
-            acc[: len(a)] += a
-            dra[: len(d)] += d
+        acc = _ragged_sum([u["accepted_by_position"] for u in units.values()])
+        dra = _ragged_sum([u["drafted_by_position"] for u in units.values()])
         if dra.sum() > 0:
+            acc = np.pad(acc, (0, max(0, len(dra) - len(acc))))[: len(dra)]
             ok = dra > 0
-            ax.plot(np.arange(1, len(dra) + 1)[ok], (acc / np.maximum(dra, 1))[ok], marker="o",
-                    ms=3, label=label)
-    ax.set_xlabel("draft position")
-    ax.set_ylabel("acceptance rate (given the earlier drafts were accepted)")
-    ax.grid(alpha=0.3)
+            ax.plot(np.arange(1, len(dra) + 1)[ok], (acc / np.maximum(dra, 1))[ok],
+                    marker="o", ms=3, label=label)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "acceptance_by_position.png"), dpi=110)
-    plt.close(fig)
-    made.append("acceptance_by_position.png")
+    save(fig, ax, "acceptance_by_position.png", "draft position",
+         "acceptance rate (given the earlier drafts were accepted)")
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, rs in by.items():
-        h = np.zeros(0)
-        for r in rs:
-            x = np.array(r["histogram"], float)
-            n = max(len(h), len(x))
-            h = np.pad(h, (0, n - len(h)))
-            h[: len(x)] += x
+        h = _ragged_sum([r["histogram"] for r in rs])
         if h.sum() > 0 and len(h) > 1:
             ax.plot(np.arange(1, len(h) + 1), h / h.sum(), marker=".", label=label)
-    ax.set_xlabel("tokens emitted in a step")
-    ax.set_ylabel("fraction of steps")
     ax.set_yscale("log")
-    ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "tokens_per_step_hist.png"), dpi=110)
-    plt.close(fig)
-    made.append("tokens_per_step_hist.png")
+    save(fig, ax, "tokens_per_step_hist.png", "tokens emitted in a step", "fraction of steps")
     return made
