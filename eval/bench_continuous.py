@@ -3,6 +3,7 @@ rejection, for mixture and diffusion heads, with and without trajectory alignmen
 
     python -m eval.bench_continuous                       # trains tiny pairs on the CPU (~1 min)
     python -m eval.bench_continuous --target DIR --draft DIR [--prompts FILE]  # trained models
+    python -m eval.bench_continuous --input-noise 0,0.1,0.3   # training-input noise, synthetic
 
 Without --target, a target and a draft of each head are trained here on the synthetic latent
 sequences of recipes/train/continuous.py (length 16, D = 2) and measured on ``--rows`` rows.
@@ -57,6 +58,33 @@ def run_one(gen, cond, *, k, temperature, aligned, guidance, seed, prefill):
                 seconds_plain=round(t_plain, 3))
 
 
+def energy_distance(x, y) -> float:
+    """Energy distance 2 E|X-Y| - E|X-X'| - E|Y-Y'| between two samples [N, d]."""
+    x, y = torch.as_tensor(x, dtype=torch.float64), torch.as_tensor(y, dtype=torch.float64)
+    return float(2 * torch.cdist(x, y).mean() - torch.cdist(x, x).mean() - torch.cdist(y, y).mean())
+
+
+def exposure(noises: list[float], steps: int, rows: int = 600, length: int = 16) -> list[dict]:
+    """Training-input noise against exposure bias: tiny mixture models of the synthetic task
+    trained with each noise level; energy distance of their plain samples (whole sequences)
+    to the data, next to the floor between two samples of the data."""
+    from recipes.train.continuous import SyntheticLatents, train_synthetic
+
+    data = SyntheticLatents(length=length)
+    labels = [i % 5 for i in range(rows)]
+    _, real = data.sample(rows, torch.Generator().manual_seed(9), labels=labels)
+    _, real2 = data.sample(rows, torch.Generator().manual_seed(10), labels=labels)
+    out = [dict(input_noise="floor (data vs data)",
+                energy_distance=round(energy_distance(real2.reshape(rows, -1), real.reshape(rows, -1)), 4))]
+    for noise in noises:
+        model, losses, _ = train_synthetic("tiny", "mixture", steps=steps, length=length,
+                                           input_noise=noise)
+        gen = ContinuousImageGenerator(model)(labels, seed=0).latents.reshape(rows, -1)
+        out.append(dict(input_noise=noise, final_loss=round(sum(losses[-50:]) / 50, 3),
+                        energy_distance=round(energy_distance(gen, real.reshape(rows, -1)), 4)))
+    return out
+
+
 def table(rows: list[dict]) -> str:
     cols = ["head", "aligned", "temperature", "k", "alpha", "acceptance", "tokens_per_step",
             "bound_tokens_per_step", "proposals_per_rejection", "fallbacks", "speedup"]
@@ -79,7 +107,14 @@ def main(argv=None):
     ap.add_argument("--train-steps", type=int, default=400)
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", default="out/bench_continuous")
+    ap.add_argument("--input-noise", default=None,
+                    help="e.g. 0,0.1,0.3: instead of the table, compare training-input noise "
+                         "levels by the energy distance of samples to the synthetic data")
     a = ap.parse_args(argv)
+    if a.input_noise is not None:
+        for r in exposure([float(x) for x in a.input_noise.split(",")], a.train_steps):
+            print(json.dumps(r), flush=True)
+        return
     dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     ks = [int(x) for x in a.k.split(",")]
     temps = [float(x) for x in a.temperatures.split(",")]

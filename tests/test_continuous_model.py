@@ -89,9 +89,7 @@ def test_trajectory_alignment_raises_acceptance(diffusion_pair):
     assert a.stats.acceptance_rate > b.stats.acceptance_rate + 0.15
 
 
-def test_self_draft_accepts_everything_and_prefill_counts_plain_steps(mixture_pair):
-    target, _ = mixture_pair
-    gen = ContinuousImageGenerator(target, target)
+def test_self_draft_accepts_everything_and_prefill_counts_plain_steps():
     model = tiny_continuous("mixture", seed=0, spread=0.6, grid=(2, 4))
     gen = ContinuousImageGenerator(model, model)
     out = gen([1, 2], num_draft_tokens=3, seed=0)
