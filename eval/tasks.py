@@ -129,7 +129,8 @@ class VLMTask:
     Prompts: one per line, ``IMAGE<TAB>QUESTION[<TAB>ANSWER]`` where IMAGE is a shapes-world
     seed (the scene is rendered) or an image file. Per row: answer accuracy (exact match after
     whitespace normalisation, when the line gives an answer) and agreement with the target's
-    plain greedy answer (computed once per prompt and cached). Greedy by default
+    plain greedy answer (taken from the plain greedy run when the sweep has one, else computed
+    once per prompt; cached). Greedy by default
     (``--temperature`` changes it)."""
 
     modality = "vlm"
@@ -190,6 +191,8 @@ class VLMTask:
         out = self.gen_obj.generate(images, msgs, method=method, seed=seed,
                                     max_new_tokens=self.max_new_tokens, **self.gen, **params)
         seconds = time.perf_counter() - t0
+        if method == "plain" and not params and self.gen.get("temperature") == 0:
+            self._greedy.update(zip(prompts, out.texts))   # the reference, already computed
         return dict(outputs=out.texts, tokens=out.token_ids, stats=out.stats, seconds=seconds)
 
     def score(self, prompts, outputs):

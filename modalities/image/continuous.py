@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -355,10 +356,6 @@ class WordIds:
         return [self.index[w] for w in text.split()]
 
 
-def _cast(model):
-    return model.eval()
-
-
 class ContinuousImageGenerator:
     """CSpD on continuous-token image models.
 
@@ -386,7 +383,7 @@ class ContinuousImageGenerator:
                 raise ValueError(f"conditioning vocabularies differ: target "
                                  f"{target.config.cond_vocab_size}, draft "
                                  f"{draft.config.cond_vocab_size}")
-        self.target, self.draft = _cast(target), (None if draft is None else _cast(draft))
+        self.target, self.draft = target.eval(), (None if draft is None else draft.eval())
         self.decoder, self.tokenizer = decoder, tokenizer
 
     @classmethod
@@ -536,8 +533,6 @@ class ContinuousImageGenerator:
         if m:
             drafter = Prefilled(drafter, m)
         stats = StepStats()
-        import time
-
         t0 = time.perf_counter()
         tgt.prefill(ids, mask, **prompt)
         drafter.begin(ids, mask, **prompt)
