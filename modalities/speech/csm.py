@@ -153,27 +153,6 @@ class CsmAdapter(CodecAdapter):
         self.pad_id = pad if pad is not None and 0 <= pad < cfg.text_vocab_size else 0
         self.codec = codec if codec is not None else TransformersCodec(model.codec_model)
 
-    def encode_text(self, texts) -> dict:
-        rows = []
-        for t in texts:
-            if isinstance(t, str):
-                if not t.strip():
-                    raise ValueError("text: accepted non-empty strings")
-                if self.tokenizer is None:
-                    raise ValueError("string texts need a tokenizer (the CSM processor's)")
-                enc = self.tokenizer(t) if callable(self.tokenizer) else self.tokenizer.encode(t)
-                body = enc["input_ids"] if isinstance(enc, dict) or hasattr(enc, "keys") else enc
-                body = list(body[0] if body and isinstance(body[0], list) else body)
-            else:
-                body = [int(x) for x in t]
-            if not body:
-                raise ValueError("text: accepted non-empty token lists")
-            rows.append(body)
-        from modalities.padding import left_pad
-
-        ids, mask = left_pad(rows, self.pad_id, self.device)
-        return dict(input_ids=ids, attention_mask=mask)
-
     def session(self, params, guidance_scale, num_frames=None):
         if guidance_scale is not None:
             raise ValueError("guidance_scale: CSM has no unconditional branch; accepted None")

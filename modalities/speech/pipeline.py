@@ -155,6 +155,31 @@ class CodecAdapter:
     rate."""
 
     codebooks = 1
+    text_padding = "left"          # decoder-only prompts; a text encoder's input: "right"
+    prefix: tuple = ()
+    suffix: tuple = ()
+
+    def text_ids(self, t) -> list[int]:
+        """A text (through ``tokenizer``) or a list of ids -> ids, refusing empty input."""
+        if isinstance(t, str):
+            if not t.strip():
+                raise ValueError("text: accepted non-empty strings")
+            if self.tokenizer is None:
+                raise ValueError("string texts need a tokenizer")
+            enc = self.tokenizer.encode(t)
+            body = list(enc["input_ids"] if isinstance(enc, dict) else enc)
+        else:
+            body = [int(x) for x in t]
+        if not body:
+            raise ValueError("text: accepted non-empty token lists")
+        return body
+
+    def encode_text(self, texts) -> dict:
+        from modalities.padding import pad_rows
+
+        rows = [list(self.prefix) + self.text_ids(t) + list(self.suffix) for t in texts]
+        ids, mask = pad_rows(rows, getattr(self, "pad_id", 0), self.text_padding, self.device)
+        return dict(input_ids=ids, attention_mask=mask)
 
     @property
     def device(self):
@@ -188,6 +213,8 @@ class DelayPatternAdapter(CodecAdapter):
     decoder's pad / start id; eos_token_id: end-of-speech id (None: fixed length).
     """
 
+    text_padding = "right"         # the text encoder's input
+
     def __init__(self, model, codec, tokenizer=None, pad_token_id=None, eos_token_id=None,
                  max_frames: int = 256, frames_per_char: float | None = None, text_encoder=None,
                  enc_to_dec_proj=None):
@@ -207,25 +234,6 @@ class DelayPatternAdapter(CodecAdapter):
         self.eos = eos_token_id
         self.max_frames = max_frames
         self.frames_per_char = frames_per_char
-
-    def encode_text(self, texts: list[str]) -> dict:
-        rows = []
-        for t in texts:
-            if isinstance(t, str):
-                if not t.strip():
-                    raise ValueError("text: accepted non-empty strings")
-                if self.tokenizer is None:
-                    raise ValueError("string texts need a tokenizer")
-                enc = self.tokenizer.encode(t)
-                rows.append(list(enc["input_ids"] if isinstance(enc, dict) else enc))
-            else:
-                rows.append([int(x) for x in t])
-                if not rows[-1]:
-                    raise ValueError("text: accepted non-empty token lists")
-        from modalities.padding import pad_rows
-
-        ids, mask = pad_rows(rows, 0, "right", self.device)       # the text encoder's input
-        return dict(input_ids=ids, attention_mask=mask)
 
     def session(self, params, guidance_scale, num_frames):
         return DelayPatternSession(self.model, params, guidance_scale, num_frames, self.pad, self.eos)
@@ -255,20 +263,6 @@ class SingleCodebookAdapter(CodecAdapter):
         self.eos = self.vocab_size - 1
         self.prefix, self.suffix, self.pad_id = list(prefix), list(suffix), pad_id
         self.max_frames = max_frames
-
-    def encode_text(self, texts) -> dict:
-        rows = []
-        for t in texts:
-            if isinstance(t, str) and not t.strip():
-                raise ValueError("text: accepted non-empty strings")
-            body = (self.tokenizer.encode(t) if isinstance(t, str) else [int(x) for x in t])
-            if not body:
-                raise ValueError("text: accepted non-empty token lists")
-            rows.append(self.prefix + list(body) + self.suffix)
-        from modalities.padding import left_pad
-
-        ids, mask = left_pad(rows, self.pad_id, self.device)
-        return dict(input_ids=ids, attention_mask=mask)
 
     def session(self, params, guidance_scale, num_frames=None):
         from mmspec.session import TokenSpanSession
