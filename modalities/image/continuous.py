@@ -296,6 +296,22 @@ class ContinuousARModel(PreTrainedModel):
         return self.head.loss(h, latents)
 
 
+def prompt_rows(rows: list[list[int]], cfg: ContinuousARConfig, drop: torch.Tensor | None = None,
+                width: int | None = None):
+    """(ids, mask) [N, W]: ``[cond ids..., bos]`` left-padded (mask 0, null ids); a dropped
+    row (``drop`` [N] bool) has null ids in place of its condition: the unconditional prompt
+    of guidance and of caption dropout in training."""
+    width = width or max(len(r) for r in rows) + 1
+    ids = torch.full((len(rows), width), cfg.null_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if drop is None or not bool(drop[i]):
+            ids[i, width - 1 - len(r): width - 1] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - 1 - len(r):] = 1
+    ids[:, -1] = cfg.bos_id
+    return ids, mask
+
+
 # -- the session the loop drives ----------------------------------------------------------------
 class ContinuousSession(CausalLMSession):
     """A ``CausalLMSession`` whose step returns densities [B, n] over latents (vectors in,
@@ -492,19 +508,11 @@ class ContinuousImageGenerator:
         rule = ContinuousExact(max_proposals=max_proposals) if rule is None else rule
         dev = self.device
         b, n_tok = len(rows), cfg.num_tokens
-        width = max(len(r) for r in rows) + 1
-        ids = torch.full((b, width), cfg.null_id, dtype=torch.long)
-        mask = torch.zeros((b, width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, width - 1 - len(r): width - 1] = torch.tensor(r)
-            mask[i, width - 1 - len(r):] = 1
-        ids[:, -1] = cfg.bos_id
-        ids, mask = ids.to(dev), mask.to(dev)
+        ids, mask = (t.to(dev) for t in prompt_rows(rows, cfg))
         prompt = {}
         if guidance_scale is not None:
-            un = torch.where(mask.bool(), cfg.null_id, 0)
-            un[:, -1] = cfg.bos_id
-            prompt = dict(uncond_ids=un, uncond_mask=mask.clone())
+            un, _ = prompt_rows(rows, cfg, drop=torch.ones(b, dtype=torch.bool))
+            prompt = dict(uncond_ids=un.to(dev), uncond_mask=mask.clone())
         gen = make_generator(seed, dev)
 
         def bank(model):

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from modalities.image.continuous import ContinuousARConfig, ContinuousARModel
+from modalities.image.continuous import ContinuousARConfig, ContinuousARModel, prompt_rows
 
 SIZES = {"tiny": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, intermediate_size=64, head_width=32, head_depth=1),
@@ -63,22 +63,6 @@ class SyntheticLatents:
 
     def config(self, **kw) -> dict:
         return dict(latent_dim=self.dim, grid=(1, self.length), cond_vocab_size=self.num_classes, **kw)
-
-
-def prompt_rows(rows: list[list[int]], cfg: ContinuousARConfig, drop: torch.Tensor | None = None,
-                width: int | None = None):
-    """(ids, mask) [N, W]: ``[cond ids..., bos]`` left-padded (mask 0), exactly as
-    ContinuousImageGenerator builds prompts; a dropped row has null ids in place of its
-    condition (the unconditional prompt of guidance)."""
-    width = width or max(len(r) for r in rows) + 1
-    ids = torch.full((len(rows), width), cfg.null_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        if drop is None or not bool(drop[i]):
-            ids[i, width - 1 - len(r): width - 1] = torch.tensor(r, dtype=torch.long)
-        mask[i, width - 1 - len(r):] = 1
-    ids[:, -1] = cfg.bos_id
-    return ids, mask
 
 
 def build(size: str, head: str, data_cfg: dict, **kw) -> ContinuousARModel:
