@@ -123,6 +123,11 @@ def resolve(argv=None) -> argparse.Namespace:
     cfg = load_config(args.config) if args.config else {}
     for k, v in DEFAULTS.items():
         cfg.setdefault(k, v)
+    if args.methods is not None and args.param is None and isinstance(cfg.get("param"), dict):
+        # --methods on the command line picks among the config's methods: its settings for
+        # the methods left out are dropped (an explicit --param still has to match).
+        chosen = {m.strip() for m in args.methods.split(",")}
+        cfg["param"] = {m: d for m, d in cfg["param"].items() if m in chosen}
     for k, v in vars(args).items():
         if v is not None and k != "config":
             cfg[k.replace("-", "_")] = v

@@ -46,6 +46,18 @@ def crop(cache, remove: int) -> None:
     if remove == 0 or cache is None:
         return
     target = getattr(cache, "self_attention_cache", cache)  # EncoderDecoderCache
+    layers = getattr(target, "layers", None) or []
+    if any(not hasattr(layer, "crop") for layer in layers):
+        # transformers < 5.18: static layers have no crop; their write pointer is
+        # ``cumulative_length`` (what later versions' crop moves).
+        for layer in layers:
+            if hasattr(layer, "crop"):
+                layer.crop(-remove)
+            elif hasattr(layer, "cumulative_length"):
+                layer.cumulative_length.sub_(remove)
+            else:
+                raise TypeError(f"cannot roll back a {type(layer).__name__} cache layer")
+        return
     target.crop(-remove)
 
 

@@ -27,6 +27,23 @@ def test_speculative_greedy_equals_plain_greedy(pair, ragged_prompts, k):
     assert plain.stats.steps == 24
 
 
+@pytest.mark.parametrize("k", [1, 4])
+def test_static_cache_path_equals_dynamic_path(pair, ragged_prompts, k):
+    """The GPU path's static, position-indexed cache run eagerly (rollback moves the write
+    pointer): the same tokens as the dynamic cache and as plain greedy, ragged rows."""
+    target, draft = pair
+    ids, mask = ragged_prompts
+    kw = dict(attention_mask=mask, temperature=0, max_new_tokens=24)
+    plain = mmspec.generate(target, None, ids, **kw)
+    plain_static = mmspec.generate(target, None, ids, static_cache=True, **kw)
+    spec = mmspec.generate(target, draft, ids, num_draft_tokens=k, **kw)
+    spec_static = mmspec.generate(target, draft, ids, num_draft_tokens=k, static_cache=True, **kw)
+    assert torch.equal(plain_static.sequences, plain.sequences)
+    assert torch.equal(spec_static.sequences, plain.sequences)
+    assert spec_static.stats.accepted == spec.stats.accepted
+    assert spec_static.stats.accepted < spec_static.stats.drafted     # rollbacks happened
+
+
 def test_plain_greedy_equals_transformers_generate(pair, ragged_prompts):
     """The baseline itself is checked against Hugging Face, one unpadded row at a time."""
     target, _ = pair
