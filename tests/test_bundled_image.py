@@ -38,9 +38,40 @@ def test_seeded_generation_reproduces_committed_ids(pipe):
     assert out.tokens[0].tolist() == ref["tokens"]
 
 
+@pytest.fixture(scope="module")
+def continuous():
+    from modalities.image.continuous import ContinuousImageGenerator
+
+    return ContinuousImageGenerator.from_pretrained(
+        os.path.join(MODELS, "shapes-continuous"), draft=os.path.join(MODELS, "shapes-continuous-draft"))
+
+
+def test_bundled_continuous_pair_generates_latents_that_decode_to_64x64(continuous):
+    cfg = continuous.target.config
+    assert cfg.head == continuous.draft.config.head == "mixture"
+    assert tuple(cfg.grid) == (16, 16) and cfg.latent_dim == continuous.draft.config.latent_dim
+    out = continuous(prompts=["a large yellow star at the centre"], seed=1, num_draft_tokens=2)
+    assert out.latents.shape == (1, 256, cfg.latent_dim) and torch.isfinite(out.latents).all()
+    assert out.images[0].size == (64, 64)
+    assert out.stats.extra["density_exact"] and out.stats.accepted > 0
+
+
+def test_bundled_continuous_seeded_generation_reproduces_committed_latents(continuous):
+    with open(os.path.join(ROOT, "tests", "data", "bundled_continuous_seed0.json")) as f:
+        ref = json.load(f)
+    out = continuous(prompts=ref["captions"], seed=ref["seed"], temperature=ref["temperature"],
+                     num_draft_tokens=ref["num_draft_tokens"], decode=False)
+    got = out.latents[:, :16].flatten(1)
+    assert torch.allclose(got, torch.tensor(ref["first_latents"]), atol=1e-4)
+    assert (out.stats.steps, out.stats.accepted) == (ref["target_steps"], ref["accepted"])
+
+
 def test_model_cards_and_sizes():
     total = 0
-    for name in ("shapes-vq", "shapes-t2i", "shapes-t2i-draft", "shapes-features"):
+    names = sorted(os.listdir(MODELS))
+    assert {"shapes-vq", "shapes-t2i", "shapes-t2i-draft", "shapes-features", "shapes-continuous",
+            "shapes-continuous-draft"} <= set(names)
+    for name in names:
         folder = os.path.join(MODELS, name)
         assert os.path.isfile(os.path.join(folder, "README.md"))
         for f in os.listdir(folder):

@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 
 import numpy as np
@@ -29,10 +30,10 @@ SIZES = {"tiny": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4
                       num_key_value_heads=2, intermediate_size=64, head_width=32, head_depth=1),
          "tiny-draft": dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                             num_key_value_heads=1, intermediate_size=32, head_width=32, head_depth=1),
-         "target": dict(hidden_size=192, num_hidden_layers=6, num_attention_heads=6,
-                        num_key_value_heads=6, intermediate_size=512, head_width=192, head_depth=3),
-         "draft": dict(hidden_size=96, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=4, intermediate_size=256, head_width=128, head_depth=2)}
+         "target": dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=8,
+                        num_key_value_heads=8, intermediate_size=640, head_width=256, head_depth=3),
+         "draft": dict(hidden_size=128, num_hidden_layers=3, num_attention_heads=4,
+                       num_key_value_heads=4, intermediate_size=384, head_width=128, head_depth=2)}
 
 
 class SyntheticLatents:
@@ -227,6 +228,7 @@ def main(argv=None):
     ap.add_argument("--prepare-only", action="store_true", help="write --cache and stop")
     ap.add_argument("--eval", type=int, default=0, help="held-out captions to score (shapes)")
     ap.add_argument("--guidance", type=float, default=None, help="for --eval (diffusion heads)")
+    ap.add_argument("--eval-temperatures", default="1.0,0.7", help="for --eval, comma-separated")
     a = ap.parse_args(argv)
     from recipes.train.data import count_params, device, write_card
 
@@ -264,7 +266,9 @@ def main(argv=None):
             drop = (torch.rand(a.batch, generator=g) < 0.1).to(dev)
             return (torch.where(drop[:, None], null[i], full[i]), fmask[i]), lat[i]
         desc = (f"{a.images} rendered shapes-world scenes (seeds outside the held-out set), "
-                f"pre-quantisation latents of {a.vq}, captions dropped 10% of the time")
+                f"pre-quantisation latents of {a.vq}, captions dropped 10% of the time"
+                + (f"; inputs noised with std {a.input_noise} (normalised units) against exposure "
+                   "bias" if a.input_noise else ""))
     print(f"{count_params(model) / 1e6:.2f}M parameters, head {a.head}")
     losses = train(model, batches, a.steps, lr=a.lr, seed=a.seed, time_budget=a.time_budget,
                    input_noise=a.input_noise)
@@ -277,7 +281,8 @@ def main(argv=None):
         "parameters": count_params(model), "data": desc, "steps": len(losses),
         "final loss": f"{final:.4f} (mean of the last 100 steps)",
         "seconds": round(time.time() - t0, 1),
-        "command": "python -m recipes.train.continuous " + " ".join(argv or []),
+        "command": "python -m recipes.train.continuous "
+                   + " ".join(sys.argv[1:] if argv is None else argv),
     })
     if a.data == "shapes":
         import json as _json
@@ -289,7 +294,8 @@ def main(argv=None):
                         "words": list(WORDS)}, f, indent=1)
     fields = {}
     if a.eval and a.data == "shapes":
-        acc = evaluate(model, a.vq, a.eval, dev, temperatures=(1.0, 0.7), guidance=a.guidance)
+        temps = tuple(float(t) for t in a.eval_temperatures.split(","))
+        acc = evaluate(model, a.vq, a.eval, dev, temperatures=temps, guidance=a.guidance)
         fields["quality"] = (f"compositional accuracy on {a.eval} held-out captions, plain sampling"
                              + (f", guidance {a.guidance}" if a.guidance else "") + ": "
                              + ", ".join(f"temperature {k}: {v}" for k, v in acc.items()))

@@ -127,7 +127,25 @@ def train(args):
                    final_loss=float(loss.detach()), train_seconds=round(time.time() - t0, 1))
     with open(os.path.join(out_dir, "metrics.json"), "w") as f:
         json.dump(metrics, f, indent=1)
+    write_card(out_dir, f"{os.path.basename(os.path.normpath(out_dir))}: text-to-speech "
+               f"{args.size}", card_fields(metrics))
     print(json.dumps(metrics), flush=True)
+
+
+def card_fields(metrics: dict) -> dict:
+    """The card's training fields (``evaluate`` adds the quality line)."""
+    s = SIZES[metrics["size"]]
+    return {
+        "architecture": f"MusicgenForConditionalGeneration: character T5 encoder ({s['enc_layers']} "
+                        f"layers, d {s['enc']}) + decoder ({s['layers']} layers, hidden {s['hidden']}) "
+                        "over 4 codebooks of shapes-codec in the delay pattern, end-of-speech id 257",
+        "parameters": f"{metrics['params']:,} (stored in bfloat16)",
+        "data": "espeak-ng speech of shapes-world sentences (data/speech, recipes/train/speech_data.py)",
+        "steps": f"{metrics['steps']} at batch {metrics['batch']}",
+        "final loss": f"{metrics['final_loss']:.4f}",
+        "trained by": f"`python -m recipes.train.tts --size {metrics['size']} --steps {metrics['steps']}` "
+                      f"({metrics['train_seconds']} s)",
+    }
 
 
 def evaluate(args):
@@ -155,24 +173,15 @@ def evaluate(args):
     metrics["evaluation"] = rows
     with open(os.path.join(args.out, "metrics.json"), "w") as f:
         json.dump(metrics, f, indent=1)
-    s = SIZES[metrics["size"]]
     p = rows["plain"]
-    fields = {
-        "architecture": f"MusicgenForConditionalGeneration: character T5 encoder ({s['enc_layers']} "
-                        f"layers, d {s['enc']}) + decoder ({s['layers']} layers, hidden {s['hidden']}) "
-                        "over 4 codebooks of shapes-codec in the delay pattern, end-of-speech id 257",
-        "parameters": f"{metrics['params']:,} (stored in bfloat16)",
-        "data": "espeak-ng speech of shapes-world sentences (data/speech, recipes/train/speech_data.py)",
-        "steps": f"{metrics['steps']} at batch {metrics['batch']}",
-        "final loss": f"{metrics['final_loss']:.4f}",
-        "quality": f"{args.eval} held-out sentences, voice 'us', plain sampling: MCD (DTW) "
-                   f"{p['mcd_db']:.2f} dB against espeak-ng, duration ratio median "
-                   f"{p['duration_ratio_median']:.2f}, {100 * p['within_20pct']:.0f}% within 20%"
-                   + "".join(f"; {m}: MCD {r['mcd_db']:.2f} dB, acceptance {r['acceptance']:.3f}, "
-                             f"{r['frames_per_step']:.2f} frames/step" for m, r in rows.items() if m != "plain"),
-        "trained by": f"`python -m recipes.train.tts --size {metrics['size']} --steps {metrics['steps']}` "
-                      f"({metrics['train_seconds']} s); evaluated by `python -m recipes.train.tts --evaluate`",
-    }
+    fields = card_fields(metrics)
+    fields["trained by"] += "; evaluated by `python -m recipes.train.tts --evaluate`"
+    fields["quality"] = (f"{args.eval} held-out sentences, voice 'us', plain sampling: MCD (DTW) "
+                         f"{p['mcd_db']:.2f} dB against espeak-ng, duration ratio median "
+                         f"{p['duration_ratio_median']:.2f}, {100 * p['within_20pct']:.0f}% within 20%"
+                         + "".join(f"; {m}: MCD {r['mcd_db']:.2f} dB, acceptance {r['acceptance']:.3f}, "
+                                   f"{r['frames_per_step']:.2f} frames/step"
+                                   for m, r in rows.items() if m != "plain"))
     write_card(args.out, f"{os.path.basename(os.path.normpath(args.out))}: text-to-speech {metrics['size']}",
                fields)
     print(json.dumps(rows), flush=True)
