@@ -6,7 +6,9 @@
 
 ``sweep`` runs ``python -m eval.sweep`` on one GPU and ``accelerate launch --num_processes N
 -m eval.sweep`` on N GPUs with the same options, times both, and checks that every row
-(method x setting x seed x prompt) generated the same ids in both runs.
+(method x setting x seed x prompt) generated the same ids in both runs. Both runs get
+``--deterministic`` (math attention, deterministic cuBLAS) unless ``--fast-kernels`` is given:
+with the fused attention kernels, even two runs on one GPU differ in late tokens.
 
 ``sharded`` builds a Llama target (random float32 weights; acceptance is set on purpose as in
 eval/bench_gpu.py: layers >= 2 write into the residual stream scaled by ``--eps``, the draft is
@@ -62,6 +64,8 @@ def compare_runs(one: str, two: str) -> dict:
 def cmd_sweep(a, rest: list[str]) -> dict:
     env = {**os.environ, **NO_MULTICAST}
     out1, out2 = os.path.join(a.out, "one"), os.path.join(a.out, "many")
+    if not a.fast_kernels and "--deterministic" not in rest:
+        rest = [*rest, "--deterministic"]
     base = ["-m", "eval.sweep", *rest]
     runs = {}
     for name, cmd, out in (
@@ -73,7 +77,8 @@ def cmd_sweep(a, rest: list[str]) -> dict:
         subprocess.run(cmd, check=True, env=env)
         runs[name] = time.perf_counter() - t0
         print(json.dumps({"run": name, "seconds": round(runs[name], 1)}), flush=True)
-    res = dict(kind="sweep", processes=a.processes, seconds_one=round(runs["one"], 1),
+    res = dict(kind="sweep", processes=a.processes, deterministic="--deterministic" in rest,
+               seconds_one=round(runs["one"], 1),
                seconds_many=round(runs["many"], 1),
                speedup=round(runs["one"] / runs["many"], 2),
                **compare_runs(os.path.join(out1, "results.jsonl"),
@@ -153,6 +158,9 @@ def main(argv=None):
     s = sub.add_parser("sweep", help="one GPU vs N processes (unknown options go to eval.sweep)")
     s.add_argument("--processes", type=int, default=2)
     s.add_argument("--out", default="out/multigpu-sweep")
+    s.add_argument("--fast-kernels", action="store_true",
+                   help="leave eval.sweep's --deterministic off (fused attention kernels; rows "
+                        "then differ between runs, even on one GPU)")
     h = sub.add_parser("sharded", help="a target across GPUs with device_map='auto'")
     h.add_argument("--shape", default="1b")
     h.add_argument("--eps", type=float, default=0.3)

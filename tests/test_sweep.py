@@ -210,3 +210,38 @@ def test_multigpu_compare_runs_counts_identical_rows(tmp_path):
     assert res["common"] == 2 and res["identical_ids"] == 1
     assert res["only_one"] == 1 and res["only_two"] == 1
     assert res["identical_by_unit"] == {"plain|default|0|0": "1/2"}
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_multigpu_sweep_runs_both_sweeps_deterministic_unless_told(tmp_path, monkeypatch, fast):
+    import eval.multigpu as mg
+
+    calls = []
+
+    def fake_run(cmd, check, env):
+        calls.append((cmd, env))
+        out = cmd[cmd.index("--out") + 1]
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "results.jsonl"), "w") as f:
+            f.write(json.dumps(dict(key="plain|default|0|0", prompt_index=0, ids=[1, 2])) + "\n")
+
+    monkeypatch.setattr(mg.subprocess, "run", fake_run)
+    res = mg.main(["sweep", "--out", str(tmp_path), "--num-prompts", "2"]
+                  + (["--fast-kernels"] if fast else []))
+    assert len(calls) == 2 and "accelerate.commands.launch" in calls[1][0]
+    for cmd, env in calls:
+        assert ("--deterministic" in cmd) is not fast
+        assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+    assert res["deterministic"] is not fast and res["identical_ids"] == 1
+
+
+def test_methods_on_the_command_line_drop_the_configs_settings_of_other_methods():
+    from eval.sweep import resolve
+
+    cfg = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "eval",
+                       "configs", "image.yaml")
+    assert resolve(["--config", cfg]).param == ["lantern.delta=0.05,0.1,0.2"]
+    assert resolve(["--config", cfg, "--methods", "plain,exact"]).param == []
+    assert resolve(["--config", cfg, "--methods", "plain,lantern"]).param == ["lantern.delta=0.05,0.1,0.2"]
+    # an explicit --param still has to name a chosen method (main refuses it otherwise)
+    assert resolve(["--config", cfg, "--methods", "plain", "--param", "gsd.k=2"]).param == ["gsd.k=2"]
