@@ -183,15 +183,17 @@ class CausalLMSession:
         if attn.shape[1] > total:
             raise RuntimeError(f"static cache full: {attn.shape[1]} slots needed, "
                                f"static_len={total}")
-        kv = torch.nn.functional.pad(attn.bool(), (0, total - attn.shape[1]))
-        slots = torch.arange(total, device=attn.device)
-        q = attn.shape[1] - n + torch.arange(n, device=attn.device)
-        causal = slots[None, :] <= q[:, None]                                    # [n, total]
-        return ((kv[:, None, :] & causal[None]) | (slots[None, :] == q[:, None])[None])[:, None]
+        slots = getattr(self, "_slots", None)
+        if slots is None or slots.device != attn.device:
+            slots = self._slots = torch.arange(total, device=attn.device)
+        end = attn.shape[1]
+        kv = torch.nn.functional.pad(attn.bool(), (0, total - end))
+        q = slots[end - n:end, None]                              # a view: the new tokens' slots
+        return ((kv[:, None, :] & (slots[None, :] <= q)[None]) | (slots[None, :] == q)[None])[:, None]
 
     def _forward(self, tokens: torch.Tensor, valid: torch.Tensor, prompt: bool = False,
-                 **model_kwargs) -> torch.Tensor:
-        attn, pos = self.seq.plan(valid)
+                 plan=None, **model_kwargs) -> torch.Tensor:
+        attn, pos = self.seq.plan(valid) if plan is None else plan
         if self.static_len is not None:
             attn = self._mask4(attn, tokens.shape[1])
         inputs = self.prompt_inputs(tokens) if prompt else self.embed(tokens, self._first)
@@ -246,9 +248,10 @@ class CausalLMSession:
         if valid is None:
             valid = torch.ones(tokens.shape[:2], dtype=torch.long, device=tokens.device)
         b = self.batch_size
-        _, pos = self.seq.plan(self._rows(valid))
-        gen_index = pos[:b] - self._base[:, None]
-        out = self._forward(self._input_rows(tokens), self._rows(valid))
+        rows_valid = self._rows(valid)
+        plan = self.seq.plan(rows_valid)
+        gen_index = plan[1][:b] - self._base[:, None]
+        out = self._forward(self._input_rows(tokens), rows_valid, plan=plan)
         self._first = False
         self._since_commit += tokens.shape[1]
         return self.distributions(out, gen_index)

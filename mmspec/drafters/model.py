@@ -64,13 +64,16 @@ class ModelDrafter:
         self._fed = feed.shape[1]
         self._fed_valid = valid
         self._on = on
+        params = getattr(self.session, "params", None)
+        greedy = params is not None and params.greedy     # one-hot q: its argmax, no race
         tokens, probs = [], []
         for i in range(k):
             q = self.session.step(feed, valid)[:, -1]                      # [B, V] or densities
             if hasattr(q, "sample_with_probs"):    # autoregressive frames (a depth decoder)
                 x, q = q.sample_with_probs(self.generator)                 # [B, C], [B, C, V]
             else:
-                x = q.sample(self.generator) if hasattr(q, "log_prob") else sample(q, self.generator)
+                x = (q.sample(self.generator) if hasattr(q, "log_prob")
+                     else q.argmax(-1) if greedy else sample(q, self.generator))
             tokens.append(x)
             probs.append(q)
             if i < k - 1:
