@@ -10,7 +10,7 @@ from .generate import generate, generate_stream
 from .loop import run, stream
 from .registry import make_rule, rule_names
 from .sampling import SamplingParams
-from .session import CausalLMSession
+from .session import CausalLMSession, release_graphs
 from .types import Draft, GenerateOutput, StepStats, TargetOutput, VerifyOutput
 
 __version__ = "0.1.0"
@@ -19,5 +19,5 @@ __all__ = [
     "Draft", "TargetOutput", "VerifyOutput", "StepStats", "GenerateOutput",
     "Rule", "Exact", "Greedy", "make_rule", "rule_names",
     "SamplingParams", "CausalLMSession", "ModelDrafter", "NoDraft", "Jacobi",
-    "generate", "generate_stream", "run", "stream",
+    "generate", "generate_stream", "run", "stream", "release_graphs",
 ]

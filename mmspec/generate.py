@@ -142,6 +142,8 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
                     7B model). The eager path is the reference and gives identical tokens
                     under greedy decoding in float32. K stays fixed to the end (one width).
     static_cache:   static, position-indexed caches without compiling (default: = compile).
+                    Static caches and captured steps are kept for the next call with the same
+                    rows and cache length (``mmspec.release_graphs(model)`` frees them).
 
     Rows keep independent accepted lengths (ragged, DESIGN.md); each row stops at its own
     stop token or after max_new_tokens. Returns GenerateOutput(sequences [B, P + T],

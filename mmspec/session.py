@@ -22,6 +22,8 @@ probabilities by default, densities for continuous tokens, frame distributions f
 
 from __future__ import annotations
 
+import weakref
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -53,6 +55,46 @@ def max_positions(model) -> int | None:
     return getattr(cfg, "max_position_embeddings", None)
 
 
+@dataclass
+class _Static:
+    """A static cache with the steps captured on it (graphs keyed by input shapes)."""
+
+    cache: object
+    graphs: dict = field(default_factory=dict)
+    pool: object = None
+    fused: object = None
+
+
+# Static caches (and their captured steps) outlive one generate call: kept per module (weakly)
+# and per shape, handed to one session at a time, given back when that session is collected.
+_STATIC: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _take_static(net, key, make) -> _Static:
+    free = _STATIC.setdefault(net, {}).setdefault(key, [])
+    entry = free.pop() if free else make()
+    entry.cache.reset()          # zero in place: captured graphs keep their addresses
+    return entry
+
+
+def _give_back(net_ref, key, entry) -> None:
+    net = net_ref()
+    if net is not None:
+        _STATIC.setdefault(net, {}).setdefault(key, []).append(entry)
+
+
+def release_graphs(model=None) -> None:
+    """Free the static caches and captured steps kept for ``model`` (all models if None).
+
+    Static caches (``static_cache=True``, ``compile=True``) are kept after a call returns, so
+    that the next call with the same rows and cache length reuses them and replays the
+    captured steps instead of capturing them again."""
+    if model is None:
+        _STATIC.clear()
+    else:
+        _STATIC.pop(model, None)
+
+
 class CausalLMSession:
     """A transformers causal LM, its cache and its sequence mask.
 
@@ -77,8 +119,7 @@ class CausalLMSession:
             raise ValueError("compile=True captures CUDA graphs: accepted a model on a CUDA device")
         self.static_len = static_len
         self.compile = compile
-        self._graphs: dict = {}          # (input kind, shape) -> captured step
-        self._pool = None
+        self._static: _Static | None = None   # the static cache and the steps captured on it
         self.model = model
         self.net = model                 # the module that is called (adapters may narrow it)
         self.params = params
@@ -148,7 +189,15 @@ class CausalLMSession:
             if need > self.static_len:
                 raise ValueError(f"static_len={self.static_len} is shorter than the prompt "
                                  f"({need} tokens)")
-            self.cache = StaticCache(config=self.net.config, max_cache_len=self.static_len)
+
+            def make():
+                return _Static(StaticCache(config=self.net.config, max_cache_len=self.static_len))
+            # Reuse a cache of this shape (and the steps captured on it) from an earlier call.
+            w = next(self.net.parameters())
+            key = (input_ids.shape[0], self.static_len, str(self.compile), str(w.device), w.dtype)
+            self._static = _take_static(self.net, key, make)
+            weakref.finalize(self, _give_back, weakref.ref(self.net), key, self._static)
+            self.cache = self._static.cache
         else:
             self.cache = DynamicCache(config=self.net.config)
         self.seq = SequenceMask.from_prompt(attention_mask)
@@ -210,18 +259,18 @@ class CausalLMSession:
         tensors = {**inputs, "attention_mask": kwargs["attention_mask"],
                    "position_ids": kwargs["position_ids"]}
         key = tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(tensors.items()))
-        if key not in self._graphs:
+        st = self._static
+        if key not in st.graphs:
             static = {k: v.clone() for k, v in tensors.items()}
             call = dict(static, use_cache=True, **{self._cache_arg: self.cache})
             fn = self.net
             if self.compile == "inductor":
-                if getattr(self, "_fused", None) is None:
+                if st.fused is None:
                     from torch import _dynamo
 
                     _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
-                    self._fused = torch.compile(self.net, mode="default",
-                                                dynamic=False)
-                fn = self._fused
+                    st.fused = torch.compile(self.net, mode="default", dynamic=False)
+                fn = st.fused
             n = tensors["position_ids"].shape[1]
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
@@ -230,13 +279,13 @@ class CausalLMSession:
                     fn(**call)
                     crop(self.cache, n)
             torch.cuda.current_stream().wait_stream(side)
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
+            if st.pool is None:
+                st.pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            with torch.cuda.graph(graph, pool=st.pool):
                 out = fn(**call)
-            self._graphs[key] = (graph, static, out)
-        graph, static, out = self._graphs[key]
+            st.graphs[key] = (graph, static, out)
+        graph, static, out = st.graphs[key]
         for k, v in tensors.items():
             static[k].copy_(v)
         graph.replay()

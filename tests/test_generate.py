@@ -44,6 +44,41 @@ def test_static_cache_path_equals_dynamic_path(pair, ragged_prompts, k):
     assert spec_static.stats.accepted < spec_static.stats.drafted     # rollbacks happened
 
 
+def test_static_caches_are_reused_across_calls_and_released(pair, ragged_prompts):
+    """A second call with the same rows and cache length reuses the first call's static cache
+    (reset in place, so captured steps keep their addresses); a target drafting for itself
+    holds two at once; tokens stay those of the dynamic path."""
+    import gc
+
+    from mmspec.session import _STATIC
+
+    target, draft = pair
+    ids, mask = ragged_prompts
+    mmspec.release_graphs()
+    kw = dict(attention_mask=mask, temperature=0, max_new_tokens=12, num_draft_tokens=3)
+    ref = mmspec.generate(target, draft, ids, **kw)
+    first = mmspec.generate(target, draft, ids, static_cache=True, **kw)
+    gc.collect()
+    (key, entries), = _STATIC[target].items()
+    assert len(entries) == 1
+    cache = entries[0].cache
+    second = mmspec.generate(target, draft, ids, static_cache=True, **kw)
+    gc.collect()
+    assert _STATIC[target][key] == entries and entries[0].cache is cache    # reused, given back
+    assert torch.equal(first.sequences, ref.sequences)
+    assert torch.equal(second.sequences, ref.sequences)
+    selfdraft = mmspec.generate(target, target, ids, static_cache=True, **kw)
+    gc.collect()
+    assert len(_STATIC[target][key]) == 2          # target and its self-draft: two caches
+    assert selfdraft.stats.acceptance_rate == 1.0
+    plain = mmspec.generate(target, None, ids, attention_mask=mask, temperature=0, max_new_tokens=12)
+    assert torch.equal(selfdraft.sequences, plain.sequences)
+    mmspec.release_graphs(target)
+    assert target not in _STATIC and draft in _STATIC
+    mmspec.release_graphs()
+    assert len(_STATIC) == 0
+
+
 def test_plain_greedy_equals_transformers_generate(pair, ragged_prompts):
     """The baseline itself is checked against Hugging Face, one unpadded row at a time."""
     target, _ = pair

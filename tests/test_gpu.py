@@ -58,3 +58,29 @@ def test_inductor_fused_capture_equals_eager():
     eager = mmspec.generate(t, d, ids, **kw)
     fused = mmspec.generate(t, d, ids, compile="inductor", **kw)
     assert torch.equal(eager.sequences, fused.sequences)
+
+
+def test_captured_steps_are_reused_by_the_next_call():
+    import gc
+
+    from mmspec.session import _STATIC
+
+    dev = torch.device("cuda")
+    t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
+    d = tiny_llama(vocab=64, hidden=32, layers=1, seed=1).to(dev)
+    kw = dict(temperature=0, max_new_tokens=24, num_draft_tokens=3)
+    a = torch.tensor([[3, 4, 5], [6, 7, 8]], device=dev)
+    b = torch.tensor([[9, 3, 1], [2, 2, 5]], device=dev)
+    mmspec.release_graphs()
+    first = mmspec.generate(t, d, a, compile=True, **kw)
+    gc.collect()
+    (key, (entry,)), = _STATIC[t].items()
+    graphs = dict(entry.graphs)
+    second = mmspec.generate(t, d, b, compile=True, **kw)
+    gc.collect()
+    assert _STATIC[t][key] == [entry]
+    assert entry.graphs.keys() == graphs.keys()                       # nothing captured again
+    assert all(entry.graphs[k] is graphs[k] for k in graphs)
+    assert torch.equal(first.sequences, mmspec.generate(t, d, a, **kw).sequences)
+    assert torch.equal(second.sequences, mmspec.generate(t, d, b, **kw).sequences)
+    mmspec.release_graphs()
