@@ -98,3 +98,11 @@ def test_bundled_feature_net_reads_scenes():
     pred = torch.stack([lg.argmax(-1) for lg in split_logits(logits)], -1)
     want = torch.stack([targets(s) for s in scenes])
     assert (pred == want).all(-1).all(-1).float().mean() >= 0.9
+
+
+def test_repro_check_reports_identical_runs_on_the_cpu():
+    from eval.repro_check import main
+
+    res = main(["--num-prompts", "2", "--repeats", "2", "--device", "cpu"])
+    assert res["rows"] == 2 and res["identical_rows"] == [2]
+    assert res["forward_bitwise_equal"] == [True]
