@@ -1,0 +1,21 @@
+"""The GPU benchmark's CPU smoke run: every mmspec row equals plain greedy, Hugging Face's
+rows equal mmspec's, the bounds are computed (no timing is asserted)."""
+
+from __future__ import annotations
+
+import json
+
+
+def test_bench_gpu_tiny_cpu_rows_are_identical_and_bounded(tmp_path):
+    from eval.bench_gpu import main
+
+    main(["--shape", "tiny", "--device", "cpu", "--no-hf-compile", "--batches", "1,2",
+          "--ks", "2", "--eps", "0.0", "--new-tokens", "12", "--prompt", "8",
+          "--out", str(tmp_path)])
+    rows = [json.loads(line) for line in (tmp_path / "bench.jsonl").read_text().splitlines()]
+    spec = [r for r in rows if r["kind"] == "mmspec-spec"]
+    assert {(r["batch"], r["k"]) for r in spec} == {(1, 2), (2, 4)}
+    assert all(r["identical"] for r in spec)
+    assert all(r["bound"] > 0 and r["bound_call"] > 0 for r in spec)
+    assert all(r["identical_to_mmspec"] for r in rows if r["kind"] == "hf-eager")
+    assert "bound with prefill" in (tmp_path / "report.md").read_text()
