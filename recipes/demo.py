@@ -185,16 +185,14 @@ def tts_demo(out_dir: str, seed: int = 0):
 
 
 def continuous_demo(prompts, out_dir: str, seed: int = 0, k: int = 2):
-    from PIL import Image
-
     from modalities import shapes_world as sw
     from modalities.image.continuous import ContinuousImageGenerator
 
     models = os.path.join(ROOT, "samples", "models")
     gen = ContinuousImageGenerator.from_pretrained(os.path.join(models, "shapes-continuous"),
                                                    draft=os.path.join(models, "shapes-continuous-draft"))
-    rows, images = [], []
-    for method, spec in (("plain", False), (f"continuous (K={k})", True)):
+    rows, images = [], {}
+    for method, spec in (("plain", False), (f"cspd K={k}", True)):
         t0 = time.perf_counter()
         out = gen(prompts=prompts, seed=seed, num_draft_tokens=k, use_draft=spec)
         st = out.stats
@@ -202,15 +200,10 @@ def continuous_demo(prompts, out_dir: str, seed: int = 0, k: int = 2):
                          acceptance=st.acceptance_rate if spec else 0.0,
                          seconds=time.perf_counter() - t0,
                          quality=sw.compositional_accuracy(out.images, prompts)))
-        images.append(out.images)
+        images[method] = out.images
     for r in rows:
         r["speedup"] = rows[0]["seconds"] / r["seconds"]
-    grid = Image.new("RGB", (64 * len(prompts), 64 * len(images)), "white")
-    for y, ims in enumerate(images):
-        for x, im in enumerate(ims):
-            grid.paste(im, (64 * x, 64 * y))
-    grid.resize((grid.width * 2, grid.height * 2), Image.NEAREST).save(
-        os.path.join(out_dir, "continuous.png"))
+    _comparison(images, prompts, os.path.join(out_dir, "continuous.png"), show=len(prompts), scale=1)
     return rows
 
 
@@ -259,7 +252,7 @@ def main(argv=None) -> None:
     print(f"\ncontinuous-token text-to-image on the bundled mixture-head pair ({args.prompts} "
           f"held-out captions, seed {args.seed}, temperature 1; quality: compositional accuracy)")
     print_rows(continuous_demo(prompts, args.out, args.seed), "accuracy")
-    print(f"\nwrote {args.out}/continuous.png (rows: plain, speculative) "
+    print(f"\nwrote {args.out}/continuous.png (columns: plain, speculative) "
           f"({time.time() - t0:.0f} s in all)")
 
 
