@@ -120,6 +120,7 @@ class CausalLMSession:
         self.static_len = static_len
         self.compile = compile
         self._static: _Static | None = None   # the static cache and the steps captured on it
+        self._slots: torch.Tensor | None = None   # arange(static_len), for the 4-D masks
         self.model = model
         self.net = model                 # the module that is called (adapters may narrow it)
         self.params = params
@@ -232,7 +233,7 @@ class CausalLMSession:
         if attn.shape[1] > total:
             raise RuntimeError(f"static cache full: {attn.shape[1]} slots needed, "
                                f"static_len={total}")
-        slots = getattr(self, "_slots", None)
+        slots = self._slots
         if slots is None or slots.device != attn.device:
             slots = self._slots = torch.arange(total, device=attn.device)
         end = attn.shape[1]

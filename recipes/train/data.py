@@ -65,19 +65,22 @@ def write_card(folder: str, title: str, fields: dict) -> None:
 
 
 def fit(model, step_loss, steps: int, lr: float, time_budget: float | None = None,
-        desc: str = "train") -> tuple[int, "torch.Tensor"]:
-    """AdamW (weight decay 0.01) with a one-cycle schedule over ``steps`` calls of
-    ``step_loss() -> loss``, gradients clipped at 1; a hard cap at ``time_budget`` seconds
-    stops early (the caller's card says how many steps ran). Returns (steps run, last loss)."""
+        desc: str = "train", opt=None) -> tuple[int, "torch.Tensor"]:
+    """AdamW (weight decay 0.01; or the caller's ``opt``) with a one-cycle schedule over
+    ``steps`` calls of ``step_loss() -> loss``, gradients clipped at 1, the loss on the
+    progress bar every 200 steps; a hard cap at ``time_budget`` seconds stops early (the
+    caller's card says how many steps ran). Returns (steps run, last loss)."""
     import time
 
     from tqdm.auto import tqdm
 
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    if opt is None:
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
     model.train()
     t0, loss = time.time(), None
-    for i in tqdm(range(steps), desc=desc, mininterval=10):
+    bar = tqdm(range(steps), desc=desc, mininterval=5)
+    for i in bar:
         if time_budget is not None and time.time() - t0 > time_budget:
             steps = i
             break
@@ -87,5 +90,7 @@ def fit(model, step_loss, steps: int, lr: float, time_budget: float | None = Non
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
+        if i % 200 == 0:
+            bar.set_postfix(loss=f"{loss.item():.4f}")
     model.eval()
     return steps, loss

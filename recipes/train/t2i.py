@@ -19,11 +19,10 @@ import time
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from modalities import shapes_world as sw
-from recipes.train.data import HELD_OUT, count_params, device, render, to_tensor, write_card
+from recipes.train.data import HELD_OUT, count_params, device, fit, render, to_tensor, write_card
 
 PAD, BOS, BOI = 0, 1, 2
 WORDS = (["a", "and", "at", "the"] + list(sw.SIZES) + list(sw.COLOURS) + list(sw.SHAPES)
@@ -123,19 +122,7 @@ def main(argv=None):
         per_step = (time.time() - t_s) / 30
         args.steps = max(100, min(args.steps, int(args.time_budget / per_step)))
         print(f"{per_step * 1e3:.1f} ms/step: training {args.steps} steps", flush=True)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr, total_steps=args.steps,
-                                                pct_start=0.05)
-    bar = tqdm(range(args.steps), desc=f"t2i {args.size}", mininterval=5)
-    for step in bar:
-        loss = batch()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if step % 200 == 0:
-            bar.set_postfix(loss=f"{loss.item():.4f}")
-    model.eval()
+    _, loss = fit(model, batch, args.steps, args.lr, desc=f"t2i {args.size}", opt=opt)
     train_seconds = time.time() - t0
     meta = dict(image_token_offset=IMAGE_OFFSET, codebook_size=vq.codebook_size, grid=[16, 16],
                 prefix=[BOS], suffix=[BOI], pad_id=PAD, words=WORDS, word_offset=WORD_OFFSET,
@@ -155,7 +142,7 @@ def main(argv=None):
         for i in range(0, args.eval, 250):
             imgs += pipe(held_caps[i:i + 250], guidance_scale=gs, seed=i, progress=False).images
         accs[gs] = sw.compositional_accuracy(imgs, held_caps)
-    metrics = dict(size=args.size, params=count_params(model), final_loss=float(loss),
+    metrics = dict(size=args.size, params=count_params(model), final_loss=float(loss.detach()),
                    steps=args.steps, train_seconds=round(train_seconds, 1),
                    compositional_accuracy={str(k): v for k, v in accs.items()},
                    default_guidance=args.guidance)
