@@ -61,6 +61,12 @@ def compare_runs(one: str, two: str) -> dict:
                 only_one=len(set(a) - set(b)), only_two=len(set(b) - set(a)))
 
 
+def generation_seconds(path: str) -> float:
+    """Seconds spent generating (each unit's batch counted once), summed over a run's rows."""
+    units = {r["key"]: r.get("seconds_batch", 0.0) for r in _rows(path).values()}
+    return round(sum(units.values()), 1)
+
+
 def cmd_sweep(a, rest: list[str]) -> dict:
     env = {**os.environ, **NO_MULTICAST}
     out1, out2 = os.path.join(a.out, "one"), os.path.join(a.out, "many")
@@ -81,6 +87,8 @@ def cmd_sweep(a, rest: list[str]) -> dict:
                seconds_one=round(runs["one"], 1),
                seconds_many=round(runs["many"], 1),
                speedup=round(runs["one"] / runs["many"], 2),
+               generation_seconds_one=generation_seconds(os.path.join(out1, "results.jsonl")),
+               generation_seconds_many=generation_seconds(os.path.join(out2, "results.jsonl")),
                **compare_runs(os.path.join(out1, "results.jsonl"),
                               os.path.join(out2, "results.jsonl")))
     return res

@@ -223,7 +223,9 @@ def test_multigpu_sweep_runs_both_sweeps_deterministic_unless_told(tmp_path, mon
         out = cmd[cmd.index("--out") + 1]
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "results.jsonl"), "w") as f:
-            f.write(json.dumps(dict(key="plain|default|0|0", prompt_index=0, ids=[1, 2])) + "\n")
+            for i in range(2):     # two rows of one unit: its batch's seconds count once
+                f.write(json.dumps(dict(key="plain|default|0|0", prompt_index=i, ids=[1, 2],
+                                        seconds_batch=1.5)) + "\n")
 
     monkeypatch.setattr(mg.subprocess, "run", fake_run)
     res = mg.main(["sweep", "--out", str(tmp_path), "--num-prompts", "2"]
@@ -232,7 +234,8 @@ def test_multigpu_sweep_runs_both_sweeps_deterministic_unless_told(tmp_path, mon
     for cmd, env in calls:
         assert ("--deterministic" in cmd) is not fast
         assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
-    assert res["deterministic"] is not fast and res["identical_ids"] == 1
+    assert res["deterministic"] is not fast and res["identical_ids"] == 2
+    assert res["generation_seconds_one"] == res["generation_seconds_many"] == 1.5
 
 
 def test_methods_on_the_command_line_drop_the_configs_settings_of_other_methods():
