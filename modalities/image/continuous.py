@@ -163,8 +163,9 @@ class DiffusionHead(nn.Module):
                           * math.pi / 2) ** 2
             beta = (1 - f[1:] / f[:-1]).clamp(max=0.999)
             abar = torch.cat([torch.ones(1, dtype=torch.float64), torch.cumprod(1 - beta, 0)])
-            beta = torch.cat([beta.new_zeros(1), beta])
-            self._sched[key] = (abar.float().to(device), beta.float().to(device))
+            beta = torch.cat([beta.new_zeros(1), beta]).float()
+            self._beta1 = float(beta[1])     # on the host: the density's scale needs no sync
+            self._sched[key] = (abar.float().to(device), beta.to(device))
         return self._sched[key]
 
     def eps(self, x, t, z):
@@ -215,7 +216,7 @@ class DiffusionHead(nn.Module):
             if t > 1:
                 var = b * (1 - ab_prev) / (1 - ab)                      # posterior variance
                 x = mu + temperature * var.sqrt() * e[:, i + 1]
-        log_scale = torch.full_like(mu, 0.5 * math.log(float(beta[1])) + math.log(temperature))
+        log_scale = torch.full_like(mu, 0.5 * math.log(self._beta1) + math.log(temperature))
         return GaussianMixture.gaussian(mu.reshape(*shape, self.d), log_scale.reshape(*shape, self.d))
 
 
