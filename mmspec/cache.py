@@ -49,14 +49,19 @@ def crop(cache, remove: int) -> None:
     layers = getattr(target, "layers", None) or []
     if any(not hasattr(layer, "crop") for layer in layers):
         # transformers < 5.18: static layers have no crop; their write pointer is
-        # ``cumulative_length`` (what later versions' crop moves).
+        # ``cumulative_length`` (what later versions' crop moves), one tensor per layer,
+        # moved together in one call (a launch per layer cost 0.3 ms of host time per
+        # rollback on a 32-layer model).
+        pointers = []
         for layer in layers:
             if hasattr(layer, "crop"):
                 layer.crop(-remove)
             elif hasattr(layer, "cumulative_length"):
-                layer.cumulative_length.sub_(remove)
+                pointers.append(layer.cumulative_length)
             else:
                 raise TypeError(f"cannot roll back a {type(layer).__name__} cache layer")
+        if pointers:
+            torch._foreach_sub_(pointers, remove)
         return
     target.crop(-remove)
 

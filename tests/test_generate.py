@@ -193,3 +193,55 @@ def test_distribution_check_fails_for_a_broken_residual(flat_pair):
     broken, _ = _sample_histogram(target, draft, prompt, m, n, temp, seed=0, rule=ResampleFromP())
     assert tv(broken / n, exact) > tv_threshold(exact, n) or chi_square_pvalue(broken, exact) < 1e-4
     assert chi_square_pvalue(broken, exact) < 1e-4
+
+
+def _plain_events(target, ids, mask, n, stops, seed, pipeline, static):
+    """Plain decoding through the loop directly; returns the events and the target steps run."""
+    from mmspec.generate import _prepare
+    from mmspec.loop import stream
+
+    am, tgt, drafter, rule, gen, _ = _prepare(target, None, ids, mask, "exact", 4, n, 1.0, None,
+                                              None, None, seed, None, static_cache=static)
+    tgt.prefill(ids, am)
+    drafter.begin(ids, am, vocab_size=tgt.vocab_size)
+    calls = []
+    step = tgt.step
+    tgt.step = lambda *a, **kw: calls.append(1) or step(*a, **kw)
+    events = [(ev.new_tokens, ev.finished, ev.stats.steps)
+              for ev in stream(tgt, drafter, rule, ids[:, -1], max_new_tokens=n,
+                               stop_token_ids=stops, generator=gen, pipeline=pipeline)]
+    return events, len(calls)
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_pipelined_plain_loop_gives_the_same_events(pair, ragged_prompts, static):
+    target, _ = pair
+    ids, mask = ragged_prompts
+    # Budget ends every row: no discarded step.
+    a, na = _plain_events(target, ids, mask, 9, set(), 3, False, static)
+    b, nb = _plain_events(target, ids, mask, 9, set(), 3, True, static)
+    assert a == b and na == nb == 9
+    # Stop tokens end rows at different steps; many stop ids so every row ends early.
+    stops = set(range(2, 12))
+    a, na = _plain_events(target, ids, mask, 30, stops, 3, False, static)
+    b, nb = _plain_events(target, ids, mask, 30, stops, 3, True, static)
+    assert a == b
+    assert a[-1][1] == [True] * 3 and len(a) < 30           # rows ended on stop tokens
+    assert nb == na + 1                                      # one step launched, then discarded
+    # The default pipelines plain decoding.
+    c, nc = _plain_events(target, ids, mask, 30, stops, 3, None, static)
+    assert c == a and nc == nb
+    # One token: a single step either way.
+    a, na = _plain_events(target, ids, mask, 1, stops, 4, False, static)
+    b, nb = _plain_events(target, ids, mask, 1, stops, 4, True, static)
+    assert a == b and na == nb == 1
+
+
+def test_pipeline_refuses_a_drafter_that_needs_host_values(pair, ragged_prompts):
+    from mmspec.loop import stream
+
+    target, draft = pair
+    ids, mask = ragged_prompts
+    with pytest.raises(ValueError, match="pipeline=True"):
+        next(stream(None, mmspec.drafters.ModelDrafter(None, 3), None, ids[:, -1],
+                    max_new_tokens=4, pipeline=True))

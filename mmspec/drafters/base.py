@@ -34,6 +34,7 @@ class NoDraft:
     """Plain decoding: no draft tokens, one target token per step (the baseline)."""
 
     num_tokens = 0
+    host_free = True     # no step needs a host value of the previous one: the loop pipelines
 
     def begin(self, input_ids, attention_mask, vocab_size=None, **prompt) -> None:
         pass
