@@ -97,7 +97,7 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
     state = dict(last=first_tokens,
                  # Row state lives on the device, so no host value has to travel back before a step.
                  produced=torch.zeros(b, dtype=torch.long, device=device),
-                 active=torch.ones(b, dtype=torch.bool, device=device))
+                 active=torch.ones(b, dtype=torch.bool, device=device), commit=None)
     produced_host = [0] * b
     planned = [0] * b          # pipelined: tokens the launched steps will have produced per row
     finished = [False] * b
@@ -111,6 +111,10 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
         # stop advancing (models with absolute position tables never see them overflow).
         t0 = time.perf_counter()
         draft = drafter.propose(last, k_max, active)
+        # The target's rollback from the previous step, done while the device drafts.
+        if state["commit"] is not None:
+            target.commit(*state["commit"])
+            state["commit"] = None
         if profile:
             _sync(device)
         t1 = time.perf_counter()
@@ -159,11 +163,18 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
                     host=torch.cat([head, body], 1), t=[t0, t1, t2])
 
     def commit(rec: dict, n_host: list[int]) -> None:
+        """The drafter's rollback now; the target's is queued for the next ``launch`` (after
+        its drafts are queued) or ``flush``."""
         keep = max(n for n, f in zip(n_host, finished) if not f) + 1 if n_host else 1
         kept = torch.arange(keep, device=device)
-        target.commit(keep, (kept[None] < rec["emitted"][:, None]) & rec["was_active"][:, None])
+        state["commit"] = (keep, (kept[None] < rec["emitted"][:, None]) & rec["was_active"][:, None])
         drafter.observe(rec["out"], rec["p"], n_host)
         state["last"] = rec["out"].last_tokens
+
+    def flush() -> None:
+        if state["commit"] is not None:
+            target.commit(*state["commit"])
+            state["commit"] = None
 
     def to_host(rec: dict) -> list:
         host = rec["host"]
@@ -209,16 +220,31 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
         stats.seconds_total = time.perf_counter() - t_start + stats.seconds_prefill
         return StepEvent(new_tokens=new_tokens, finished=list(finished), stats=stats)
 
+    def k_for(produced_: list[int], finished_: list[bool]) -> int:
+        if fixed_k:
+            return max_new_tokens
+        return min(max_new_tokens - produced_[i] for i in range(b) if not finished_[i]) - 1
+
     if not pipe:
-        while not all(finished):
-            remaining = min(max_new_tokens - produced_host[i] for i in range(b) if not finished[i])
-            rec = launch(max_new_tokens if fixed_k else remaining - 1)
+        # Step t + 1 is queued as soon as step t's counts are read (its rows' budgets and ends
+        # follow from them); step t's tokens are then handed out while the device works.
+        rec = launch(k_for(produced_host, finished))
+        while True:
             host = to_host(rec)
             t3 = time.perf_counter()
             commit(rec, [row[0] for row in host])
+            fin = [f or not row[2] for f, row in zip(finished, host)]
+            nxt = None
+            if not all(fin):
+                made = [n + (0 if f else row[1]) for n, f, row in zip(produced_host, finished, host)]
+                nxt = launch(k_for(made, fin))
+            else:
+                flush()
             ev = process(rec, host, t3, time.perf_counter())
             yield ev
-        return
+            if nxt is None:
+                return
+            rec = nxt
     # Pipelined (host-free drafters: no drafts, one slot kept per step). Step t + 1 is queued
     # before step t's values are read; a row's budget is known ahead (one token per step), a
     # stop token only one step later.
@@ -240,6 +266,7 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
             if ev is not None:
                 yield ev
         if rec is None:
+            flush()
             return
         pending = rec
 
