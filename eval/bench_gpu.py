@@ -170,6 +170,8 @@ def main(argv=None):
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--no-hf-compile", action="store_true")
+    ap.add_argument("--spec-pipeline", action="store_true",
+                    help="speculative steps queued ahead (generate(pipeline=True))")
     ap.add_argument("--out", default="out/bench_gpu")
     args = ap.parse_args(argv)
     dev = torch.device(args.device)
@@ -193,6 +195,7 @@ def main(argv=None):
               shape=args.shape, weight_gb=wbytes / 1e9, copy_tb_s=bw / 1e12, floor_ms=floor_ms,
               transformers=__import__("transformers").__version__, torch=torch.__version__))
     n = args.new_tokens
+    pipe = True if args.spec_pipeline else None
     ks = [int(k) for k in args.ks.split(",")]
     for eps in [float(e) for e in args.eps.split(",")]:
         set_eps(target, originals, eps)
@@ -228,7 +231,7 @@ def main(argv=None):
                         if dname == "self" and (k != 4 or eps != 0.0):
                             continue
                         out, t = timed(lambda: mmspec.generate(target, dmodel, ids, compile=cap,
-                                                               static_cache=True,
+                                                               static_cache=True, pipeline=pipe,
                                                                num_draft_tokens=k, **gen), dev)
                         st = out.stats
                         d_cost = costs[mode]["d1"] if dname == "2-layer" else costs[mode]["t1"]

@@ -65,16 +65,22 @@ def validate_pair(target, draft, *, input_ids, max_new_tokens, num_draft_tokens,
         raise ValueError(f"input_ids must be ids in [0, {v_t - 1}]")
 
 
-def static_length(prompt_len: int, batch: int, max_new_tokens: int, k: int) -> int:
-    """Slots a static cache needs: one row uses prompt + new + K + 1; ragged rows leave at most
-    K holes per step (bounded by (K + 1) slots per generated token), rounded up to 64."""
-    need = prompt_len + max_new_tokens + k + 1 if batch == 1 else prompt_len + (k + 1) * (max_new_tokens + 1)
+def static_length(prompt_len: int, batch: int, max_new_tokens: int, k: int,
+                  holes: bool = False) -> int:
+    """Slots a static cache needs: one row uses prompt + new + K + 1; ragged rows (or
+    ``holes``: every step keeps its K + 1 slots) leave at most K holes per step, bounded by
+    (K + 1) slots per generated token and one more step; rounded up to 64."""
+    if batch == 1 and not holes:
+        need = prompt_len + max_new_tokens + k + 1
+    else:
+        need = prompt_len + (k + 1) * (max_new_tokens + 1)
     return -(-need // 64) * 64
 
 
 def _prepare(target, draft, input_ids, attention_mask, rule, num_draft_tokens, max_new_tokens,
              temperature, top_k, top_p, min_p, seed, drafter, guidance_scale=None,
-             uncond_input_ids=None, uncond_attention_mask=None, compile=False, static_cache=None):
+             uncond_input_ids=None, uncond_attention_mask=None, compile=False, static_cache=None,
+             pipeline=None):
     attention_mask = _check_prompt(input_ids, attention_mask)
     prompt = {}
     if guidance_scale is not None:
@@ -96,12 +102,21 @@ def _prepare(target, draft, input_ids, attention_mask, rule, num_draft_tokens, m
         raise ValueError("compile=True needs static_cache=True (fixed shapes)")
     k = num_draft_tokens if (draft is not None or drafter is not None) else 0
     k = getattr(drafter, "num_tokens", k)
-    slen = static_length(input_ids.shape[1], input_ids.shape[0], max_new_tokens, k) if static else None
+    if pipeline is not None and not isinstance(pipeline, bool):
+        raise ValueError(f"pipeline={pipeline!r}: accepted None, True or False")
+    if pipeline and drafter is not None:
+        raise ValueError("pipeline=True builds its own drafter: pass draft=, not drafter= "
+                         "(or a ModelDrafter(host_free=True))")
+    host_free = bool(pipeline)   # default off until measured on a GPU (README, GPU path)
+    holes = k > 0 and (host_free if drafter is None else bool(getattr(drafter, "host_free", False)))
+    slen = (static_length(input_ids.shape[1], input_ids.shape[0], max_new_tokens, k, holes)
+            if static else None)
     tgt = CausalLMSession(target, params, guidance_scale, static_len=slen, compile=compile)
     if drafter is None:
         drafter = (NoDraft() if draft is None else
                    ModelDrafter(CausalLMSession(draft, params, guidance_scale, static_len=slen,
-                                                compile=compile), num_draft_tokens))
+                                                compile=compile), num_draft_tokens,
+                                host_free=host_free))
     if hasattr(drafter, "generator"):
         drafter.generator = generator
     return attention_mask, tgt, drafter, rule_obj, generator, prompt
@@ -120,7 +135,7 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
              seed: int | None = None, stop_token_ids=None, pad_token_id: int | None = None,
              drafter=None, guidance_scale: float | None = None, uncond_input_ids=None,
              uncond_attention_mask=None, compile: bool = False, static_cache: bool | None = None,
-             profile: bool = False) -> GenerateOutput:
+             pipeline: bool | None = None, profile: bool = False) -> GenerateOutput:
     """Speculative decoding of ``target`` with ``draft`` (or plain decoding if both ``draft``
     and ``drafter`` are None).
 
@@ -146,6 +161,10 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
     static_cache:   static, position-indexed caches without compiling (default: = compile).
                     Static caches and captured steps are kept for the next call with the same
                     rows and cache length (``mmspec.release_graphs(model)`` frees them).
+    pipeline:       speculative steps queued before the previous step is read (the draft
+                    keeps rejected slots as holes, so no host value is needed between steps;
+                    caches get K + 1 slots per step). Default (None): off, not yet measured
+                    on a GPU. Plain decoding is always pipelined. Same tokens either way.
 
     Rows keep independent accepted lengths (ragged, DESIGN.md); each row stops at its own
     stop token or after max_new_tokens. Returns GenerateOutput(sequences [B, P + T],
@@ -154,7 +173,7 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
     attention_mask, tgt, drafter, rule_obj, generator, prompt = _prepare(
         target, draft, input_ids, attention_mask, rule, num_draft_tokens, max_new_tokens,
         temperature, top_k, top_p, min_p, seed, drafter, guidance_scale, uncond_input_ids,
-        uncond_attention_mask, compile, static_cache)
+        uncond_attention_mask, compile, static_cache, pipeline)
     if stop_token_ids is None:
         stop_token_ids = _default_stops(target)
     stats = StepStats()

@@ -77,9 +77,11 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
                   id, as CSM's end-of-audio frame).
     pipeline:     launch step t + 1 before reading step t's host values, so the device never
                   waits for the host between steps. Only for drafters whose steps need no host
-                  value of the previous step (``host_free``: plain decoding, where every step
-                  keeps one slot); default: on for those unless ``profile``. Tokens are the
-                  same either way; a row ending on a stop token may cost one discarded step.
+                  value of the previous step (``host_free``: plain decoding, or a
+                  ``ModelDrafter(host_free=True)``; every slot of a step is kept, rejected ones
+                  as holes); default: on for those unless ``profile``. Tokens are the same
+                  either way; the host learns that rows ended one step late, so one step may
+                  be discarded.
     """
     if stop_on not in ("last", "all"):
         raise ValueError(f"stop_on={stop_on!r}: accepted 'last' or 'all'")
@@ -165,7 +167,8 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
     def commit(rec: dict, n_host: list[int]) -> None:
         """The drafter's rollback now; the target's is queued for the next ``launch`` (after
         its drafts are queued) or ``flush``."""
-        keep = max(n for n, f in zip(n_host, finished) if not f) + 1 if n_host else 1
+        # Host-free (no counts read yet): every slot fed this step is kept, holes masked.
+        keep = max(n for n, f in zip(n_host, finished) if not f) + 1 if n_host else rec["k"] + 1
         kept = torch.arange(keep, device=device)
         state["commit"] = (keep, (kept[None] < rec["emitted"][:, None]) & rec["was_active"][:, None])
         drafter.observe(rec["out"], rec["p"], n_host)
@@ -245,14 +248,14 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
             if nxt is None:
                 return
             rec = nxt
-    # Pipelined (host-free drafters: no drafts, one slot kept per step). Step t + 1 is queued
-    # before step t's values are read; a row's budget is known ahead (one token per step), a
-    # stop token only one step later.
+    # Pipelined (host-free drafters: every fed slot kept). Step t + 1 is queued before step t's
+    # values are read; ``planned`` is a lower bound of each row's tokens (one per step), the
+    # rows' real ends arrive one step later.
     pending = None
     while True:
         rec = None
         if any(not f and n < max_new_tokens for f, n in zip(finished, planned)):
-            rec = launch(0)
+            rec = launch(max_new_tokens)     # host-free drafters draft K every step
             commit(rec, [])
             planned = [n + (not f) for n, f in zip(planned, finished)]
             if device.type == "cuda":

@@ -245,3 +245,34 @@ def test_pipeline_refuses_a_drafter_that_needs_host_values(pair, ragged_prompts)
     with pytest.raises(ValueError, match="pipeline=True"):
         next(stream(None, mmspec.drafters.ModelDrafter(None, 3), None, ids[:, -1],
                     max_new_tokens=4, pipeline=True))
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("k", [1, 3])
+def test_pipelined_speculative_loop_equals_the_synchronised_one(pair, ragged_prompts, static, k):
+    """pipeline=True: the draft keeps rejected slots as holes, steps are queued before the
+    previous one is read. Greedy: plain greedy's tokens; sampled: the synchronised loop's."""
+    target, draft = pair
+    ids, mask = ragged_prompts
+    kw = dict(attention_mask=mask, max_new_tokens=14, num_draft_tokens=k, static_cache=static)
+    plain = mmspec.generate(target, None, ids, temperature=0, **kw)
+    piped = mmspec.generate(target, draft, ids, temperature=0, pipeline=True, **kw)
+    assert torch.equal(piped.sequences, plain.sequences)
+    stop = int(plain.generated(1)[2])
+    for seed in (0, 1):
+        a = mmspec.generate(target, draft, ids, temperature=1.0, seed=seed, stop_token_ids=[stop],
+                            pipeline=False, **kw)
+        b = mmspec.generate(target, draft, ids, temperature=1.0, seed=seed, stop_token_ids=[stop],
+                            pipeline=True, **kw)
+        assert torch.equal(a.sequences, b.sequences)
+        assert a.stats.steps == b.stats.steps and a.stats.accepted == b.stats.accepted
+
+
+def test_pipeline_argument_is_checked(pair, ragged_prompts):
+    target, draft = pair
+    ids, mask = ragged_prompts
+    with pytest.raises(ValueError, match="pipeline=1"):
+        mmspec.generate(target, draft, ids, attention_mask=mask, pipeline=1)
+    with pytest.raises(ValueError, match="pipeline=True builds its own drafter"):
+        mmspec.generate(target, None, ids, attention_mask=mask, pipeline=True,
+                        drafter=mmspec.NoDraft())

@@ -28,6 +28,8 @@ def test_captured_equals_eager_text(k):
     plain = mmspec.generate(t, None, ids, attention_mask=mask, temperature=0, max_new_tokens=24)
     assert torch.equal(eager.sequences, cap.sequences)
     assert torch.equal(plain.sequences, cap.sequences)
+    piped = mmspec.generate(t, d, ids, compile=True, pipeline=True, **kw)
+    assert torch.equal(plain.sequences, piped.sequences)
 
 
 def test_captured_equals_eager_images_with_guidance_and_jacobi():

@@ -25,14 +25,21 @@ class ModelDrafter:
     session:    the draft model's session (prefilled by ``begin`` with the prompt).
     num_tokens: K, drafts per step (>= 1).
     generator:  the torch.Generator used for draft sampling (the loop sets its own).
+    host_free:  keep every slot fed in a step (rejected drafts become holes) and always feed
+                the K-th draft back as a (possibly masked) first input, so that ``observe``
+                needs no host value: the loop then queues step t + 1 before reading step t.
+                It drafts K every step; caches need K + 1 slots per step (``static_length``
+                with ``holes``).
     """
 
-    def __init__(self, session: Session, num_tokens: int = 4, generator=None):
+    def __init__(self, session: Session, num_tokens: int = 4, generator=None,
+                 host_free: bool = False):
         if not isinstance(num_tokens, int) or num_tokens < 1:
             raise ValueError(f"num_draft_tokens={num_tokens!r}: accepted an integer >= 1")
         self.session = session
         self.num_tokens = num_tokens
         self.generator = generator
+        self.host_free = bool(host_free)
         # Committed tokens not yet in the draft's cache ([B, P] ids and 0/1 validity).
         self._backlog: torch.Tensor | None = None
         self._backlog_valid: torch.Tensor | None = None
@@ -87,7 +94,7 @@ class ModelDrafter:
             return
         n = out.num_accepted                                                 # [B]
         # Slots fed this step: the backlog and last token, then draft tokens 1..K-1.
-        max_n = max(num_accepted)
+        max_n = k if self.host_free else max(num_accepted)     # host-free: keep all, holes
         kept_drafts = min(max_n, k - 1)
         cols = torch.arange(kept_drafts, device=n.device)
         valid = torch.cat([self._fed_valid, (cols[None] < n[:, None]).long() * self._on[:, None]], 1)
