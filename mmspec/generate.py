@@ -95,7 +95,7 @@ def _prepare(target, draft, input_ids, attention_mask, rule, num_draft_tokens, m
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     rule_obj: Rule = make_rule(rule)
     validate_pair(target, draft, input_ids=input_ids, max_new_tokens=max_new_tokens,
-                  num_draft_tokens=num_draft_tokens, compile=compile)
+                  num_draft_tokens=num_draft_tokens, compile=bool(compile) or bool(pipeline))
     generator = make_generator(seed, input_ids.device)
     static = compile if static_cache is None else static_cache
     if compile and not static:
