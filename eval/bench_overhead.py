@@ -1,6 +1,7 @@
 """The engine's own cost per draft token, without the model: a session over a stub network.
 
     python -m eval.bench_overhead            # CPU; --device cuda on a GPU
+    python -m eval.bench_overhead --loop     # host time per step of whole generate calls
 
 A ``CausalLMSession`` on the static-cache path drafts K tokens greedily through
 ``ModelDrafter`` while its network is replaced by a function that returns fixed logits, so
@@ -46,12 +47,62 @@ def overhead_us(device: str = "cpu", k: int = 8, tokens: int = 400, vocab: int =
     return (time.perf_counter() - t0) / (rounds * k) * 1e6
 
 
+def _stub(vocab: int, logits: torch.Tensor, device: str):
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2, pad_token_id=0)
+    model = LlamaForCausalLM(cfg).to(device).eval()
+
+    def forward(input_ids=None, **kw):
+        return types.SimpleNamespace(logits=logits.expand(*input_ids.shape, vocab))
+    model.forward = forward
+    return model
+
+
+def loop_us(device: str = "cpu", k: int = 4, tokens: int = 240, vocab: int = 64,
+            repeats: int = 3) -> dict:
+    """Host microseconds per loop step of whole ``generate`` calls (static caches, greedy)
+    with stub target and draft networks that share fixed logits (so every draft is accepted):
+    plain decoding, speculative steps synchronised one by one, and pipelined
+    (``pipeline=True``). On a GPU the synchronised figure is what the device waits for
+    between two speculative steps at most; the pipelined one runs in the device's shadow."""
+    logits = torch.randn(1, 1, vocab, device=device)
+    target, draft = _stub(vocab, logits, device), _stub(vocab, logits, device)
+    ids = torch.randint(1, vocab, (1, 16), device=device)
+    kw = dict(temperature=0, max_new_tokens=tokens, num_draft_tokens=k, static_cache=True,
+              stop_token_ids=[])
+    res, seqs = {}, {}
+    for name, d, pipe in (("plain", None, None), ("speculative", draft, False),
+                          ("speculative_pipelined", draft, True)):
+        best = float("inf")
+        for _ in range(repeats + 1):
+            t0 = time.perf_counter()
+            out = mmspec.generate(target, d, ids, pipeline=pipe, **kw)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            best = min(best, (time.perf_counter() - t0) / out.stats.steps)
+        res[name] = best * 1e6
+        seqs[name] = out.sequences
+        if d is not None:
+            res[f"{name}_acceptance"] = out.stats.acceptance_rate
+    res["identical"] = all(torch.equal(v, seqs["plain"]) for v in seqs.values())
+    return res
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--loop", action="store_true",
+                    help="host time per loop step of whole generate calls (K = 4 unless --k)")
     a = ap.parse_args(argv)
+    if a.loop:
+        r = loop_us(a.device, 4 if a.k == 8 else a.k)
+        print(f"host time per step ({a.device}, stub networks, acceptance "
+              f"{r['speculative_acceptance']:.2f}): plain {r['plain']:.0f} us, speculative "
+              f"{r['speculative']:.0f} us synchronised, {r['speculative_pipelined']:.0f} us "
+              f"pipelined; tokens identical: {r['identical']}")
+        return r
     best = min(overhead_us(a.device, a.k) for _ in range(a.repeats))
     print(f"{best:.1f} us of engine time per draft token (K = {a.k}, {a.device}, stub network)")
     return best

@@ -1,5 +1,6 @@
 """The GPU benchmark's CPU smoke run: every mmspec row equals plain greedy, Hugging Face's
-rows equal mmspec's, the bounds are computed (no timing is asserted)."""
+rows equal mmspec's, the bounds are computed; the loop-overhead benchmark's stub run (no
+timing is asserted)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,12 @@ def test_bench_gpu_tiny_cpu_rows_are_identical_and_bounded(tmp_path):
     assert all(r["bound"] > 0 and r["bound_call"] > 0 for r in spec)
     assert all(r["identical_to_mmspec"] for r in rows if r["kind"] == "hf-eager")
     assert "bound with prefill" in (tmp_path / "report.md").read_text()
+
+
+def test_loop_overhead_benchmark_runs_the_three_loops_on_stub_networks():
+    from eval.bench_overhead import loop_us
+
+    r = loop_us("cpu", k=3, tokens=20, repeats=0)
+    assert r["identical"]                     # stub target and draft share their logits
+    assert r["speculative_acceptance"] == r["speculative_pipelined_acceptance"] == 1.0
+    assert all(r[n] > 0 for n in ("plain", "speculative", "speculative_pipelined"))
