@@ -156,15 +156,15 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
                     step with torch.compile first (coordinate-descent tuned; about 55 s of
                     compilation per width for a 7B model, once per process). The eager path
                     is the reference and gives identical tokens under greedy decoding in
-                    float32. K stays fixed to the end (one width). Plain decoding (no draft)
-                    is pipelined: each step is queued before the previous one is read.
+                    float32. K stays fixed to the end (one width).
     static_cache:   static, position-indexed caches without compiling (default: = compile).
                     Static caches and captured steps are kept for the next call with the same
                     rows and cache length (``mmspec.release_graphs(model)`` frees them).
-    pipeline:       speculative steps queued before the previous step is read (the draft
-                    keeps rejected slots as holes, so no host value is needed between steps;
-                    caches get K + 1 slots per step). Default (None): off, not yet measured
-                    on a GPU. Plain decoding is always pipelined. Same tokens either way.
+    pipeline:       each step queued before the previous one is read, so the device never
+                    waits for the host between steps (``stream``). Speculative steps then keep
+                    rejected slots as holes (no host value is needed between steps; caches get
+                    K + 1 slots per step). None: plain decoding pipelined, speculative not (not
+                    yet measured on a GPU); False: neither. Same tokens either way.
 
     Rows keep independent accepted lengths (ragged, DESIGN.md); each row stops at its own
     stop token or after max_new_tokens. Returns GenerateOutput(sequences [B, P + T],
@@ -183,7 +183,7 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
     stats.seconds_prefill = time.perf_counter() - t0
     res = run(tgt, drafter, rule_obj, input_ids[:, -1], max_new_tokens=max_new_tokens,
               stop_token_ids=set(stop_token_ids), generator=generator, stats=stats,
-              profile=profile, fixed_k=bool(compile))
+              profile=profile, fixed_k=bool(compile), pipeline=pipeline)
     if pad_token_id is None:
         pad_token_id = getattr(target.config, "pad_token_id", None)
         pad_token_id = 0 if pad_token_id is None else pad_token_id

@@ -12,9 +12,10 @@ Per step, all rows together:
             holes for rows that accepted less (ragged rows, no truncation to the shortest).
 5. Observe: the drafter rolls back or keeps the target's samples; stats are recorded.
 
-Plain decoding (a ``host_free`` drafter) is pipelined: step t + 1 is queued on the device
-before the host reads step t's transfer, so the host's work between steps overlaps the
-device's instead of idling it.
+With a ``host_free`` drafter (plain decoding; ``ModelDrafter(host_free=True)``, whose steps
+keep rejected slots as holes) the loop is pipelined: step t + 1 is queued on the device before
+the host reads step t's transfer, so the host's work between steps overlaps the device's
+instead of idling it.
 
 Rows stop at a stop token (for multi-id events, in the event's last id: the last codebook
 of a delay pattern ends last) or after ``max_new_tokens``; tokens emitted past either are
@@ -164,11 +165,12 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
         return dict(out=out, p=p, k=k, emitted=emitted, was_active=active,
                     host=torch.cat([head, body], 1), t=[t0, t1, t2])
 
-    def commit(rec: dict, n_host: list[int]) -> None:
+    def commit(rec: dict, n_host: list[int] | None) -> None:
         """The drafter's rollback now; the target's is queued for the next ``launch`` (after
-        its drafts are queued) or ``flush``."""
-        # Host-free (no counts read yet): every slot fed this step is kept, holes masked.
-        keep = max(n for n, f in zip(n_host, finished) if not f) + 1 if n_host else rec["k"] + 1
+        its drafts are queued) or ``flush``. ``n_host`` None (pipelined, counts not read yet):
+        every slot fed this step is kept, the rejected ones as holes."""
+        keep = (rec["k"] + 1 if n_host is None
+                else max(n for n, f in zip(n_host, finished) if not f) + 1)
         kept = torch.arange(keep, device=device)
         state["commit"] = (keep, (kept[None] < rec["emitted"][:, None]) & rec["was_active"][:, None])
         drafter.observe(rec["out"], rec["p"], n_host)
@@ -256,7 +258,7 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
         rec = None
         if any(not f and n < max_new_tokens for f, n in zip(finished, planned)):
             rec = launch(max_new_tokens)     # host-free drafters draft K every step
-            commit(rec, [])
+            commit(rec, None)
             planned = [n + (not f) for n, f in zip(planned, finished)]
             if device.type == "cuda":
                 rec["host"] = rec["host"].to("cpu", non_blocking=True)

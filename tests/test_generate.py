@@ -258,6 +258,8 @@ def test_pipelined_speculative_loop_equals_the_synchronised_one(pair, ragged_pro
     plain = mmspec.generate(target, None, ids, temperature=0, **kw)
     piped = mmspec.generate(target, draft, ids, temperature=0, pipeline=True, **kw)
     assert torch.equal(piped.sequences, plain.sequences)
+    unpiped = mmspec.generate(target, None, ids, temperature=0, pipeline=False, **kw)
+    assert torch.equal(unpiped.sequences, plain.sequences)
     stop = int(plain.generated(1)[2])
     for seed in (0, 1):
         a = mmspec.generate(target, draft, ids, temperature=1.0, seed=seed, stop_token_ids=[stop],
