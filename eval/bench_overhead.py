@@ -24,15 +24,11 @@ from mmspec.session import CausalLMSession
 
 
 def overhead_us(device: str = "cpu", k: int = 8, tokens: int = 400, vocab: int = 32000) -> float:
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=2, pad_token_id=0)
-    model = LlamaForCausalLM(cfg).to(device).eval()
+    model = _stub(vocab, torch.randn(1, 1, vocab, device=device), device, layers=1)
     s = CausalLMSession(model, mmspec.SamplingParams(temperature=0), static_len=16 + tokens + 2 * k)
     ids = torch.randint(1, vocab, (1, 16), device=device)
     with torch.inference_mode():
         s.prefill(ids, torch.ones_like(ids))
-        logits = torch.randn(1, 1, vocab, device=device)
-        s.net = lambda **kw: types.SimpleNamespace(logits=logits)
         drafter = ModelDrafter(s, k)
         ones = torch.ones(1, k, dtype=torch.long, device=device)
         rounds = tokens // k
@@ -47,9 +43,12 @@ def overhead_us(device: str = "cpu", k: int = 8, tokens: int = 400, vocab: int =
     return (time.perf_counter() - t0) / (rounds * k) * 1e6
 
 
-def _stub(vocab: int, logits: torch.Tensor, device: str):
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=2, pad_token_id=0)
+def _stub(vocab: int, logits: torch.Tensor, device: str, layers: int = 2):
+    """A Llama (its config and cache layout) whose forward returns ``logits`` [1, 1, V] for
+    every input position: the engine's work around it is what gets timed."""
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=8, intermediate_size=16,
+                      num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=2,
+                      pad_token_id=0)
     model = LlamaForCausalLM(cfg).to(device).eval()
 
     def forward(input_ids=None, **kw):
