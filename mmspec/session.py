@@ -111,6 +111,12 @@ class CausalLMSession:
                     fusing it with torch.compile. The prompt is always run eagerly.
     """
 
+    # torch.compile options of ``compile="inductor"``. Coordinate-descent tuning of the
+    # generated kernels: batch-1 matrix products become tuned reductions fused with their
+    # neighbours (7B, H100: 6.3 -> 5.6 ms per step; compilation 34 -> 53 s per width;
+    # ``python -m eval.profile_gpu --modes inductor-untuned,inductor`` compares).
+    inductor_options = {"coordinate_descent_tuning": True}
+
     def __init__(self, model, params: SamplingParams, guidance_scale: float | None = None,
                  static_len: int | None = None, compile: bool = False):
         if compile and static_len is None:
@@ -270,11 +276,8 @@ class CausalLMSession:
                     from torch import _dynamo
 
                     _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
-                    # Coordinate-descent tuning of the generated kernels: batch-1 matrix
-                    # products become tuned reductions fused with their neighbours (7B, H100:
-                    # 6.3 -> 5.6 ms per step; compilation 34 -> 53 s per width).
                     st.fused = torch.compile(self.net, dynamic=False,
-                                             options={"coordinate_descent_tuning": True})
+                                             options=dict(self.inductor_options))
                 fn = st.fused
             n = tensors["position_ids"].shape[1]
             side = torch.cuda.Stream()

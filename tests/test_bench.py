@@ -29,3 +29,13 @@ def test_loop_overhead_benchmark_runs_the_three_loops_on_stub_networks():
     assert r["identical"]                     # stub target and draft share their logits
     assert r["speculative_acceptance"] == r["speculative_pipelined_acceptance"] == 1.0
     assert all(r[n] > 0 for n in ("plain", "speculative", "speculative_pipelined"))
+
+
+def test_profile_gpu_smoke_run_on_the_cpu():
+    from eval.profile_gpu import main
+
+    (row,) = main(["--shape", "tiny", "--device", "cpu", "--modes", "eager", "--new-tokens", "12",
+                   "--prompt", "8"])
+    assert row["identical"]                   # pipelined and synchronised plain decoding
+    assert row["spec_acceptance"] == 1.0      # eps 0: layers past the draft's two write nothing
+    assert row["step_ms"] > 0 and row["step_sync_ms"] > 0 and row["spec_steps"] > 0

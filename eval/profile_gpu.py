@@ -1,0 +1,182 @@
+"""Where a decoding step's time goes: the measurements behind README's GPU-path analysis.
+
+    python -m eval.profile_gpu --shape 7b --modes captured,inductor-untuned,inductor
+    python -m eval.profile_gpu --shape janus-pro-7b --modes captured --k 4
+    python -m eval.profile_gpu --shape tiny --device cpu --modes eager      # a smoke run
+
+eval.bench_gpu's models (random bf16 weights; the draft is the target's first two layers, eps
+0), one row, a 128-token prompt. Per mode (``inductor-untuned``: ``compile="inductor"``
+without coordinate-descent tuning), one JSON line:
+
+- ``replay_ms``: the target's captured width-1 step replayed alone; ``launch_us`` /
+  ``draft_launch_us``: host time of one replay call on an idle device (target, draft);
+- ``step_ms``: one session step, not synchronised (what bench_gpu's bound uses);
+  ``step_sync_ms``: the same with its result read on the host after every step;
+- ``plain_ms_per_token`` / ``plain_sync_ms_per_token``: plain decoding of 128 tokens
+  pipelined (the default) and synchronised step by step (``pipeline=False``), and whether
+  their tokens are ``identical``;
+- ``loop_syncs``: synchronising CUDA calls made inside the loop of a plain and of a
+  speculative call (``torch.cuda.set_sync_debug_mode``), by the mmspec line that made them;
+- ``spec_wall_ms`` / ``spec_kernel_ms``: one speculative call (K drafts) unprofiled, and the
+  summed device time of its kernels under torch.profiler; ``spec_steps``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import traceback
+import warnings
+from collections import Counter
+
+import torch
+
+import mmspec
+from mmspec.cache import crop
+from mmspec.session import CausalLMSession
+
+from .bench_gpu import build, set_eps, step_cost, sync
+
+
+def _graph(session):
+    (graph, _, _), = session._static.graphs.values()
+    return graph
+
+
+def _session(model, dev, cap, prompt, width):
+    s = CausalLMSession(model, mmspec.SamplingParams(temperature=0), static_len=512, compile=cap)
+    s.prefill(prompt, torch.ones_like(prompt))
+    s.step(prompt[:, :width])
+    s.commit(0, torch.ones(1, 0, dtype=torch.bool, device=dev))   # captured, rolled back
+    return s
+
+
+def _loop_syncs(fn) -> dict:
+    """Synchronising CUDA calls made while ``fn`` runs inside mmspec/loop.py, by line."""
+    seen: Counter = Counter()
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack() if f.filename.endswith("mmspec/loop.py")]
+        if frames:
+            seen[f"loop.py:{frames[-1].name}:{frames[-1].lineno}"] += 1
+
+    with warnings.catch_warnings():          # restores showwarning and the filters
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return dict(seen)
+
+
+def profile_mode(target, draft, dev, mode: str, k: int = 4, new_tokens: int = 128,
+                 prompt_len: int = 128, reps: int = 30) -> dict:
+    cap = {"eager": False, "captured": True, "inductor": "inductor",
+           "inductor-untuned": "inductor"}[mode]
+    cuda = dev.type == "cuda"
+    options = CausalLMSession.inductor_options
+    if mode == "inductor-untuned":
+        CausalLMSession.inductor_options = {}
+    if cuda:
+        torch._dynamo.reset()
+    mmspec.release_graphs()
+    r = dict(mode=mode, k=k)
+    prompt = torch.randint(2, target.config.vocab_size, (1, prompt_len), device=dev,
+                           generator=torch.Generator(device=dev).manual_seed(0))
+    none = torch.ones(1, 0, dtype=torch.bool, device=dev)
+    try:
+        with torch.inference_mode():
+            s = _session(target, dev, cap, prompt, 1)
+            tok = prompt[:, :1]
+            if cap:
+                for name, model, sess in (("", target, s), ("draft_", draft, None)):
+                    sess = sess or _session(model, dev, cap, prompt, 1)
+                    graph, host = _graph(sess), []
+                    for _ in range(reps):
+                        sync(dev)
+                        t0 = time.perf_counter()
+                        graph.replay()
+                        host.append(time.perf_counter() - t0)
+                        crop(sess.cache, 1)
+                    r[f"{name}launch_us"] = 1e6 * sorted(host)[reps // 2]
+                graph = _graph(s)
+                sync(dev)
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    graph.replay()
+                    crop(s.cache, 1)
+                sync(dev)
+                r["replay_ms"] = 1e3 * (time.perf_counter() - t0) / reps
+            sync(dev)
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                s.step(tok).argmax(-1).tolist()       # the step, read on the host
+                s.commit(0, none)                     # and rolled back
+            sync(dev)
+            r["step_sync_ms"] = 1e3 * (time.perf_counter() - t0) / reps
+            del s
+        r["step_ms"] = 1e3 * step_cost(target, 1, 1, dev, cap, prompt_len, reps)
+        gen = dict(temperature=0, max_new_tokens=new_tokens, stop_token_ids=[], compile=cap,
+                   static_cache=True)
+        outs = {}
+        for key, pipe in (("plain_ms_per_token", None), ("plain_sync_ms_per_token", False)):
+            best = float("inf")
+            for _ in range(2):
+                sync(dev)
+                t0 = time.perf_counter()
+                outs[key] = mmspec.generate(target, None, prompt, pipeline=pipe, **gen)
+                sync(dev)
+                best = min(best, time.perf_counter() - t0)
+            r[key] = 1e3 * best / new_tokens
+        r["identical"] = bool(torch.equal(outs["plain_ms_per_token"].sequences,
+                                          outs["plain_sync_ms_per_token"].sequences))
+        spec = dict(gen, num_draft_tokens=k)
+        mmspec.generate(target, draft, prompt, **spec)
+        sync(dev)
+        t0 = time.perf_counter()
+        out = mmspec.generate(target, draft, prompt, **spec)
+        sync(dev)
+        r["spec_wall_ms"] = 1e3 * (time.perf_counter() - t0)
+        r["spec_steps"] = out.stats.steps
+        r["spec_acceptance"] = out.stats.acceptance_rate
+        if cuda:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                mmspec.generate(target, draft, prompt, **spec)
+                sync(dev)
+            r["spec_kernel_ms"] = sum(e.self_device_time_total for e in prof.key_averages()) / 1e3
+            r["loop_syncs"] = dict(
+                plain=_loop_syncs(lambda: mmspec.generate(target, None, prompt, **gen)),
+                speculative=_loop_syncs(lambda: mmspec.generate(target, draft, prompt, **spec)))
+    finally:
+        CausalLMSession.inductor_options = options
+    return r
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="7b")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--modes", default="captured,inductor")
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--prompt", type=int, default=128)
+    a = ap.parse_args(argv)
+    dev = torch.device(a.device)
+    target, draft, originals = build(a.shape, dev, torch.bfloat16 if dev.type == "cuda" else
+                                     torch.float32)
+    set_eps(target, originals, 0.0)
+    rows = []
+    for mode in a.modes.split(","):
+        row = profile_mode(target, draft, dev, mode, a.k, a.new_tokens, a.prompt)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
