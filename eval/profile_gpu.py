@@ -17,14 +17,21 @@ without coordinate-descent tuning), one JSON line:
   their tokens are ``identical``;
 - ``loop_syncs``: synchronising CUDA calls made inside the loop of a plain and of a
   speculative call (``torch.cuda.set_sync_debug_mode``), by the mmspec line that made them;
-- ``spec_wall_ms`` / ``spec_kernel_ms``: one speculative call (K drafts) unprofiled, and the
-  summed device time of its kernels under torch.profiler; ``spec_steps``.
+- ``verify_ms`` / ``draft_ms`` / ``pt_ms`` / ``pd_ms``: a K + 1 wide target step, a one-token
+  draft step, the target's and the draft's prompt passes, each measured alone;
+- ``spec_wall_ms`` / ``spec_kernel_ms`` / ``spec_model_ms``: one speculative call (K drafts)
+  unprofiled, the summed device time of its kernels under torch.profiler, and its forward
+  passes at the costs measured alone (prompt passes + steps x (verify + K x draft));
+  ``spec_steps``, ``spec_acceptance``; the same with ``spec_pipelined_`` for
+  ``pipeline=True``. wall - kernel is device idle time, kernel - model the work outside the
+  networks (sampling, acceptance, cache bookkeeping) plus any slowdown of the steps in the loop.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 import traceback
 import warnings
@@ -36,7 +43,7 @@ import mmspec
 from mmspec.cache import crop
 from mmspec.session import CausalLMSession
 
-from .bench_gpu import build, set_eps, step_cost, sync
+from .bench_gpu import build, prefill_cost, set_eps, step_cost, sync
 
 
 def _graph(session):
@@ -73,7 +80,7 @@ def _loop_syncs(fn) -> dict:
 
 
 def profile_mode(target, draft, dev, mode: str, k: int = 4, new_tokens: int = 128,
-                 prompt_len: int = 128, reps: int = 30) -> dict:
+                 prompt_len: int = 128, reps: int = 30, trace: str | None = None) -> dict:
     cap = {"eager": False, "captured": True, "inductor": "inductor",
            "inductor-untuned": "inductor"}[mode]
     cuda = dev.type == "cuda"
@@ -134,24 +141,40 @@ def profile_mode(target, draft, dev, mode: str, k: int = 4, new_tokens: int = 12
         r["identical"] = bool(torch.equal(outs["plain_ms_per_token"].sequences,
                                           outs["plain_sync_ms_per_token"].sequences))
         spec = dict(gen, num_draft_tokens=k)
-        mmspec.generate(target, draft, prompt, **spec)
-        sync(dev)
-        t0 = time.perf_counter()
-        out = mmspec.generate(target, draft, prompt, **spec)
-        sync(dev)
-        r["spec_wall_ms"] = 1e3 * (time.perf_counter() - t0)
-        r["spec_steps"] = out.stats.steps
-        r["spec_acceptance"] = out.stats.acceptance_rate
-        if cuda:
-            from torch.profiler import ProfilerActivity, profile
+        c = dict(verify=step_cost(target, 1, k + 1, dev, cap, prompt_len, reps),
+                 draft=step_cost(draft, 1, 1, dev, cap, prompt_len, reps),
+                 pt=prefill_cost(target, 1, dev, prompt_len), pd=prefill_cost(draft, 1, dev, prompt_len))
+        r.update({f"{key}_ms": 1e3 * v for key, v in c.items()})
+        for tag, pipe in (("spec", None), ("spec_pipelined", True)):
+            mmspec.generate(target, draft, prompt, pipeline=pipe, **spec)
+            sync(dev)
+            t0 = time.perf_counter()
+            out = mmspec.generate(target, draft, prompt, pipeline=pipe, **spec)
+            sync(dev)
+            r[f"{tag}_wall_ms"] = 1e3 * (time.perf_counter() - t0)
+            r[f"{tag}_steps"] = out.stats.steps
+            r[f"{tag}_acceptance"] = out.stats.acceptance_rate
+            # The call's forward passes at their separately measured costs.
+            r[f"{tag}_model_ms"] = 1e3 * (c["pt"] + c["pd"] + out.stats.steps
+                                          * (c["verify"] + k * c["draft"]))
+            if cuda:
+                from torch.profiler import ProfilerActivity, profile
 
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                mmspec.generate(target, draft, prompt, **spec)
-                sync(dev)
-            r["spec_kernel_ms"] = sum(e.self_device_time_total for e in prof.key_averages()) / 1e3
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    mmspec.generate(target, draft, prompt, pipeline=pipe, **spec)
+                    sync(dev)
+                events = prof.key_averages()
+                r[f"{tag}_kernel_ms"] = sum(e.self_device_time_total for e in events) / 1e3
+                if trace:
+                    with open(os.path.join(trace, f"{mode}_{tag}_kernels.txt"), "w") as f:
+                        f.write(events.table(sort_by="self_cuda_time_total", row_limit=40,
+                                             max_name_column_width=90))
+        if cuda:
             r["loop_syncs"] = dict(
                 plain=_loop_syncs(lambda: mmspec.generate(target, None, prompt, **gen)),
-                speculative=_loop_syncs(lambda: mmspec.generate(target, draft, prompt, **spec)))
+                speculative=_loop_syncs(lambda: mmspec.generate(target, draft, prompt, **spec)),
+                pipelined=_loop_syncs(lambda: mmspec.generate(target, draft, prompt,
+                                                              pipeline=True, **spec)))
     finally:
         CausalLMSession.inductor_options = options
     return r
@@ -165,14 +188,18 @@ def main(argv=None):
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--trace", default=None,
+                    help="a folder: each speculative call's kernel table is written there")
     a = ap.parse_args(argv)
+    if a.trace:
+        os.makedirs(a.trace, exist_ok=True)
     dev = torch.device(a.device)
     target, draft, originals = build(a.shape, dev, torch.bfloat16 if dev.type == "cuda" else
                                      torch.float32)
     set_eps(target, originals, 0.0)
     rows = []
     for mode in a.modes.split(","):
-        row = profile_mode(target, draft, dev, mode, a.k, a.new_tokens, a.prompt)
+        row = profile_mode(target, draft, dev, mode, a.k, a.new_tokens, a.prompt, trace=a.trace)
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows

@@ -38,4 +38,5 @@ def test_profile_gpu_smoke_run_on_the_cpu():
                    "--prompt", "8"])
     assert row["identical"]                   # pipelined and synchronised plain decoding
     assert row["spec_acceptance"] == 1.0      # eps 0: layers past the draft's two write nothing
+    assert row["spec_pipelined_acceptance"] == 1.0 and row["spec_model_ms"] > 0
     assert row["step_ms"] > 0 and row["step_sync_ms"] > 0 and row["spec_steps"] > 0
