@@ -215,3 +215,28 @@ def test_greedy_rule_is_deterministic_and_matches_argmax():
     assert out.num_accepted.tolist() == [3, 1, 3, 3]
     assert int(out.tokens[1, 1]) == int(p[1, 1].argmax())
     assert int(out.tokens[0, 3]) == int(p[0, 3].argmax())
+
+
+def test_exact_under_a_one_hot_target_is_the_greedy_chain():
+    """The loop swaps Exact for Greedy when the target is greedy (its p one-hot): for any q
+    (one-hot, dense or a point mass) and any draws, exact verification emits the same tokens."""
+    g = torch.Generator().manual_seed(1)
+    b, k, v = 64, 4, 5
+    best = torch.randint(v, (b, k + 1), generator=g)
+    p = torch.zeros(b, k + 1, v, dtype=torch.float64).scatter_(-1, best[..., None], 1.0)
+    # drafts that agree with the argmax for a random number of leading positions
+    drafts = torch.randint(v, (b, k), generator=g)
+    agree = torch.rand(b, k, generator=g) < 0.7
+    drafts = torch.where(agree, best[:, :k], drafts)
+    dense = torch.softmax(torch.randn(b, k, v, generator=g, dtype=torch.float64), -1)
+    dense.scatter_(-1, drafts[..., None], 0.3)                  # q(x) > 0 where x was drafted
+    dense /= dense.sum(-1, keepdim=True)
+    one_hot = torch.zeros(b, k, v, dtype=torch.float64).scatter_(-1, drafts[..., None], 1.0)
+    want = Greedy()(drafts, None, p)
+    n_want = (drafts == best[:, :k]).long().cumprod(1).sum(1)
+    assert torch.equal(want.num_accepted, n_want) and 0 < int(n_want.sum()) < b * k
+    for q in (None, dense, one_hot):
+        for seed in range(3):
+            got = Exact()(drafts, q, p, torch.Generator().manual_seed(seed))
+            assert torch.equal(got.tokens, want.tokens)
+            assert torch.equal(got.num_accepted, want.num_accepted)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..sampling import residual as _residual
+from ..types import PAD, VerifyOutput
 from .base import Rule
 
 
@@ -50,8 +51,12 @@ class Greedy(Rule):
         return torch.zeros_like(p).scatter_(-1, p.argmax(-1, keepdim=True), 1.0)
 
     def __call__(self, draft_tokens, draft_probs, target_probs, generator=None, *, validate=True):
+        # The argmax chain directly (a handful of kernels; the generic path would build a
+        # one-hot p and draw numbers it cannot use): no randomness, the generator is untouched.
         self.validate(draft_tokens, draft_probs, target_probs, values=validate)
-        # The bonus token is the argmax too, so greedy verification needs no randomness.
-        greedy_p = torch.zeros_like(target_probs).scatter_(
-            -1, target_probs.argmax(-1, keepdim=True), 1.0)
-        return super().__call__(draft_tokens, draft_probs, greedy_p, generator, validate=False)
+        k = draft_tokens.shape[1]
+        best = target_probs.argmax(-1)                                           # [B, K+1]
+        n = (draft_tokens == best[:, :k]).long().cumprod(1).sum(1)               # [B]
+        cols = torch.arange(k + 1, device=best.device)
+        tokens = torch.where(cols[None] <= n[:, None], best, PAD)
+        return VerifyOutput(tokens=tokens, num_accepted=n)
