@@ -120,3 +120,79 @@ class SequenceMask:
         dropped = tail * (1 - keep_valid.to(torch.long))
         self.next_pos = self.next_pos - dropped.sum(1)
         self.mask = torch.cat([self.mask[:, :-n], tail - dropped], dim=1)
+
+
+class StaticSequenceMask:
+    """``SequenceMask`` for a static cache of S slots, kept in fixed device buffers so a
+    captured step can read and advance it: the validity of every slot in ``buf`` [R, S], the
+    physical length on the host (``length``) and on the device (``dev_len`` [1]), and
+    ``next_pos`` [R]. Slots at or past the length hold stale bits that no mask reads.
+
+    ``advance`` is the step's device side (inside a captured graph: no host value): write the
+    new slots' validity, return the 4-D mask [R, 1, n, S] and the positions [R, n], and move
+    ``next_pos`` and ``dev_len``; the host then calls ``appended(n)``."""
+
+    def __init__(self, buf: torch.Tensor, dev_len: torch.Tensor, next_pos: torch.Tensor):
+        self.buf, self.dev_len, self.next_pos = buf, dev_len, next_pos
+        self.slots = torch.arange(buf.shape[1], device=buf.device)
+        self.length = 0
+
+    @classmethod
+    def allocate(cls, rows: int, slots: int, device) -> "StaticSequenceMask":
+        z = dict(dtype=torch.long, device=device)
+        return cls(torch.zeros(rows, slots, **z), torch.zeros(1, **z), torch.zeros(rows, **z))
+
+    def reset(self) -> "StaticSequenceMask":
+        """Empty (L = 0), in place: captured steps keep the buffers' addresses."""
+        self.buf.zero_()
+        self.dev_len.zero_()
+        self.next_pos.zero_()
+        self.length = 0
+        return self
+
+    @property
+    def mask(self) -> torch.Tensor:
+        return self.buf[:, :self.length]
+
+    def check_room(self, n: int) -> None:
+        if self.length + n > self.buf.shape[1]:
+            raise RuntimeError(f"static cache full: {self.length + n} slots needed, "
+                               f"static_len={self.buf.shape[1]}")
+
+    def advance(self, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """valid [R, n] long -> (mask [R, 1, n, S] bool, position_ids [R, n]). Slot j is
+        visible to new token i when it holds a real token and j <= L + i; every token sees
+        itself (so padding rows stay finite). Invalid inputs repeat the previous position."""
+        n = valid.shape[1]
+        idx = self.dev_len + self.slots[:n]                                 # the new slots
+        self.buf.index_copy_(1, idx, valid)
+        pos = self.next_pos[:, None] + valid.cumsum(1) - valid
+        q = idx[:, None]
+        mask = (self.buf.bool()[:, None, :] & (self.slots[None, :] <= q)[None]) \
+            | (self.slots[None, :] == q)[None]
+        self.next_pos.add_(valid.sum(1))
+        self.dev_len.add_(n)
+        return mask[:, None], pos
+
+    def undo(self, valid: torch.Tensor) -> None:
+        """Take back one ``advance`` of ``valid`` (a captured step's warm-up runs)."""
+        self.next_pos.sub_(valid.sum(1))
+        self.dev_len.sub_(valid.shape[1])
+
+    def appended(self, n: int) -> None:
+        self.length += n
+
+    def rollback(self, remove: int, removed_valid: torch.Tensor | None = None) -> None:
+        if remove == 0:
+            return
+        if removed_valid is None:
+            removed_valid = self.buf[:, self.length - remove:self.length]
+        self.next_pos.sub_(removed_valid.to(torch.long).sum(1))
+        self.dev_len.sub_(remove)
+        self.length -= remove
+
+    def invalidate_tail(self, n: int, keep_valid: torch.Tensor) -> None:
+        tail = self.buf[:, self.length - n:self.length]
+        dropped = tail * (1 - keep_valid.to(torch.long))
+        self.next_pos.sub_(dropped.sum(1))
+        tail.sub_(dropped)

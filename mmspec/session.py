@@ -28,7 +28,7 @@ from typing import Protocol
 
 import torch
 
-from .cache import DynamicCache, SequenceMask, cache_argument, crop
+from .cache import DynamicCache, SequenceMask, StaticSequenceMask, cache_argument, crop
 from .sampling import SamplingParams, guide
 
 
@@ -63,6 +63,7 @@ class _Static:
     graphs: dict = field(default_factory=dict)
     pool: object = None
     fused: object = None
+    seq: object = None       # its StaticSequenceMask (buffers the captured steps read)
 
 
 # Static caches (and their captured steps) outlive one generate call: kept per module (weakly)
@@ -105,7 +106,10 @@ class CausalLMSession:
     static_len:     None: a DynamicCache (crop on rollback). An int: a transformers
                     StaticCache of that many slots, position-indexed; rollback moves its
                     length (nothing is copied); steps pass a 4-D mask [rows, 1, n, static_len]
-                    (a public argument) so every step of a width has fixed shapes.
+                    (a public argument) so every step of a width has fixed shapes. The
+                    sequence mask lives in fixed device buffers (``StaticSequenceMask``) and
+                    the mask and positions are built from them inside the step, so a captured
+                    step is one copy of its inputs and one replay.
     compile:        capture each step width once as a CUDA graph and replay it (needs a
                     static cache and a CUDA device); ``"inductor"``: capture the step after
                     fusing it with torch.compile. The prompt is always run eagerly.
@@ -126,7 +130,6 @@ class CausalLMSession:
         self.static_len = static_len
         self.compile = compile
         self._static: _Static | None = None   # the static cache and the steps captured on it
-        self._slots: torch.Tensor | None = None   # arange(static_len), for the 4-D masks
         self.model = model
         self.net = model                 # the module that is called (adapters may narrow it)
         self.params = params
@@ -134,7 +137,7 @@ class CausalLMSession:
         self.vocab_size = output_vocab_size(model)
         self._cache_arg = cache_argument(model)
         self.cache = None
-        self.seq: SequenceMask | None = None
+        self.seq: SequenceMask | StaticSequenceMask | None = None
         self.batch_size = 0
         self._since_commit = 0
         self._uncond_last = None
@@ -205,9 +208,13 @@ class CausalLMSession:
             self._static = _take_static(self.net, key, make)
             weakref.finalize(self, _give_back, weakref.ref(self.net), key, self._static)
             self.cache = self._static.cache
+            if self._static.seq is None:
+                self._static.seq = StaticSequenceMask.allocate(*input_ids.shape[:1],
+                                                               self.static_len, input_ids.device)
+            self.seq = self._static.seq.reset()
         else:
             self.cache = DynamicCache(config=self.net.config)
-        self.seq = SequenceMask.from_prompt(attention_mask)
+            self.seq = SequenceMask.from_prompt(attention_mask)
         if input_ids.shape[1] > 1:
             self._forward(input_ids[:, :-1], attention_mask[:, :-1], prompt=True, **model_kwargs)
         self._since_commit = 0
@@ -232,44 +239,42 @@ class CausalLMSession:
         """Model inputs for the prompt's ids (default: input_ids)."""
         return {"input_ids": tokens}
 
-    def _mask4(self, attn: torch.Tensor, n: int) -> torch.Tensor:
-        """[R, 1, n, static_len] bool: slot j is visible to new token i when it holds a real
-        token and j <= L + i (L = slots before this step); every token sees itself."""
-        total = self.static_len
-        if attn.shape[1] > total:
-            raise RuntimeError(f"static cache full: {attn.shape[1]} slots needed, "
-                               f"static_len={total}")
-        slots = self._slots
-        if slots is None or slots.device != attn.device:
-            slots = self._slots = torch.arange(total, device=attn.device)
-        end = attn.shape[1]
-        kv = torch.nn.functional.pad(attn.bool(), (0, total - end))
-        q = slots[end - n:end, None]                              # a view: the new tokens' slots
-        return ((kv[:, None, :] & (slots[None, :] <= q)[None]) | (slots[None, :] == q)[None])[:, None]
-
     def _forward(self, tokens: torch.Tensor, valid: torch.Tensor, prompt: bool = False,
-                 plan=None, **model_kwargs) -> torch.Tensor:
-        attn, pos = self.seq.plan(valid) if plan is None else plan
-        if self.static_len is not None:
-            attn = self._mask4(attn, tokens.shape[1])
+                 **model_kwargs) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Feed ``tokens`` [R, n] (``valid`` [R, n] marks padding); returns (the ``logits``
+        hook's result or None for the prompt, position_ids [R, n])."""
         inputs = self.prompt_inputs(tokens) if prompt else self.embed(tokens, self._first)
-        kwargs = dict(attention_mask=attn, position_ids=pos, use_cache=True, **model_kwargs)
-        if self.compile and not prompt:
-            out = self._replay(inputs, kwargs)
+        valid = valid.to(torch.long)
+        if self.static_len is None:
+            attn, pos = self.seq.plan(valid)
+            out = self.net(**inputs, **{self._cache_arg: self.cache}, attention_mask=attn,
+                           position_ids=pos, use_cache=True, **model_kwargs)
+            self.seq.append(valid)
         else:
-            out = self.net(**inputs, **{self._cache_arg: self.cache}, **kwargs)
-        self.seq.append(valid)
-        return None if prompt else self.logits(out)
+            self.seq.check_room(valid.shape[1])
+            if self.compile and not prompt:
+                out, pos = self._replay(inputs, valid)
+            else:
+                out, pos = self._static_step(self.net, inputs, valid, **model_kwargs)
+            self.seq.appended(valid.shape[1])
+        return (None if prompt else self.logits(out)), pos
 
-    def _replay(self, inputs: dict, kwargs: dict):
+    def _static_step(self, fn, inputs: dict, valid: torch.Tensor, **model_kwargs):
+        """One step on the static cache, all on the device (what a captured step replays):
+        the mask and positions from the sequence buffers, the forward, the buffers moved."""
+        mask, pos = self.seq.advance(valid)
+        out = fn(**inputs, **{self._cache_arg: self.cache}, attention_mask=mask,
+                 position_ids=pos, use_cache=True, **model_kwargs)
+        return out, pos
+
+    def _replay(self, inputs: dict, valid: torch.Tensor):
         """Run one decoding step through a CUDA graph captured for this input shape."""
-        tensors = {**inputs, "attention_mask": kwargs["attention_mask"],
-                   "position_ids": kwargs["position_ids"]}
+        tensors = {**inputs, "valid": valid}
         key = tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(tensors.items()))
         st = self._static
         if key not in st.graphs:
             static = {k: v.clone() for k, v in tensors.items()}
-            call = dict(static, use_cache=True, **{self._cache_arg: self.cache})
+            static_inputs = {k: static[k] for k in inputs}
             fn = self.net
             if self.compile == "inductor":
                 if st.fused is None:
@@ -279,19 +284,20 @@ class CausalLMSession:
                     st.fused = torch.compile(self.net, dynamic=False,
                                              options=dict(self.inductor_options))
                 fn = st.fused
-            n = tensors["position_ids"].shape[1]
+            n = valid.shape[1]
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(2):                 # warm up, then undo the writes
-                    fn(**call)
+                    self._static_step(fn, static_inputs, static["valid"])
                     crop(self.cache, n)
+                    self.seq.undo(static["valid"])
             torch.cuda.current_stream().wait_stream(side)
             if st.pool is None:
                 st.pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=st.pool):
-                out = fn(**call)
+                out = self._static_step(fn, static_inputs, static["valid"])
             st.graphs[key] = (graph, static, out)
         graph, static, out = st.graphs[key]
         for k, v in tensors.items():
@@ -305,10 +311,8 @@ class CausalLMSession:
         if valid is None:
             valid = torch.ones(tokens.shape[:2], dtype=torch.long, device=tokens.device)
         b = self.batch_size
-        rows_valid = self._rows(valid)
-        plan = self.seq.plan(rows_valid)
-        gen_index = plan[1][:b] - self._base[:, None]
-        out = self._forward(self._input_rows(tokens), rows_valid, plan=plan)
+        out, pos = self._forward(self._input_rows(tokens), self._rows(valid))
+        gen_index = pos[:b] - self._base[:, None]
         self._first = False
         self._since_commit += tokens.shape[1]
         return self.distributions(out, gen_index)

@@ -278,3 +278,42 @@ def test_pipeline_argument_is_checked(pair, ragged_prompts):
     with pytest.raises(ValueError, match="pipeline=True builds its own drafter"):
         mmspec.generate(target, None, ids, attention_mask=mask, pipeline=True,
                         drafter=mmspec.NoDraft())
+
+
+def test_static_sequence_mask_follows_the_dynamic_one():
+    """The static cache's device-buffer sequence mask against the growing one, through random
+    steps, rollbacks and holes: the same validity, positions and 4-D masks."""
+    from mmspec.cache import SequenceMask, StaticSequenceMask
+
+    g = torch.Generator().manual_seed(0)
+    rows, slots = 3, 64
+    dyn = SequenceMask.from_prompt(torch.ones(rows, 1, dtype=torch.long))
+    st = StaticSequenceMask.allocate(rows, slots, "cpu")
+    st.buf.fill_(1)                           # stale bits must never be read
+    st.reset().buf[:, 40:] = 1
+    for step in range(12):
+        n = int(torch.randint(1, 6, (1,), generator=g))
+        valid = (torch.rand(rows, n, generator=g) < 0.8).long()
+        attn, pos = dyn.plan(valid)
+        dyn.append(valid)
+        mask4, pos_s = st.advance(valid)
+        st.appended(n)
+        assert torch.equal(pos, pos_s)
+        end = attn.shape[1]
+        for i in range(n):                    # slot j visible to token i: real and j <= L + i, or itself
+            want = torch.zeros(rows, slots, dtype=torch.bool)
+            want[:, :end - n + i + 1] = attn[:, :end - n + i + 1].bool()
+            want[:, end - n + i] = True
+            assert torch.equal(mask4[:, 0, i], want)
+        remove = int(torch.randint(0, n + 1, (1,), generator=g))
+        dyn.rollback(remove)
+        st.rollback(remove)
+        keep = int(torch.randint(0, dyn.length + 1, (1,), generator=g)) if step % 2 else 0
+        if keep:
+            kv = torch.rand(rows, keep, generator=g) < 0.7
+            dyn.invalidate_tail(keep, kv)
+            st.invalidate_tail(keep, kv)
+        assert torch.equal(dyn.mask, st.mask) and torch.equal(dyn.next_pos, st.next_pos)
+        assert int(st.dev_len) == st.length == dyn.length
+    with pytest.raises(RuntimeError, match="static_len=64"):
+        st.check_room(slots - st.length + 1)
