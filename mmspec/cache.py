@@ -159,17 +159,20 @@ class StaticSequenceMask:
             raise RuntimeError(f"static cache full: {self.length + n} slots needed, "
                                f"static_len={self.buf.shape[1]}")
 
-    def advance(self, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """valid [R, n] long -> (mask [R, 1, n, S] bool, position_ids [R, n]). Slot j is
-        visible to new token i when it holds a real token and j <= L + i; every token sees
-        itself (so padding rows stay finite). Invalid inputs repeat the previous position."""
+    def advance(self, valid: torch.Tensor, width: int | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """valid [R, n] long -> (mask [R, 1, n, W] bool over the first W = ``width`` slots
+        (default S; at least L + n), position_ids [R, n]). Slot j is visible to new token i
+        when it holds a real token and j <= L + i; every token sees itself (so padding rows
+        stay finite). Invalid inputs repeat the previous position."""
         n = valid.shape[1]
+        w = self.buf.shape[1] if width is None else width
         idx = self.dev_len + self.slots[:n]                                 # the new slots
         self.buf.index_copy_(1, idx, valid)
         pos = self.next_pos[:, None] + valid.cumsum(1) - valid
         q = idx[:, None]
-        mask = (self.buf.bool()[:, None, :] & (self.slots[None, :] <= q)[None]) \
-            | (self.slots[None, :] == q)[None]
+        slots = self.slots[None, :w]
+        mask = (self.buf[:, :w].bool()[:, None, :] & (slots <= q)[None]) | (slots == q)[None]
         self.next_pos.add_(valid.sum(1))
         self.dev_len.add_(n)
         return mask[:, None], pos

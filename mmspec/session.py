@@ -28,6 +28,7 @@ from typing import Protocol
 
 import torch
 
+from .attention import bucket, prefix, sdpa_configs
 from .cache import DynamicCache, SequenceMask, StaticSequenceMask, cache_argument, crop
 from .sampling import SamplingParams, guide
 
@@ -136,6 +137,10 @@ class CausalLMSession:
         self.guidance_scale = guidance_scale
         self.vocab_size = output_vocab_size(model)
         self._cache_arg = cache_argument(model)
+        # Prefix attention (mmspec.attention) for SDPA models on a static cache; not under
+        # "inductor", whose fused steps would be compiled again for every width.
+        self._sdpa_configs = sdpa_configs(self.net) if static_len is not None else []
+        self._bucketed = bool(self._sdpa_configs) and compile != "inductor"
         self.cache = None
         self.seq: SequenceMask | StaticSequenceMask | None = None
         self.batch_size = 0
@@ -251,26 +256,33 @@ class CausalLMSession:
                            position_ids=pos, use_cache=True, **model_kwargs)
             self.seq.append(valid)
         else:
-            self.seq.check_room(valid.shape[1])
+            n = valid.shape[1]
+            self.seq.check_room(n)
+            # Attention over the slots in use (a bucket), where the model's attention allows.
+            width = (bucket(self.seq.length + n, self.static_len) if self._bucketed
+                     else self.static_len)
             if self.compile and not prompt:
-                out, pos = self._replay(inputs, valid)
+                out, pos = self._replay(inputs, valid, width)
             else:
-                out, pos = self._static_step(self.net, inputs, valid, **model_kwargs)
-            self.seq.appended(valid.shape[1])
+                out, pos = self._static_step(self.net, inputs, valid, width, **model_kwargs)
+            self.seq.appended(n)
         return (None if prompt else self.logits(out)), pos
 
-    def _static_step(self, fn, inputs: dict, valid: torch.Tensor, **model_kwargs):
+    def _static_step(self, fn, inputs: dict, valid: torch.Tensor, width: int, **model_kwargs):
         """One step on the static cache, all on the device (what a captured step replays):
-        the mask and positions from the sequence buffers, the forward, the buffers moved."""
-        mask, pos = self.seq.advance(valid)
-        out = fn(**inputs, **{self._cache_arg: self.cache}, attention_mask=mask,
-                 position_ids=pos, use_cache=True, **model_kwargs)
+        the mask (``width`` slots wide) and positions from the sequence buffers, the forward,
+        the buffers moved."""
+        mask, pos = self.seq.advance(valid, width)
+        with prefix(self._sdpa_configs if width < self.static_len else []):
+            out = fn(**inputs, **{self._cache_arg: self.cache}, attention_mask=mask,
+                     position_ids=pos, use_cache=True, **model_kwargs)
         return out, pos
 
-    def _replay(self, inputs: dict, valid: torch.Tensor):
-        """Run one decoding step through a CUDA graph captured for this input shape."""
+    def _replay(self, inputs: dict, valid: torch.Tensor, width: int):
+        """Run one decoding step through a CUDA graph captured for this input shape and
+        attention width."""
         tensors = {**inputs, "valid": valid}
-        key = tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(tensors.items()))
+        key = (width,) + tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(tensors.items()))
         st = self._static
         if key not in st.graphs:
             static = {k: v.clone() for k, v in tensors.items()}
@@ -289,7 +301,7 @@ class CausalLMSession:
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(2):                 # warm up, then undo the writes
-                    self._static_step(fn, static_inputs, static["valid"])
+                    self._static_step(fn, static_inputs, static["valid"], width)
                     crop(self.cache, n)
                     self.seq.undo(static["valid"])
             torch.cuda.current_stream().wait_stream(side)
@@ -297,7 +309,7 @@ class CausalLMSession:
                 st.pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=st.pool):
-                out = self._static_step(fn, static_inputs, static["valid"])
+                out = self._static_step(fn, static_inputs, static["valid"], width)
             st.graphs[key] = (graph, static, out)
         graph, static, out = st.graphs[key]
         for k, v in tensors.items():

@@ -27,6 +27,35 @@ def test_speculative_greedy_equals_plain_greedy(pair, ragged_prompts, k):
     assert plain.stats.steps == 24
 
 
+def test_static_steps_attend_over_a_bucket_of_the_cache(pair, ragged_prompts, monkeypatch):
+    """Static steps of an SDPA model read only a prefix bucket of the cache (mask width < S,
+    growing with the length); tokens equal the dynamic cache's; the model's attention setting
+    is restored after every step."""
+    from mmspec.cache import StaticSequenceMask
+
+    target, draft = pair
+    assert target.config._attn_implementation == "sdpa"
+    widths = []
+    advance = StaticSequenceMask.advance
+
+    def spy(self, valid, width=None):
+        widths.append((width, self.buf.shape[1]))
+        assert target.config._attn_implementation == "sdpa"     # switched only inside the call
+        return advance(self, valid, width)
+
+    monkeypatch.setattr(StaticSequenceMask, "advance", spy)
+    ids, mask = ragged_prompts
+    kw = dict(attention_mask=mask, temperature=0, max_new_tokens=100, num_draft_tokens=3)
+    dyn = mmspec.generate(target, draft, ids, **kw)
+    widths.clear()
+    st = mmspec.generate(target, draft, ids, static_cache=True, **kw)
+    assert torch.equal(st.sequences, dyn.sequences)
+    used = sorted({w for w, _ in widths})
+    total = widths[0][1]
+    assert used[0] == 64 and used[-1] <= total and len(used) >= 3, (used, total)
+    assert target.config._attn_implementation == "sdpa"
+
+
 @pytest.mark.parametrize("k", [1, 4])
 def test_static_cache_path_equals_dynamic_path(pair, ragged_prompts, k):
     """The GPU path's static, position-indexed cache run eagerly (rollback moves the write

@@ -1,0 +1,77 @@
+"""Attention over a prefix of a static cache.
+
+A static cache has S slots, but a step only needs the slots written so far. Transformers'
+SDPA attention reads all S keys (the 4-D mask hides the rest), so a step's attention costs
+grow with S, not with the length: at batch 16 with ragged rows (K + 1 slots per step kept,
+holes included) that is gigabytes per step. Here the sessions pass a 4-D mask only as wide as
+a bucket W >= the slots in use (a multiple of 64, doubling: ``bucket``), and models whose
+attention is ``"sdpa"`` run under ``"mmspec_sdpa"`` during the step: the same function on
+the first W keys and values. With a mask as wide as the keys (or no 4-D mask) it is SDPA
+unchanged. Each bucket is its own captured graph (a few per call).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+NAME = "mmspec_sdpa"
+_registered = False
+
+
+def _register() -> None:
+    global _registered
+    if _registered:
+        return
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    def prefix_sdpa(module, query, key, value, attention_mask, **kwargs):
+        if (isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4
+                and attention_mask.shape[-1] < key.shape[2]):
+            width = attention_mask.shape[-1]
+            key, value = key[:, :, :width], value[:, :, :width]
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register(NAME, prefix_sdpa)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+    _registered = True
+
+
+def sdpa_configs(net) -> list:
+    """The configs of ``net``'s modules whose attention is SDPA (what ``prefix`` switches)."""
+    seen, out = set(), []
+    for m in net.modules():
+        cfg = getattr(m, "config", None)
+        if cfg is None or id(cfg) in seen:
+            continue
+        seen.add(id(cfg))
+        if getattr(cfg, "_attn_implementation_internal", None) in ("sdpa", NAME):
+            out.append(cfg)
+    return out
+
+
+@contextlib.contextmanager
+def prefix(configs: list):
+    """Run the modules of ``configs`` with prefix attention, restoring SDPA after."""
+    if not configs:
+        yield
+        return
+    _register()
+    for cfg in configs:
+        cfg._attn_implementation_internal = NAME
+    try:
+        yield
+    finally:
+        for cfg in configs:
+            cfg._attn_implementation_internal = "sdpa"
+
+
+def bucket(used: int, total: int) -> int:
+    """The mask width for ``used`` slots of ``total``: 64, 128, 256, ... (capped at total)."""
+    w = 64
+    while w < used:
+        w *= 2
+    return min(w, total)
