@@ -82,8 +82,9 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
                   value of the previous step (``host_free``: plain decoding, or a
                   ``ModelDrafter(host_free=True)``; every slot of a step is kept, rejected ones
                   as holes); default: on for those unless ``profile``. Tokens are the same
-                  either way; the host learns that rows ended one step late, so one step may
-                  be discarded.
+                  either way. A step that may end every row by its budget is read before the
+                  next is queued; rows ending on a stop token are learnt one step late, so
+                  one step may be discarded.
     """
     if stop_on not in ("last", "all"):
         raise ValueError(f"stop_on={stop_on!r}: accepted 'last' or 'all'")
@@ -260,6 +261,16 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
     # rows' real ends arrive one step later.
     pending = None
     while True:
+        if pending is not None and all(
+                f or n + pending["k"] + 1 >= max_new_tokens for f, n in zip(finished, produced_host)):
+            # The step in flight may end every row by its budget: read it before queueing
+            # another (a step launched past the end would be discarded whole).
+            t3 = time.perf_counter()
+            host = to_host(pending)
+            ev = process(pending, host, t3, time.perf_counter())
+            pending = None
+            if ev is not None:
+                yield ev
         rec = None
         if any(not f and n < max_new_tokens for f, n in zip(finished, planned)):
             rec = launch(max_new_tokens)     # host-free drafters draft K every step

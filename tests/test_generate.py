@@ -299,6 +299,32 @@ def test_pipelined_speculative_loop_equals_the_synchronised_one(pair, ragged_pro
         assert a.stats.steps == b.stats.steps and a.stats.accepted == b.stats.accepted
 
 
+def test_pipelined_speculative_loop_reads_the_last_step_before_queueing_past_the_budget(
+        pair, ragged_prompts, monkeypatch):
+    """Rows that end by their budget: the loop reads a step that may end every row before
+    queueing the next, so no step is verified past the end (a stop token may still cost one)."""
+    from mmspec.acceptance import Greedy
+
+    target, draft = pair
+    ids, mask = ragged_prompts
+    verified = []
+    call = Greedy.__call__
+
+    def spy(self, *args, **kwargs):
+        verified.append(1)
+        return call(self, *args, **kwargs)
+
+    monkeypatch.setattr(Greedy, "__call__", spy)
+    for k in (1, 3):
+        for d in (draft, target):          # the target as its own draft accepts everything
+            verified.clear()
+            out = mmspec.generate(target, d, ids, attention_mask=mask, max_new_tokens=17,
+                                  num_draft_tokens=k, temperature=0, stop_token_ids=[],
+                                  pipeline=True)
+            assert len(verified) == out.stats.steps
+        assert out.stats.acceptance_rate == 1.0
+
+
 def test_pipeline_argument_is_checked(pair, ragged_prompts):
     target, draft = pair
     ids, mask = ragged_prompts
