@@ -170,8 +170,9 @@ def main(argv=None):
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--no-hf-compile", action="store_true")
-    ap.add_argument("--spec-pipeline", action="store_true",
-                    help="speculative steps queued ahead (generate(pipeline=True))")
+    ap.add_argument("--no-spec-pipeline", action="store_true",
+                    help="speculative steps synchronised one by one (generate(pipeline=False)); "
+                         "default: generate's (queued ahead with captured steps)")
     ap.add_argument("--out", default="out/bench_gpu")
     args = ap.parse_args(argv)
     dev = torch.device(args.device)
@@ -195,7 +196,7 @@ def main(argv=None):
               shape=args.shape, weight_gb=wbytes / 1e9, copy_tb_s=bw / 1e12, floor_ms=floor_ms,
               transformers=__import__("transformers").__version__, torch=torch.__version__))
     n = args.new_tokens
-    pipe = True if args.spec_pipeline else None
+    pipe = False if args.no_spec_pipeline else None
     ks = [int(k) for k in args.ks.split(",")]
     for eps in [float(e) for e in args.eps.split(",")]:
         set_eps(target, originals, eps)

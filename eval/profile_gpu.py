@@ -20,8 +20,9 @@ without coordinate-descent tuning), one JSON line:
 - ``verify_ms`` / ``draft_ms`` / ``pt_ms`` / ``pd_ms``: a K + 1 wide target step, a one-token
   draft step, the target's and the draft's prompt passes, each measured alone;
 - ``spec_wall_ms`` / ``spec_kernel_ms`` / ``spec_model_ms``: one speculative call (K drafts)
-  unprofiled, the summed device time of its kernels under torch.profiler, and its forward
-  passes at the costs measured alone (prompt passes + steps x (verify + K x draft));
+  synchronised step by step (``pipeline=False``) unprofiled, the summed device time of its
+  kernels under torch.profiler, and its forward passes at the costs measured alone (prompt
+  passes + steps x (verify + K x draft));
   ``spec_steps``, ``spec_acceptance``; the same with ``spec_pipelined_`` for
   ``pipeline=True``. wall - kernel is device idle time, kernel - model the work outside the
   networks (sampling, acceptance, cache bookkeeping) plus any slowdown of the steps in the loop.
@@ -145,7 +146,7 @@ def profile_mode(target, draft, dev, mode: str, k: int = 4, new_tokens: int = 12
                  draft=step_cost(draft, 1, 1, dev, cap, prompt_len, reps),
                  pt=prefill_cost(target, 1, dev, prompt_len), pd=prefill_cost(draft, 1, dev, prompt_len))
         r.update({f"{key}_ms": 1e3 * v for key, v in c.items()})
-        for tag, pipe in (("spec", None), ("spec_pipelined", True)):
+        for tag, pipe in (("spec", False), ("spec_pipelined", True)):
             mmspec.generate(target, draft, prompt, pipeline=pipe, **spec)
             sync(dev)
             t0 = time.perf_counter()
@@ -172,7 +173,8 @@ def profile_mode(target, draft, dev, mode: str, k: int = 4, new_tokens: int = 12
         if cuda:
             r["loop_syncs"] = dict(
                 plain=_loop_syncs(lambda: mmspec.generate(target, None, prompt, **gen)),
-                speculative=_loop_syncs(lambda: mmspec.generate(target, draft, prompt, **spec)),
+                speculative=_loop_syncs(lambda: mmspec.generate(target, draft, prompt,
+                                                                pipeline=False, **spec)),
                 pipelined=_loop_syncs(lambda: mmspec.generate(target, draft, prompt,
                                                               pipeline=True, **spec)))
     finally:

@@ -28,8 +28,8 @@ def test_captured_equals_eager_text(k):
     plain = mmspec.generate(t, None, ids, attention_mask=mask, temperature=0, max_new_tokens=24)
     assert torch.equal(eager.sequences, cap.sequences)
     assert torch.equal(plain.sequences, cap.sequences)
-    piped = mmspec.generate(t, d, ids, compile=True, pipeline=True, **kw)
-    assert torch.equal(plain.sequences, piped.sequences)
+    synced = mmspec.generate(t, d, ids, compile=True, pipeline=False, **kw)   # default: queued
+    assert torch.equal(plain.sequences, synced.sequences)
 
 
 def test_captured_equals_eager_images_with_guidance_and_jacobi():
@@ -85,4 +85,25 @@ def test_captured_steps_are_reused_by_the_next_call():
     assert all(entry.graphs[k] is graphs[k] for k in graphs)
     assert torch.equal(first.sequences, mmspec.generate(t, d, a, **kw).sequences)
     assert torch.equal(second.sequences, mmspec.generate(t, d, b, **kw).sequences)
+    mmspec.release_graphs()
+
+
+def test_captured_speculative_decoding_is_pipelined_by_default():
+    """compile=True queues speculative steps ahead (caches sized for K + 1 slots per step);
+    pipeline=False, profile=True and "inductor" keep them synchronised."""
+    from mmspec.generate import static_length
+    from mmspec.session import _STATIC
+
+    dev = torch.device("cuda")
+    t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
+    d = tiny_llama(vocab=64, hidden=32, layers=1, seed=1).to(dev)
+    ids = torch.tensor([[1, 2, 3, 4, 5]], device=dev)
+    kw = dict(temperature=0, max_new_tokens=100, num_draft_tokens=4, compile=True)
+    holes, tight = (static_length(5, 1, 100, 4, h) for h in (True, False))
+    assert holes > tight
+    for extra, want in ((dict(), holes), (dict(pipeline=False), tight),
+                        (dict(profile=True), tight)):
+        mmspec.release_graphs()
+        mmspec.generate(t, d, ids, **kw, **extra)
+        assert [key[1] for key in _STATIC[t]] == [want], extra
     mmspec.release_graphs()
