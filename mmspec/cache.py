@@ -160,12 +160,14 @@ class StaticSequenceMask:
             raise RuntimeError(f"static cache full: {self.length + n} slots needed, "
                                f"static_len={self.buf.shape[1]}")
 
-    def advance(self, valid: torch.Tensor, width: int | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """valid [R, n] long -> (mask [R, 1, n, W] bool over the first W = ``width`` slots
+    def advance(self, valid: torch.Tensor, width: int | None = None,
+                additive: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """valid [R, n] long -> (mask [R, 1, n, W] over the first W = ``width`` slots
         (default S; at least L + n), position_ids [R, n]). Slot j is visible to new token i
         when it holds a real token and j <= L + i; every token sees itself (so padding rows
-        stay finite). Invalid inputs repeat the previous position."""
+        stay finite). Invalid inputs repeat the previous position. The mask is bool (True =
+        visible, what SDPA takes), or with ``additive`` a float mask of that dtype (0 visible,
+        the dtype's minimum hidden: what eager attention adds to its scores)."""
         n = valid.shape[1]
         w = self.buf.shape[1] if width is None else width
         idx = self.dev_len + self.slots[:n]                                 # the new slots
@@ -176,6 +178,8 @@ class StaticSequenceMask:
         mask = (self.buf[:, :w].bool()[:, None, :] & (slots <= q)[None]) | (slots == q)[None]
         self.next_pos.add_(valid.sum(1))
         self.dev_len.add_(n)
+        if additive is not None:
+            mask = (~mask).to(additive) * torch.finfo(additive).min
         return mask[:, None], pos
 
     def undo(self, valid: torch.Tensor) -> None:

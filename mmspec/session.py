@@ -141,6 +141,8 @@ class CausalLMSession:
         # "inductor", whose fused steps would be compiled again for every width.
         self._sdpa_configs = sdpa_configs(self.net) if static_len is not None else []
         self._bucketed = bool(self._sdpa_configs) and compile != "inductor"
+        # 4-D masks are bool for SDPA; other attention (eager) adds them to its scores.
+        self._additive = None if self._sdpa_configs else next(model.parameters()).dtype
         self.cache = None
         self.seq: SequenceMask | StaticSequenceMask | None = None
         self.batch_size = 0
@@ -272,7 +274,7 @@ class CausalLMSession:
         """One step on the static cache, all on the device (what a captured step replays):
         the mask (``width`` slots wide) and positions from the sequence buffers, the forward,
         the buffers moved."""
-        mask, pos = self.seq.advance(valid, width)
+        mask, pos = self.seq.advance(valid, width, self._additive)
         with prefix(self._sdpa_configs if width < self.static_len else []):
             out = fn(**inputs, **{self._cache_arg: self.cache}, attention_mask=mask,
                      position_ids=pos, use_cache=True, **model_kwargs)
