@@ -27,20 +27,17 @@ def test_speculative_greedy_equals_plain_greedy(pair, ragged_prompts, k):
     assert plain.stats.steps == 24
 
 
-def test_static_steps_attend_over_a_bucket_of_the_cache(pair, ragged_prompts, monkeypatch):
-    """Static steps of an SDPA model read only a prefix bucket of the cache (mask width < S,
-    growing with the length); tokens equal the dynamic cache's; the model's attention setting
-    is restored after every step."""
+def _static_widths(target, draft, ragged_prompts, monkeypatch, check=lambda: None) -> list:
+    """Generate with a static and a dynamic cache (the same tokens asserted); the static
+    steps' (mask width, cache slots), ``check`` run inside every step."""
     from mmspec.cache import StaticSequenceMask
 
-    target, draft = pair
-    assert target.config._attn_implementation == "sdpa"
     widths = []
     advance = StaticSequenceMask.advance
 
     def spy(self, valid, width=None, additive=None):
         widths.append((width, self.buf.shape[1]))
-        assert target.config._attn_implementation == "sdpa"     # switched only inside the call
+        check()
         return advance(self, valid, width, additive)
 
     monkeypatch.setattr(StaticSequenceMask, "advance", spy)
@@ -50,10 +47,22 @@ def test_static_steps_attend_over_a_bucket_of_the_cache(pair, ragged_prompts, mo
     widths.clear()
     st = mmspec.generate(target, draft, ids, static_cache=True, **kw)
     assert torch.equal(st.sequences, dyn.sequences)
+    return widths
+
+
+def test_static_steps_attend_over_a_bucket_of_the_cache(pair, ragged_prompts, monkeypatch):
+    """Static steps of an SDPA model read only a prefix bucket of the cache (mask width < S,
+    growing with the length); tokens equal the dynamic cache's; the model's attention setting
+    is restored after every step."""
+    target, draft = pair
+    sdpa = lambda: target.config._attn_implementation == "sdpa"   # noqa: E731
+    assert sdpa()
+    widths = _static_widths(target, draft, ragged_prompts, monkeypatch,
+                            check=lambda: sdpa() or pytest.fail("switched outside the call"))
     used = sorted({w for w, _ in widths})
     total = widths[0][1]
     assert used[0] == 64 and used[-1] <= total and len(used) >= 3, (used, total)
-    assert target.config._attn_implementation == "sdpa"
+    assert sdpa()
 
 
 def test_models_without_sdpa_attend_over_the_whole_static_cache(ragged_prompts, monkeypatch):
@@ -61,24 +70,14 @@ def test_models_without_sdpa_attend_over_the_whole_static_cache(ragged_prompts, 
     its scores: such models get full-width additive masks (no buckets) and the dynamic
     cache's tokens (with bool masks, as before, they did not)."""
     from mmspec.attention import bucket
-    from mmspec.cache import StaticSequenceMask
 
     assert [bucket(u, 300) for u in (1, 64, 65, 200, 257, 300)] == [64, 64, 128, 256, 300, 300]
     target = tiny_llama(seed=0)
     target.set_attn_implementation("eager")
     draft = tiny_llama(hidden=16, layers=1, seed=1)
-    widths = []
-    advance = StaticSequenceMask.advance
-    monkeypatch.setattr(StaticSequenceMask, "advance", lambda self, valid, width=None, add=None: (
-        widths.append((self.buf.shape[1], width)), advance(self, valid, width, add))[1])
-    ids, mask = ragged_prompts
-    kw = dict(attention_mask=mask, temperature=0, max_new_tokens=100, num_draft_tokens=3)
-    dyn = mmspec.generate(target, draft, ids, **kw)
-    widths.clear()
-    st = mmspec.generate(target, draft, ids, static_cache=True, **kw)
-    assert torch.equal(st.sequences, dyn.sequences)
-    target_widths = {w for total, w in widths if w == total}
-    assert target_widths and any(w < total for total, w in widths)   # the SDPA draft buckets
+    widths = _static_widths(target, draft, ragged_prompts, monkeypatch)
+    assert any(w == total for w, total in widths)                      # the eager target
+    assert any(w < total for w, total in widths)                       # the SDPA draft buckets
     assert target.config._attn_implementation == "eager"
 
 
