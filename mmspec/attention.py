@@ -55,7 +55,12 @@ def sdpa_configs(net) -> list:
 
 @contextlib.contextmanager
 def prefix(configs: list):
-    """Run the modules of ``configs`` with prefix attention, restoring SDPA after."""
+    """Run the modules of ``configs`` with prefix attention, restoring SDPA after.
+
+    The configs' private ``_attn_implementation_internal`` is written directly: the public
+    ``set_attn_implementation`` is model-wide, validates on every call and would leave the
+    user's model switched between calls. No transformers code is patched; the function is
+    registered through the public ``AttentionInterface``."""
     if not configs:
         yield
         return
