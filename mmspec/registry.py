@@ -80,7 +80,7 @@ def parse_method(spec: str, has_draft: bool) -> tuple[str, str]:
 
 
 def build_method(spec: str, params: dict | None = None, *, draft_session=None,
-                 embeddings=None, jacobi_defaults: dict | None = None):
+                 embeddings=None, jacobi_defaults: dict | None = None, host_free: bool = False):
     """(drafter, rule) for a method name and its parameters.
 
     params:          rule and drafter parameters by name (``delta``, ``k``, ``window``,
@@ -88,6 +88,8 @@ def build_method(spec: str, params: dict | None = None, *, draft_session=None,
     draft_session:   a zero-argument callable returning the draft model's Session (or None).
     embeddings:      the [V, d] table for rules that need one (codebook or token embeddings).
     jacobi_defaults: the adapter's Jacobi settings (init_range, grid_width, init ...).
+    host_free:       a draft model's drafter keeps rejected slots as holes, so the loop can
+                     queue each step before reading the last (``ModelDrafter(host_free=True)``).
     """
     import dataclasses
 
@@ -116,7 +118,7 @@ def build_method(spec: str, params: dict | None = None, *, draft_session=None,
         drafter = NoDraft()
     elif drafter_name == "draft":
         k = params.pop("num_draft_tokens", 4)
-        drafter = ModelDrafter(draft_session(), k)
+        drafter = ModelDrafter(draft_session(), k, host_free=host_free)
     else:
         jkw = dict(jacobi_defaults or {})
         if drafter_name != "sjd":

@@ -32,9 +32,20 @@ def test_captured_equals_eager_text(k):
     assert torch.equal(plain.sequences, synced.sequences)
 
 
-def test_captured_equals_eager_images_with_guidance_and_jacobi():
+def test_captured_equals_eager_images_with_guidance_and_jacobi(monkeypatch):
+    """... and with a draft model the captured steps are queued ahead (host-free drafter)."""
+    from mmspec.drafters import ModelDrafter
     from modalities.image import TextToImage, TokenSpanAdapter
     from tiny_image import tiny_token_span, tiny_vq
+
+    host_free = []
+    init = ModelDrafter.__init__
+
+    def spy(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        host_free.append(self.host_free)
+
+    monkeypatch.setattr(ModelDrafter, "__init__", spy)
 
     dev = torch.device("cuda")
     vq = tiny_vq()
@@ -46,9 +57,11 @@ def test_captured_equals_eager_images_with_guidance_and_jacobi():
     pipe = TextToImage(mk(m), mk(d))
     for method in ("plain", "exact", "sjd-maximal"):
         kw = dict(guidance_scale=2.0, temperature=0, progress=False, seed=0, method=method)
+        host_free.clear()
         a = pipe([[3, 4, 5], [6]], **kw)
         b = pipe([[3, 4, 5], [6]], compile=True, **kw)
         assert torch.equal(a.tokens, b.tokens), method
+        assert host_free == ([False, True] if method == "exact" else []), method
 
 
 def test_inductor_fused_capture_equals_eager():

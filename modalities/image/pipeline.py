@@ -129,18 +129,26 @@ class TextToImage:
                              f"the model's max_position_embeddings={limit}")
 
         # 2. Method: a drafter and a rule; static caches and CUDA graphs when compile=True.
-        engine = {}
+        # With a draft model the steps are queued ahead, as in ``mmspec.generate`` (rejected
+        # draft slots kept as holes; K drafts every step, so positions may run K past the end).
+        engine, host_free = {}, False
         if compile:
             from mmspec.generate import static_length
+            from mmspec.registry import parse_method
 
-            k = max(int(method_params.get("window", 16)), int(method_params.get("num_draft_tokens", 4)))
-            engine = dict(static_len=static_length(width, len(rows), tgt.num_tokens, k), compile=True)
+            uses_draft = parse_method(method, self.draft is not None)[0] == "draft"
+            k = (int(method_params.get("num_draft_tokens", 4)) if uses_draft else
+                 max(int(method_params.get("window", 16)), int(method_params.get("num_draft_tokens", 4))))
+            host_free = (uses_draft and not profile
+                         and (limit is None or width + tgt.num_tokens + k <= limit))
+            engine = dict(static_len=static_length(width, len(rows), tgt.num_tokens, k, host_free),
+                          compile=True)
         draft_session = None
         if self.draft is not None:
             draft_session = lambda: self.draft.session(params, g_scale, **engine)  # noqa: E731
         drafter, rule = build_method(method, method_params, draft_session=draft_session,
                                      embeddings=tgt.codebook_embeddings(),
-                                     jacobi_defaults=tgt.jacobi_defaults)
+                                     jacobi_defaults=tgt.jacobi_defaults, host_free=host_free)
         generator = make_generator(seed, tgt.device)
         if hasattr(drafter, "generator"):
             drafter.generator = generator
