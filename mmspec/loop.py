@@ -97,7 +97,7 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
     pipe = (host_free and not profile) if pipeline is None else bool(pipeline)
     if type(rule) is Exact and getattr(getattr(target, "params", None), "greedy", False):
         # A greedy target's p is one-hot, where exact verification is the argmax chain for any
-        # q: the same tokens from a few kernels instead of the generic rule's ~100.
+        # q: the same tokens without the generic rule's draws, residuals and sampling.
         rule = Greedy()
     stats = stats if stats is not None else StepStats()
     b = first_tokens.shape[0]
@@ -259,18 +259,21 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
     # Pipelined (host-free drafters: every fed slot kept). Step t + 1 is queued before step t's
     # values are read; ``planned`` is a lower bound of each row's tokens (one per step), the
     # rows' real ends arrive one step later.
+    def read(rec: dict) -> Iterator[StepEvent]:
+        t3 = time.perf_counter()
+        host = to_host(rec)
+        ev = process(rec, host, t3, time.perf_counter())
+        if ev is not None:
+            yield ev
+
     pending = None
     while True:
         if pending is not None and all(
                 f or n + pending["k"] + 1 >= max_new_tokens for f, n in zip(finished, produced_host)):
             # The step in flight may end every row by its budget: read it before queueing
             # another (a step launched past the end would be discarded whole).
-            t3 = time.perf_counter()
-            host = to_host(pending)
-            ev = process(pending, host, t3, time.perf_counter())
+            yield from read(pending)
             pending = None
-            if ev is not None:
-                yield ev
         rec = None
         if any(not f and n < max_new_tokens for f, n in zip(finished, planned)):
             rec = launch(max_new_tokens)     # host-free drafters draft K every step
@@ -281,11 +284,7 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
                 rec["event"] = torch.cuda.Event()
                 rec["event"].record()
         if pending is not None:
-            t3 = time.perf_counter()
-            host = to_host(pending)
-            ev = process(pending, host, t3, time.perf_counter())
-            if ev is not None:
-                yield ev
+            yield from read(pending)
         if rec is None:
             flush()
             return
