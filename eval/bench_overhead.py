@@ -90,20 +90,21 @@ def loop_us(device: str = "cpu", k: int = 4, tokens: int = 240, vocab: int = 64,
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--k", type=int, default=8)
+    ap.add_argument("--k", type=int, default=None, help="drafts per step (default 8; --loop: 4)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--loop", action="store_true",
-                    help="host time per loop step of whole generate calls (K = 4 unless --k)")
+                    help="host time per loop step of whole generate calls")
     a = ap.parse_args(argv)
     if a.loop:
-        r = loop_us(a.device, 4 if a.k == 8 else a.k)
+        r = loop_us(a.device, a.k or 4)
         print(f"host time per step ({a.device}, stub networks, acceptance "
               f"{r['speculative_acceptance']:.2f}): plain {r['plain']:.0f} us, speculative "
               f"{r['speculative']:.0f} us synchronised, {r['speculative_pipelined']:.0f} us "
               f"pipelined; tokens identical: {r['identical']}")
         return r
-    best = min(overhead_us(a.device, a.k) for _ in range(a.repeats))
-    print(f"{best:.1f} us of engine time per draft token (K = {a.k}, {a.device}, stub network)")
+    k = a.k or 8
+    best = min(overhead_us(a.device, k) for _ in range(a.repeats))
+    print(f"{best:.1f} us of engine time per draft token (K = {k}, {a.device}, stub network)")
     return best
 
 

@@ -77,6 +77,13 @@ def static_length(prompt_len: int, batch: int, max_new_tokens: int, k: int,
     return -(-need // 64) * 64
 
 
+def pipelines_by_default(compile, profile: bool = False) -> bool:
+    """Whether a draft model's steps are queued ahead when ``pipeline`` is not given: with
+    captured steps (``compile=True``; measured faster on an H100, README "GPU path"), not
+    under ``profile`` (which synchronises between phases) nor ``"inductor"`` (not measured)."""
+    return compile is True and not profile
+
+
 def _prepare(target, draft, input_ids, attention_mask, rule, num_draft_tokens, max_new_tokens,
              temperature, top_k, top_p, min_p, seed, drafter, guidance_scale=None,
              uncond_input_ids=None, uncond_attention_mask=None, compile=False, static_cache=None,
@@ -173,8 +180,8 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
     stop token or after max_new_tokens. Returns GenerateOutput(sequences [B, P + T],
     num_generated [B], prompt_length, stats).
     """
-    if pipeline is None and compile is True and draft is not None and drafter is None \
-            and not profile:
+    if pipeline is None and draft is not None and drafter is None \
+            and pipelines_by_default(compile, profile):
         pipeline = True
     attention_mask, tgt, drafter, rule_obj, generator, prompt = _prepare(
         target, draft, input_ids, attention_mask, rule, num_draft_tokens, max_new_tokens,

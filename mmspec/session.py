@@ -216,8 +216,8 @@ class CausalLMSession:
             weakref.finalize(self, _give_back, weakref.ref(self.net), key, self._static)
             self.cache = self._static.cache
             if self._static.seq is None:
-                self._static.seq = StaticSequenceMask.allocate(*input_ids.shape[:1],
-                                                               self.static_len, input_ids.device)
+                self._static.seq = StaticSequenceMask.allocate(input_ids.shape[0], self.static_len,
+                                                               input_ids.device)
             self.seq = self._static.seq.reset()
         else:
             self.cache = DynamicCache(config=self.net.config)
