@@ -20,10 +20,10 @@ without coordinate-descent tuning), one JSON line:
 - ``verify_ms`` / ``draft_ms`` / ``pt_ms`` / ``pd_ms``: a K + 1 wide target step, a one-token
   draft step, the target's and the draft's prompt passes, each measured alone;
 - ``spec_wall_ms`` / ``spec_kernel_ms`` / ``spec_model_ms``: one speculative call (K drafts)
-  synchronised step by step (``pipeline=False``) unprofiled, the summed device time of its
-  kernels under torch.profiler, and its forward passes at the costs measured alone (prompt
-  passes + steps x (verify + K x draft));
-  ``spec_steps``, ``spec_acceptance``; the same with ``spec_pipelined_`` for
+  synchronised step by step (``pipeline=False``) unprofiled (the better of two), the summed
+  device time of its kernels under torch.profiler, and its forward passes at the costs
+  measured alone (prompt passes + steps x (verify + K x draft)); ``spec_steps``,
+  ``spec_acceptance``; the same with ``spec_pipelined_`` for
   ``pipeline=True``. wall - kernel is device idle time, kernel - model the work outside the
   networks (sampling, acceptance, cache bookkeeping) plus any slowdown of the steps in the loop.
 """
@@ -44,7 +44,7 @@ import mmspec
 from mmspec.cache import crop
 from mmspec.session import CausalLMSession
 
-from .bench_gpu import build, prefill_cost, set_eps, step_cost, sync
+from .bench_gpu import build, prefill_cost, set_eps, step_cost, sync, timed
 
 
 def _graph(session):
@@ -131,14 +131,9 @@ def profile_mode(target, draft, dev, mode: str, k: int = 4, new_tokens: int = 12
                    static_cache=True)
         outs = {}
         for key, pipe in (("plain_ms_per_token", None), ("plain_sync_ms_per_token", False)):
-            best = float("inf")
-            for _ in range(2):
-                sync(dev)
-                t0 = time.perf_counter()
-                outs[key] = mmspec.generate(target, None, prompt, pipeline=pipe, **gen)
-                sync(dev)
-                best = min(best, time.perf_counter() - t0)
-            r[key] = 1e3 * best / new_tokens
+            outs[key], t = timed(lambda: mmspec.generate(target, None, prompt, pipeline=pipe,
+                                                         **gen), dev)
+            r[key] = 1e3 * t / new_tokens
         r["identical"] = bool(torch.equal(outs["plain_ms_per_token"].sequences,
                                           outs["plain_sync_ms_per_token"].sequences))
         spec = dict(gen, num_draft_tokens=k)
@@ -147,12 +142,9 @@ def profile_mode(target, draft, dev, mode: str, k: int = 4, new_tokens: int = 12
                  pt=prefill_cost(target, 1, dev, prompt_len), pd=prefill_cost(draft, 1, dev, prompt_len))
         r.update({f"{key}_ms": 1e3 * v for key, v in c.items()})
         for tag, pipe in (("spec", False), ("spec_pipelined", True)):
-            mmspec.generate(target, draft, prompt, pipeline=pipe, **spec)
-            sync(dev)
-            t0 = time.perf_counter()
-            out = mmspec.generate(target, draft, prompt, pipeline=pipe, **spec)
-            sync(dev)
-            r[f"{tag}_wall_ms"] = 1e3 * (time.perf_counter() - t0)
+            out, t = timed(lambda: mmspec.generate(target, draft, prompt, pipeline=pipe, **spec),
+                           dev)
+            r[f"{tag}_wall_ms"] = 1e3 * t
             r[f"{tag}_steps"] = out.stats.steps
             r[f"{tag}_acceptance"] = out.stats.acceptance_rate
             # The call's forward passes at their separately measured costs.
