@@ -77,6 +77,23 @@ def static_length(prompt_len: int, batch: int, max_new_tokens: int, k: int,
     return -(-need // 64) * 64
 
 
+def check_engine(compile, static_cache, pipeline, model=None) -> bool:
+    """Check the engine switches (``compile``, ``static_cache``, ``pipeline``) before any work;
+    returns whether the caches are static."""
+    if compile not in (False, True, "inductor"):
+        raise ValueError(f"compile={compile!r}: accepted False, True or 'inductor'")
+    if static_cache not in (None, False, True):
+        raise ValueError(f"static_cache={static_cache!r}: accepted None, True or False")
+    if pipeline is not None and not isinstance(pipeline, bool):
+        raise ValueError(f"pipeline={pipeline!r}: accepted None, True or False")
+    static = bool(compile) if static_cache is None else static_cache
+    if compile and not static:
+        raise ValueError("compile=True needs static_cache=True (fixed shapes)")
+    if compile and model is not None and next(model.parameters()).device.type != "cuda":
+        raise ValueError("compile=True captures CUDA graphs: accepted a model on a CUDA device")
+    return static
+
+
 def pipelines_by_default(compile, profile: bool = False) -> bool:
     """Whether a draft model's steps are queued ahead when ``pipeline`` is not given: with
     captured steps (``compile=True``; measured faster on an H100, README "GPU path"), not
@@ -104,13 +121,9 @@ def _prepare(target, draft, input_ids, attention_mask, rule, num_draft_tokens, m
     validate_pair(target, draft, input_ids=input_ids, max_new_tokens=max_new_tokens,
                   num_draft_tokens=num_draft_tokens, compile=bool(compile) or bool(pipeline))
     generator = make_generator(seed, input_ids.device)
-    static = compile if static_cache is None else static_cache
-    if compile and not static:
-        raise ValueError("compile=True needs static_cache=True (fixed shapes)")
+    static = check_engine(compile, static_cache, pipeline, target)
     k = num_draft_tokens if (draft is not None or drafter is not None) else 0
     k = getattr(drafter, "num_tokens", k)
-    if pipeline is not None and not isinstance(pipeline, bool):
-        raise ValueError(f"pipeline={pipeline!r}: accepted None, True or False")
     if pipeline and drafter is not None:
         raise ValueError("pipeline=True builds its own drafter: pass draft=, not drafter= "
                          "(or a ModelDrafter(host_free=True))")

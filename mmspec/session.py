@@ -51,6 +51,11 @@ def output_vocab_size(model) -> int:
     return int(cfg.vocab_size)
 
 
+def _decoder_config(model):
+    cfg = model.config
+    return cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+
+
 def max_positions(model) -> int | None:
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     return getattr(cfg, "max_position_embeddings", None)
@@ -139,10 +144,12 @@ class CausalLMSession:
         self._cache_arg = cache_argument(model)
         # Prefix attention (mmspec.attention) for SDPA models on a static cache; not under
         # "inductor", whose fused steps would be compiled again for every width.
+        # The decoder's attention decides (a VLM's vision tower may differ; it gets no 4-D mask).
         self._sdpa_configs = sdpa_configs(self.net) if static_len is not None else []
-        self._bucketed = bool(self._sdpa_configs) and compile != "inductor"
+        text_sdpa = any(c is _decoder_config(self.net) for c in self._sdpa_configs)
+        self._bucketed = text_sdpa and compile != "inductor"
         # 4-D masks are bool for SDPA; other attention (eager) adds them to its scores.
-        self._additive = None if self._sdpa_configs else next(model.parameters()).dtype
+        self._additive = None if text_sdpa else next(model.parameters()).dtype
         self.cache = None
         self.seq: SequenceMask | StaticSequenceMask | None = None
         self.batch_size = 0

@@ -117,6 +117,55 @@ def test_bad_input():
         g.generate(im, "USER: <image> a ASSISTANT:", max_new_tokens=0)
     with pytest.raises(ValueError, match="draft_mode='ensemble' needs a vision-language draft"):
         VisionLanguageGenerator(target, proc, tiny_text_lm(), "ensemble")
+    with pytest.raises(ValueError, match="num_draft_tokens=0"):
+        g.generate(im, "USER: <image> a ASSISTANT:", method="exact", num_draft_tokens=0)
+    with pytest.raises(ValueError, match="compile='fast'"):
+        g.generate(im, "USER: <image> a ASSISTANT:", compile="fast")
+    with pytest.raises(ValueError, match="compile=True needs static_cache=True"):
+        g.generate(im, "USER: <image> a ASSISTANT:", compile=True, static_cache=False)
+    with pytest.raises(ValueError, match="pipeline='yes'"):
+        g.generate(im, "USER: <image> a ASSISTANT:", pipeline="yes")
+    with pytest.raises(ValueError, match="max_new_tokens=200 .* max_position_embeddings=128"):
+        g.generate(im, "USER: <image> a ASSISTANT:", max_new_tokens=200)
+    ens = VisionLanguageGenerator(target, proc, draft, "ensemble")
+    with pytest.raises(ValueError, match="pipeline=True: accepted with a text or image draft"):
+        ens.generate(im, "USER: <image> a ASSISTANT:", method="exact", pipeline=True)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="accepted a model on a CUDA device"):
+            g.generate(im, "USER: <image> a ASSISTANT:", compile=True)
+
+
+@pytest.mark.parametrize("kind", ["llava", "llava-next"])
+def test_static_caches_give_the_dynamic_tokens(kind):
+    """static_cache=True (what compile=True captures) for every draft kind, synchronised and
+    with draft steps queued ahead (pipeline=True: rejected drafts kept as holes), Jacobi and
+    plain decoding: the dynamic-cache tokens under greedy decoding in float32."""
+    target, vlm_draft, proc = _models(kind)
+    ims, prompts = _pairs(kind)
+    plain = VisionLanguageGenerator(target, proc).generate(ims, prompts, temperature=0,
+                                                             max_new_tokens=16)
+    kw = dict(temperature=0, max_new_tokens=16, seed=0, static_cache=True)
+    g = VisionLanguageGenerator(target, proc)
+    for method in ("plain", "sjd"):
+        assert g.generate(ims, prompts, method=method, **kw).token_ids == plain.token_ids, method
+    for draft, mode in ((tiny_text_lm(), "text"), (vlm_draft, "image"), (target, "image"),
+                        (vlm_draft, "ensemble")):
+        g = VisionLanguageGenerator(target, proc, draft, mode)
+        for pipeline in ((None,) if mode == "ensemble" else (None, True)):
+            for k in (1, 3):
+                out = g.generate(ims, prompts, method="exact", num_draft_tokens=k,
+                                 pipeline=pipeline, **kw)
+                assert out.token_ids == plain.token_ids, (mode, pipeline, k)
+
+
+def test_num_draft_tokens_sets_the_drafts_per_step():
+    """The target as its own image draft accepts every draft: ceil(T / (K + 1)) steps."""
+    target, _, proc = _models("llava")
+    g = VisionLanguageGenerator(target, proc, target, "image")
+    for k in (1, 3, 6):
+        out = g.generate(images(1)[0], "USER: <image> a ASSISTANT:", method="exact",
+                         temperature=0, max_new_tokens=20, num_draft_tokens=k)
+        assert out.stats.steps == -(-20 // (k + 1)), k
 
 
 def test_recipe_runs_on_a_saved_tiny_model(tmp_path, capsys):

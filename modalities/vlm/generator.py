@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 import torch
 
-from mmspec.drafters import ModelDrafter
 from mmspec.drafters.ensemble import EnsembleDrafter
 from mmspec.loop import stream
-from mmspec.registry import build_method
+from mmspec.generate import check_engine, pipelines_by_default, static_length
+from mmspec.registry import build_method, parse_method
 from mmspec.sampling import SamplingParams, make_generator
-from mmspec.session import CausalLMSession, PaddedSession, output_vocab_size
+from mmspec.session import CausalLMSession, PaddedSession, max_positions, output_vocab_size
 from mmspec.types import StepStats
 
 
@@ -157,11 +157,12 @@ class VisionLanguageGenerator:
         return dict(input_ids=ids.to(dev), attention_mask=mask.to(dev))
 
     # -- generation -------------------------------------------------------------------------------
-    def _drafter_and_batch(self, method, method_params, params, batch, images, prompts, captions):
+    def _drafter_and_batch(self, uses_draft, num, params, batch, images, prompts, captions,
+                           engine):
+        """(drafter factory or EnsembleDrafter or None, the draft's prompt batch); ``engine``
+        maps a draft prompt batch to the session's static-cache settings."""
         vt = output_vocab_size(self.target)
-        num = method_params.pop("num_draft_tokens", 4)
         mode = self.draft_mode
-        uses_draft = self.draft is not None and not method.startswith(("plain", "sjd"))
         if uses_draft and mode == "ensemble":
             pieces = [self.encode(images, prompts, self.draft_processor)]
             pieces.append(self.text_only(pieces[0]))
@@ -172,13 +173,14 @@ class VisionLanguageGenerator:
             ids, mask = _stack([(p["input_ids"], p["attention_mask"]) for p in pieces],
                                self.processor.tokenizer.pad_token_id or 0)
             extra = {k: v for k, v in pieces[0].items() if k not in ("input_ids", "attention_mask")}
-            session = PaddedSession(CausalLMSession(self.draft, params), vt)
+            session = PaddedSession(CausalLMSession(self.draft, params, **engine(ids)), vt)
             drafter = EnsembleDrafter(session, len(pieces), num)
             return drafter, dict(input_ids=ids, attention_mask=mask, **extra)
         if uses_draft:
             dbatch = (self.encode(images, prompts, self.draft_processor) if mode == "image"
                       else self.text_only(batch))
-            session = PaddedSession(CausalLMSession(self.draft, params), vt)
+            session = PaddedSession(CausalLMSession(self.draft, params,
+                                                    **engine(dbatch["input_ids"])), vt)
             return lambda: session, dbatch
         return None, batch
 
@@ -186,8 +188,19 @@ class VisionLanguageGenerator:
     def generate(self, images, prompt_or_messages, *, method: str = "plain",
                  max_new_tokens: int = 64, temperature: float = 1.0, top_p: float | None = None,
                  top_k: int | None = None, seed: int | None = None, stream: bool = False,
-                 captions=None, **method_params):
-        """One image (or None, or a list) per prompt; a single pair may be given unwrapped."""
+                 captions=None, compile: bool | str = False, static_cache: bool | None = None,
+                 pipeline: bool | None = None, **method_params):
+        """One image (or None, or a list) per prompt; a single pair may be given unwrapped.
+
+        compile:      static caches for target and draft, and their decoding steps captured
+                      as CUDA graphs (``mmspec.generate``'s switch: ``True`` or ``"inductor"``;
+                      CUDA only). The prompt pass (vision tower included) runs eagerly; the
+                      eager path gives the same tokens under greedy decoding.
+        static_cache: static caches without capturing (default: = compile).
+        pipeline:     draft-model steps queued before the last is read (rejected drafts kept
+                      as holes); None: on with ``compile=True`` and a text or image draft
+                      (not with the ensemble, whose mixture weights are read every step).
+        """
         if not isinstance(prompt_or_messages, (list, tuple)) or (
                 prompt_or_messages and isinstance(prompt_or_messages[0], dict)):
             prompts, images = [prompt_or_messages], [images]
@@ -201,31 +214,61 @@ class VisionLanguageGenerator:
                              f"{len(prompts)} prompts")
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens!r}: accepted an integer >= 1")
+        static = check_engine(compile, static_cache, pipeline, self.target)
+        uses_draft = parse_method(method, self.draft is not None)[0] == "draft"
+        mparams = dict(method_params)
+        # K for a draft model (ignored by plain decoding and Jacobi, as in mmspec.generate).
+        num = mparams.get("num_draft_tokens", 4) if uses_draft else mparams.pop("num_draft_tokens", 4)
+        if not isinstance(num, int) or num < 1:
+            raise ValueError(f"num_draft_tokens={num!r}: accepted an integer >= 1")
+        if pipeline and (not uses_draft or self.draft_mode == "ensemble") and method != "plain":
+            raise ValueError(f"pipeline=True: accepted with a text or image draft model or "
+                             f"method='plain' (method={method!r}, draft_mode={self.draft_mode!r})")
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
         batch = self.encode(images, prompts)
-        mparams = dict(method_params)
-        drafter_or_factory, dbatch = self._drafter_and_batch(method, mparams, params, batch,
-                                                             images, prompts, captions)
+        rows = batch["input_ids"].shape[0]
+        width = batch["input_ids"].shape[1]
+        limit = max_positions(self.target)
+        if limit is not None and width + max_new_tokens > limit:
+            raise ValueError(f"max_new_tokens={max_new_tokens} with a {width}-token prompt (image "
+                             f"tokens included) exceeds the target's max_position_embeddings="
+                             f"{limit}: accepted max_new_tokens <= {limit - width}")
+        # Draft steps queued ahead where every draft position fits the models' positions.
+        host_free = (uses_draft and self.draft_mode != "ensemble"
+                     and (pipeline if pipeline is not None else pipelines_by_default(compile))
+                     and all(m is None or width + max_new_tokens + num <= m
+                             for m in (limit, max_positions(self.draft))))
+        if pipeline and not host_free and method != "plain":
+            raise ValueError(f"pipeline=True: the last drafts would pass max_position_embeddings; "
+                             f"accepted max_new_tokens <= {limit - width - num}")
+
+        def engine(ids, k=num, holes=host_free):
+            if not static:
+                return {}
+            return dict(static_len=static_length(ids.shape[1], ids.shape[0], max_new_tokens, k,
+                                                 holes), compile=compile)
+
+        drafter_or_factory, dbatch = self._drafter_and_batch(uses_draft, num, params, batch,
+                                                             images, prompts, captions, engine)
+        emb = self.target.get_input_embeddings().weight.detach()
         if isinstance(drafter_or_factory, EnsembleDrafter):
             _, rule = build_method(method if method != "plain" else "exact", mparams,
-                                   draft_session=lambda: None,
-                                   embeddings=self.target.get_input_embeddings().weight.detach())
+                                   draft_session=lambda: None, embeddings=emb)
             drafter = drafter_or_factory
         else:
             drafter, rule = build_method(method, mparams, draft_session=drafter_or_factory,
-                                         embeddings=self.target.get_input_embeddings().weight.detach(),
-                                         jacobi_defaults={})
-        if isinstance(drafter, ModelDrafter) and not isinstance(drafter, EnsembleDrafter):
-            drafter.num_tokens = mparams.get("num_draft_tokens", drafter.num_tokens)
+                                         embeddings=emb, jacobi_defaults={}, host_free=host_free)
         gen = make_generator(seed, self.target.device)
         if hasattr(drafter, "generator"):
             drafter.generator = gen
-        it = self._run(batch, dbatch, drafter, rule, params, gen, max_new_tokens)
+        target_engine = engine(batch["input_ids"], k=getattr(drafter, "num_tokens", 0))
+        it = self._run(batch, dbatch, drafter, rule, params, gen, max_new_tokens, target_engine,
+                       dict(fixed_k=bool(compile), pipeline=False if pipeline is False else None))
         return _in_inference_mode(it) if stream else self._collect(it)
 
-    def _run(self, batch, dbatch, drafter, rule, params, gen, max_new_tokens):
+    def _run(self, batch, dbatch, drafter, rule, params, gen, max_new_tokens, engine, loop):
         t0 = time.perf_counter()
-        session = CausalLMSession(self.target, params)
+        session = CausalLMSession(self.target, params, **engine)
         extra = {k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask")}
         session.prefill(batch["input_ids"], batch["attention_mask"], **extra)
         drafter.begin(vocab_size=session.vocab_size, **dbatch)
@@ -237,7 +280,7 @@ class VisionLanguageGenerator:
         shown = [""] * len(rows)
         for ev in stream(session, drafter, rule, batch["input_ids"][:, -1],
                          max_new_tokens=max_new_tokens, stop_token_ids=set(eos),
-                         generator=gen, stats=stats):
+                         generator=gen, stats=stats, **loop):
             pieces = []
             for i, new in enumerate(ev.new_tokens):
                 rows[i].extend(new)
