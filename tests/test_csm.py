@@ -136,6 +136,21 @@ def test_csm_speculative_greedy_equals_plain_greedy(csm_pair):
     assert plain.sample_rate == 24000 and all(len(w) > 0 for w in plain.waveforms)
 
 
+def test_csm_static_caches_give_the_dynamic_frames(csm_pair):
+    """The backbone on a static cache (what compile=True captures), draft steps synchronised
+    and queued ahead: the dynamic-cache frames under greedy decoding."""
+    target, draft = csm_pair
+    tts = TextToSpeech(CsmAdapter(target, max_frames=10), CsmAdapter(draft, max_frames=10))
+    plain = tts(TEXTS, temperature=0, progress=False)
+    assert all(torch.equal(a, b) for a, b in
+               zip(plain.codes, tts(TEXTS, temperature=0, progress=False, static_cache=True).codes))
+    for k in (1, 3):
+        for pipeline in (None, True):
+            spec = tts(TEXTS, method="exact", temperature=0, num_draft_tokens=k, progress=False,
+                       static_cache=True, pipeline=pipeline)
+            assert all(torch.equal(a, b) for a, b in zip(plain.codes, spec.codes)), (k, pipeline)
+
+
 def test_csm_exact_sampling_matches_the_target_frame_distribution():
     target = tiny_csm(codebooks=2, vocab=4, scale=2.0)
     draft = tiny_csm(seed=1, codebooks=2, vocab=4, hidden=8, scale=2.0)

@@ -136,6 +136,37 @@ def test_bad_input(delay_pair):
         tts("hello", progress=False)
     with pytest.raises(ValueError, match="events of several ids"):
         tts(TEXTS, method="sjd", init="repeat_horizon", grid_width=4, progress=False)
+    with pytest.raises(ValueError, match="static_cache / compile: not available for delay-pattern"):
+        tts(TEXTS, static_cache=True, progress=False)
+    with pytest.raises(ValueError, match="pipeline=True: not available for delay-pattern"):
+        TextToSpeech.from_pretrained(t, draft=d)(TEXTS, method="exact", pipeline=True,
+                                                 progress=False)
+    with pytest.raises(ValueError, match="compile='yes'"):
+        tts(TEXTS, compile="yes", progress=False)
+    with pytest.raises(ValueError, match="num_draft_tokens=0"):
+        TextToSpeech.from_pretrained(t, draft=d)(TEXTS, method="exact", num_draft_tokens=0,
+                                                 progress=False)
+
+
+def test_single_codebook_static_caches_give_the_dynamic_codes():
+    """static_cache=True (what compile=True captures), with and without guidance (the draft
+    gets its own unconditional rows), synchronised and with draft steps queued ahead: the
+    dynamic-cache codes under greedy decoding in float32; the target as its own draft accepts
+    every draft."""
+    mk = lambda m: SingleCodebookAdapter(m, ToyCodec(), range(20, 36), end_id=36,  # noqa: E731
+                                         prefix=[1], suffix=[2], max_frames=16)
+    for draft in (_single(seed=1, hidden=16), _single()):
+        tts = TextToSpeech(mk(_single()), mk(draft))
+        for g in (None, 2.0):
+            plain = tts(TEXTS, method="plain", temperature=0, progress=False, guidance_scale=g)
+            for method, pipeline in (("plain", None), ("sjd", None), ("exact", None),
+                                     ("exact", True), ("lantern", True)):
+                out = tts(TEXTS, method=method, temperature=0, progress=False, guidance_scale=g,
+                          static_cache=True, pipeline=pipeline)
+                assert all(torch.equal(a, b) for a, b in zip(out.codes, plain.codes)), \
+                    (method, pipeline, g)
+                if method == "exact" and draft.config.hidden_size == 32:
+                    assert out.stats.acceptance_rate == 1.0
 
 
 def save_bundled_tiny(folder, model, max_frames=8):

@@ -101,8 +101,8 @@ class CsmSession(CausalLMSession):
     after the prompt feeds the prompt's last text token in column 0) and return
     ``FrameDistribution``s over [B, n]."""
 
-    def __init__(self, model, params: SamplingParams):
-        super().__init__(model, params)
+    def __init__(self, model, params: SamplingParams, **engine):
+        super().__init__(model, params, **engine)
         self.net = model.backbone_model
         from mmspec.cache import cache_argument
 
@@ -127,7 +127,8 @@ class CsmSession(CausalLMSession):
         return out.last_hidden_state
 
     def distributions(self, h, gen_index):
-        return FrameDistribution(self.model, h, self.params)
+        # A captured step's output buffer is overwritten by the next replay: keep a copy.
+        return FrameDistribution(self.model, h.clone() if self.compile else h, self.params)
 
 
 class CsmAdapter(CodecAdapter):
@@ -153,10 +154,10 @@ class CsmAdapter(CodecAdapter):
         self.pad_id = pad if pad is not None and 0 <= pad < cfg.text_vocab_size else 0
         self.codec = codec if codec is not None else TransformersCodec(model.codec_model)
 
-    def session(self, params, guidance_scale, num_frames=None):
+    def session(self, params, guidance_scale, num_frames=None, **engine):
         if guidance_scale is not None:
             raise ValueError("guidance_scale: CSM has no unconditional branch; accepted None")
-        return CsmSession(self.model, params)
+        return CsmSession(self.model, params, **engine)
 
     def codebook_embeddings(self, c: int) -> torch.Tensor:
         table = self.model.backbone_model.embed_tokens.embed_audio_tokens.weight.detach().float()

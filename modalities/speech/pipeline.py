@@ -30,9 +30,11 @@ from tqdm.auto import tqdm
 
 from mmspec.acceptance import DepthFrame, Frame
 from mmspec.drafters import ModelDrafter
+from mmspec.generate import check_engine, pipelines_by_default, static_length
 from mmspec.loop import stream
-from mmspec.registry import build_method
+from mmspec.registry import build_method, parse_method
 from mmspec.sampling import SamplingParams, make_generator
+from mmspec.session import max_positions
 from mmspec.types import StepStats
 
 from .delay import DelayPatternSession, undo_delay
@@ -235,7 +237,12 @@ class DelayPatternAdapter(CodecAdapter):
         self.max_frames = max_frames
         self.frames_per_char = frames_per_char
 
-    def session(self, params, guidance_scale, num_frames):
+    def session(self, params, guidance_scale, num_frames, **engine):
+        if engine.get("static_len") is not None:
+            raise ValueError("static_cache / compile: not available for delay-pattern models "
+                             "(MusicGen, Parler-TTS): their decoder takes its positions from the "
+                             "cache's length, which a static cache does not roll back; accepted "
+                             "compile=False, static_cache=None")
         return DelayPatternSession(self.model, params, guidance_scale, num_frames, self.pad, self.eos)
 
     def codebook_embeddings(self, c: int) -> torch.Tensor:
@@ -264,10 +271,10 @@ class SingleCodebookAdapter(CodecAdapter):
         self.prefix, self.suffix, self.pad_id = list(prefix), list(suffix), pad_id
         self.max_frames = max_frames
 
-    def session(self, params, guidance_scale, num_frames=None):
+    def session(self, params, guidance_scale, num_frames=None, **engine):
         from mmspec.session import TokenSpanSession
 
-        return TokenSpanSession(self.model, params, guidance_scale, self.to_vocab)
+        return TokenSpanSession(self.model, params, guidance_scale, self.to_vocab, **engine)
 
     def codebook_embeddings(self, c: int = 0) -> torch.Tensor:
         return self.model.get_input_embeddings().weight.detach().float()[self.to_vocab]
@@ -340,6 +347,17 @@ def codec_for(model):
     raise ValueError(f"codec {name}: accepted EncodecModel, DacModel, MimiModel or Xcodec2Model")
 
 
+def _unconditional(adapter, batch) -> dict:
+    """Unconditional prompts of ``batch``'s shape for a single-codebook model: the empty
+    text (prefix, pad id, suffix), left-padded."""
+    empty = adapter.encode_text([[adapter.pad_id]] * batch["input_ids"].shape[0])
+    un = torch.full_like(batch["input_ids"], adapter.pad_id)
+    um = torch.zeros_like(batch["attention_mask"])
+    w = empty["input_ids"].shape[1]
+    un[:, -w:], um[:, -w:] = empty["input_ids"], empty["attention_mask"]
+    return dict(uncond_ids=un, uncond_mask=um)
+
+
 class TextToSpeech:
     def __init__(self, target, draft=None, defaults=None):
         if draft is not None:
@@ -397,8 +415,15 @@ class TextToSpeech:
     def __call__(self, text, *, method: str = "plain", temperature: float = 1.0,
                  top_k: int | None = None, seed: int | None = None, description=None,
                  guidance_scale: float | None = None, max_frames: int | None = None,
-                 progress: bool = True, decode: bool = True, **method_params) -> AudioOutput:
+                 progress: bool = True, decode: bool = True, compile: bool | str = False,
+                 static_cache: bool | None = None, pipeline: bool | None = None,
+                 **method_params) -> AudioOutput:
+        """compile / static_cache / pipeline: as in ``mmspec.generate`` (static caches, steps
+        captured as CUDA graphs, draft steps queued ahead), for single-codebook and CSM targets
+        (CSM: the backbone's steps; the depth decoder runs eagerly). Delay-pattern models
+        (MusicGen) decode eagerly on a dynamic cache."""
         tgt = self.target
+        static = check_engine(compile, static_cache, pipeline, tgt.model)
         texts = [text] if isinstance(text, str) or (isinstance(text, list) and text
                                                      and isinstance(text[0], int)) else list(text)
         if not texts:
@@ -420,16 +445,44 @@ class TextToSpeech:
         g = guidance_scale if guidance_scale not in (None, 1.0) else None
         batch = tgt.encode_text(texts)
         c = tgt.codebooks
+        uses_draft = parse_method(method, self.draft is not None)[0] == "draft"
+        num = method_params.get("num_draft_tokens", 4)
+        if uses_draft and (not isinstance(num, int) or num < 1):
+            raise ValueError(f"num_draft_tokens={num!r}: accepted an integer >= 1")
+        delay = isinstance(tgt, DelayPatternAdapter)
+        if static and delay:
+            tgt.session(params, None, frames, static_len=1)          # its error, before any work
+        if pipeline and delay:
+            raise ValueError("pipeline=True: not available for delay-pattern models (every row "
+                             "is committed to the shortest accepted length); accepted None or False")
+        width = batch["input_ids"].shape[1]
+        limits = [] if delay else [max_positions(a.model) for a in (tgt, self.draft) if a is not None]
+        room = not delay and all(m is None or width + frames + num <= m for m in limits)
+        host_free = uses_draft and room and (pipeline if pipeline is not None
+                                             else pipelines_by_default(compile))
+        if pipeline and uses_draft and not host_free:
+            raise ValueError("pipeline=True: the last drafts would pass the models' "
+                             "max_position_embeddings; accepted fewer max_frames")
+
+        def engine(prompt_width, k):
+            if not static:
+                return {}
+            return dict(static_len=static_length(prompt_width, len(texts), frames, k, host_free),
+                        compile=compile)
+
         draft_session = None
         if self.draft is not None:
-            draft_session = lambda: self.draft.session(params, g, frames)  # noqa: E731
+            dwidth = self.draft.encode_text(texts)["input_ids"].shape[1] if uses_draft else 0
+            draft_session = lambda: self.draft.session(params, g, frames,  # noqa: E731
+                                                       **engine(dwidth, num))
         single = isinstance(tgt, SingleCodebookAdapter)
         depth = getattr(tgt, "depth", False)
         jd = dict(init_range=(0, tgt.vocab_size - 1))
         if not single:
             jd["event_shape"] = (c,)          # Jacobi windows of whole frames (delay patterns)
         drafter, scalar = build_method(method, method_params, draft_session=draft_session,
-                                       embeddings=tgt.codebook_embeddings(0), jacobi_defaults=jd)
+                                       embeddings=tgt.codebook_embeddings(0), jacobi_defaults=jd,
+                                       host_free=host_free)
         frame_rule = DepthFrame if depth else Frame
         if single:
             rule = scalar
@@ -447,18 +500,13 @@ class TextToSpeech:
             drafter.generator = gen
         stats = StepStats()
         t0 = time.perf_counter()
-        session = tgt.session(params, g, frames)
-        if single and g is not None:
-            empty = tgt.encode_text([[tgt.pad_id]] * len(texts))
-            un = torch.full_like(batch["input_ids"], tgt.pad_id)
-            um = torch.zeros_like(batch["attention_mask"])
-            w = empty["input_ids"].shape[1]
-            un[:, -w:], um[:, -w:] = empty["input_ids"], empty["attention_mask"]
-            session.prefill(**batch, uncond_ids=un, uncond_mask=um)
-        else:
-            session.prefill(**batch)
+        session = tgt.session(params, g, frames, **engine(width, getattr(drafter, "num_tokens", 0)))
+        uncond = single and g is not None       # the unconditional rows: an empty text
+        session.prefill(**batch, **(_unconditional(tgt, batch) if uncond else {}))
         if isinstance(drafter, ModelDrafter):
-            drafter.begin(vocab_size=tgt.vocab_size, **self.draft.encode_text(texts))
+            dbatch = self.draft.encode_text(texts)
+            drafter.begin(vocab_size=tgt.vocab_size, **dbatch,
+                          **(_unconditional(self.draft, dbatch) if uncond else {}))
         else:
             drafter.begin(batch["input_ids"], batch["attention_mask"], vocab_size=tgt.vocab_size)
         stats.seconds_prefill = time.perf_counter() - t0
@@ -477,8 +525,9 @@ class TextToSpeech:
         if depth:     # CSM: a row ends with its first frame of end-of-audio ids
             stops, stop_on = {tgt.frame_eos}, "all"
         bar = tqdm(total=steps, desc=method, disable=None if progress else True, leave=False)
-        for ev in stream(session, drafter, rule, first, max_new_tokens=steps, stop_token_ids=stops, stop_on=stop_on,
-                         generator=gen, stats=stats):
+        for ev in stream(session, drafter, rule, first, max_new_tokens=steps, stop_token_ids=stops,
+                         stop_on=stop_on, generator=gen, stats=stats, fixed_k=bool(compile),
+                         pipeline=False if pipeline is False else None):
             for i, new in enumerate(ev.new_tokens):
                 rows[i].extend(new)
             bar.update(min(len(r) for r in rows) - bar.n)
