@@ -62,6 +62,8 @@ def parse(argv=None):
     ap.add_argument("--num-images", type=int, default=1, help="images per prompt")
     ap.add_argument("--out", default="out/text_to_image")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--compile", action="store_true",
+                    help="static caches and CUDA-graph steps (CUDA only; same tokens under greedy)")
     return ap.parse_args(argv)
 
 
@@ -89,7 +91,7 @@ def main(argv=None) -> dict:
     params = {k: getattr(args, k) for k in METHOD_FLAGS if getattr(args, k) is not None}
     common = dict(num_images_per_prompt=args.num_images, guidance_scale=args.guidance,
                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                  seed=args.seed, progress=not args.no_progress)
+                  seed=args.seed, progress=not args.no_progress, compile=args.compile)
     if args.negative_prompt:
         common["negative_prompt"] = args.negative_prompt
     plain = pipe(prompts, method="plain", **common)

@@ -42,6 +42,8 @@ def main(argv=None):
     ap.add_argument("--guidance", type=float, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="out/tts")
+    ap.add_argument("--compile", action="store_true",
+                    help="static caches and CUDA-graph steps (CUDA only; same tokens under greedy)")
     args = ap.parse_args(argv)
     from modalities.speech import TextToSpeech
 
@@ -62,7 +64,7 @@ def main(argv=None):
     params = {k: v for k, v in (("num_draft_tokens", args.num_draft_tokens), ("theta", args.theta),
                                 ("window", args.window)) if v is not None}
     kw = dict(temperature=args.temperature, top_k=args.top_k, seed=args.seed,
-              guidance_scale=args.guidance)
+              guidance_scale=args.guidance, compile=args.compile)
     plain = tts(texts, method="plain", **kw)
     spec = tts(texts, method=args.method, **kw, **params)
     plain.save(os.path.join(args.out, "plain"), spectrogram=False)

@@ -31,6 +31,8 @@ def main(argv=None):
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compile", action="store_true",
+                    help="static caches and CUDA-graph steps (CUDA only; same tokens under greedy)")
     args = ap.parse_args(argv)
     *paths, question = args.inputs
     if not paths:
@@ -48,7 +50,8 @@ def main(argv=None):
     images = [Image.open(p).convert("RGB") for p in paths]
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
     prompts = [messages for _ in images]
-    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
+    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+              compile=args.compile)
     plain = gen.generate(images, prompts, method="plain", **kw)
     spec = gen.generate(images, prompts, method=args.method,
                         num_draft_tokens=args.num_draft_tokens, **kw)

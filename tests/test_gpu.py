@@ -120,3 +120,68 @@ def test_captured_speculative_decoding_is_pipelined_by_default():
         mmspec.generate(t, d, ids, **kw, **extra)
         assert [key[1] for key in _STATIC[t]] == [want], extra
     mmspec.release_graphs()
+
+
+def test_captured_vlm_equals_eager(monkeypatch):
+    """VisionLanguageGenerator(compile=True) for every draft kind, Jacobi and plain decoding:
+    the eager tokens; text and image drafts are queued ahead (host-free), the ensemble not."""
+    from mmspec.drafters import ModelDrafter
+    from modalities.vlm import VisionLanguageGenerator
+    from tiny_vlm import images, tiny_llava, tiny_processor, tiny_text_lm
+
+    host_free = []
+    init = ModelDrafter.__init__
+
+    def spy(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        host_free.append(self.host_free)
+
+    monkeypatch.setattr(ModelDrafter, "__init__", spy)
+    dev = torch.device("cuda")
+    target, proc = tiny_llava().to(dev), tiny_processor()
+    ims = images(2)
+    prompts = ["USER: <image> what colour is the circle ? ASSISTANT:", "USER: <image> a ASSISTANT:"]
+    kw = dict(temperature=0, max_new_tokens=20, seed=0)
+    g = VisionLanguageGenerator(target, proc)
+    for method in ("plain", "sjd"):
+        assert (g.generate(ims, prompts, method=method, compile=True, **kw).token_ids
+                == g.generate(ims, prompts, method=method, **kw).token_ids), method
+    for draft, mode in ((tiny_text_lm().to(dev), "text"), (tiny_llava(seed=1, hidden=16, layers=1).to(dev), "image"),
+                        (target, "image"), (tiny_llava(seed=1, hidden=16, layers=1).to(dev), "ensemble")):
+        g = VisionLanguageGenerator(target, proc, draft, mode)
+        for k in (1, 4):
+            eager = g.generate(ims, prompts, method="exact", num_draft_tokens=k, **kw)
+            host_free.clear()
+            cap = g.generate(ims, prompts, method="exact", num_draft_tokens=k, compile=True, **kw)
+            assert cap.token_ids == eager.token_ids, (mode, k)
+            assert cap.stats.steps == eager.stats.steps, (mode, k)
+            assert host_free[-1] == (mode != "ensemble"), (mode, host_free)
+    mmspec.release_graphs()
+
+
+def test_captured_speech_equals_eager():
+    """TextToSpeech(compile=True): single-codebook targets with guidance and a draft model,
+    and CSM (captured backbone, eager depth decoder): the eager codes."""
+    from modalities.speech import SingleCodebookAdapter, TextToSpeech
+    from modalities.speech.csm import CsmAdapter
+    from test_speech import TEXTS, ToyCodec, _single
+    from tiny_csm import tiny_csm
+
+    dev = torch.device("cuda")
+    mk = lambda m: SingleCodebookAdapter(m.to(dev), ToyCodec(), range(20, 36), end_id=36,  # noqa: E731
+                                         prefix=[1], suffix=[2], max_frames=16)
+    tts = TextToSpeech(mk(_single()), mk(_single(seed=1, hidden=16)))
+    for method in ("plain", "exact", "sjd"):
+        for g in (None, 2.0):
+            kw = dict(method=method, temperature=0, progress=False, guidance_scale=g, decode=False)
+            a, b = tts(TEXTS, **kw), tts(TEXTS, compile=True, **kw)
+            assert all(torch.equal(x, y) for x, y in zip(a.codes, b.codes)), (method, g)
+    target, draft = tiny_csm(scale=3.0).to(dev), tiny_csm(scale=3.0, seed=1).to(dev)
+    tts = TextToSpeech(CsmAdapter(target, max_frames=10), CsmAdapter(draft, max_frames=10))
+    for method in ("plain", "exact"):
+        kw = dict(method=method, temperature=0, progress=False, decode=False, num_draft_tokens=3)
+        if method == "plain":
+            kw.pop("num_draft_tokens")
+        a, b = tts([[4, 5, 6, 7, 8], [9, 10]], **kw), tts([[4, 5, 6, 7, 8], [9, 10]], compile=True, **kw)
+        assert all(torch.equal(x, y) for x, y in zip(a.codes, b.codes)), method
+    mmspec.release_graphs()

@@ -1,0 +1,234 @@
+"""GPU benchmark of the modality adapters' engine switches: eager against ``compile=True``,
+plain decoding against speculative decoding, through the adapters' own calls.
+
+    python -m eval.bench_adapters_gpu --out out/bench_adapters          # H100 / H200
+    python -m eval.bench_adapters_gpu --tiny --device cpu               # a smoke run on CPU
+
+- ``vlm``: ``VisionLanguageGenerator`` on a LLaVA-1.5-7B shape (CLIP ViT-L/14 at 336 px, 576
+  image tokens, the 7B Llama language model, vocabulary 32064), random bf16 weights. Drafts:
+  the language model's first two layers as a text-only causal LM (``draft_mode="text"``: it
+  never sees the image), and the same two layers with the target's vision tower and projector
+  (``"image"``). As in ``eval.bench_gpu``, layers >= 2 of the target write into the residual
+  stream scaled by ``eps``, so at eps = 0 the image draft is exact while the text draft still
+  misses the image; acceptance is measured and reported.
+- ``tts``: ``TextToSpeech`` with a ``SingleCodebookAdapter`` on a Llasa-1B shape (Llama 1B:
+  16 layers of hidden 2048, a 193,800-id vocabulary of text and 65,536 codec ids); the draft is
+  its first two layers the same way. Codes only (``decode=False``): the codec is not timed.
+
+Greedy decoding at batch 1; every speculative and captured output is checked token for token
+against eager plain decoding. Each row: ms per generated token, acceptance, tokens per step,
+the speedup against eager plain decoding and against plain decoding in the same mode. JSON
+lines on stdout and in bench.jsonl; report.md summarises.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import mmspec
+from eval.bench_gpu import copy_bandwidth, timed
+
+
+def _share_first_layers(target_lm, dtype, n=2):
+    """A LlamaForCausalLM made of ``target_lm``'s embeddings, first ``n`` layers, norm and
+    head (shared tensors)."""
+    cfg = LlamaConfig(**{**target_lm.config.to_dict(), "num_hidden_layers": n})
+    with torch.device("meta"):
+        d = LlamaForCausalLM(cfg)
+    body = target_lm.model if hasattr(target_lm, "model") else target_lm
+    d.model.embed_tokens, d.model.norm = body.embed_tokens, body.norm
+    d.model.layers = torch.nn.ModuleList(list(body.layers[:n]))
+    d.model.rotary_emb = body.rotary_emb
+    return d.eval()
+
+
+def _scale_layers(layers, eps, originals=None):
+    with torch.no_grad():
+        if originals is None:
+            originals = [(lay.self_attn.o_proj.weight.detach().clone(),
+                          lay.mlp.down_proj.weight.detach().clone()) for lay in layers]
+        for lay, (o, dn) in zip(layers, originals):
+            lay.self_attn.o_proj.weight.copy_(o * eps)
+            lay.mlp.down_proj.weight.copy_(dn * eps)
+    return originals
+
+
+def build_vlm(dev, dtype, tiny: bool):
+    from transformers import CLIPImageProcessor, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
+
+    from recipes.train.vlm import CHAT, WORDS, tokenizer
+
+    size, patch = (32, 8) if tiny else (336, 14)
+    text = (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=4) if tiny else
+            dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=32))
+    vision = (dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+              if tiny else dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
+                                num_attention_heads=16))
+    cfg = LlavaConfig(vision_config=dict(model_type="clip_vision_model", image_size=size,
+                                         patch_size=patch, projection_dim=768, **vision),
+                      text_config=dict(model_type="llama", vocab_size=32064,
+                                       max_position_embeddings=4096, pad_token_id=0,
+                                       bos_token_id=1, eos_token_id=None, **text),
+                      image_token_index=WORDS.index("<image>"), vision_feature_layer=-2,
+                      vision_feature_select_strategy="default")
+    torch.manual_seed(0)
+    with torch.device(dev):
+        target = LlavaForConditionalGeneration(cfg).to(dtype).eval()
+    lm = target.model.language_model
+    text_draft = _share_first_layers(lm, dtype)
+    text_draft.lm_head = target.lm_head
+    with torch.device("meta"):
+        image_draft = LlavaForConditionalGeneration(LlavaConfig(
+            vision_config=cfg.vision_config.to_dict(),
+            text_config={**cfg.text_config.to_dict(), "num_hidden_layers": 2},
+            image_token_index=cfg.image_token_index, vision_feature_layer=-2,
+            vision_feature_select_strategy="default"))
+    image_draft.model.vision_tower = target.model.vision_tower
+    image_draft.model.multi_modal_projector = target.model.multi_modal_projector
+    image_draft.model.language_model = text_draft.model
+    image_draft.lm_head = target.lm_head
+    image_draft.eval()
+    ip = CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
+    proc = LlavaProcessor(image_processor=ip, tokenizer=tokenizer(), patch_size=patch,
+                          vision_feature_select_strategy="default", chat_template=CHAT,
+                          num_additional_image_tokens=1)
+    return target, {"text": text_draft, "image": image_draft}, proc, lm.layers[2:]
+
+
+def build_tts(dev, dtype, tiny: bool):
+    from modalities.speech import SingleCodebookAdapter
+
+    shape = (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=4, vocab_size=600) if tiny else
+             dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                  num_attention_heads=32, num_key_value_heads=8, vocab_size=193800))
+    cfg = LlamaConfig(**shape, max_position_embeddings=4096, pad_token_id=0, bos_token_id=1,
+                      eos_token_id=None, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    with torch.device(dev):
+        target = LlamaForCausalLM(cfg).to(dtype).eval()
+    draft = _share_first_layers(target, dtype)
+    draft.lm_head = target.lm_head
+    codes = shape["vocab_size"] - (512 if tiny else 65536) - 1
+
+    class NoCodec:                       # codes only: nothing is decoded
+        sample_rate, codebook_size = 16000, (512 if tiny else 65536)
+
+        def decode(self, frames):
+            raise RuntimeError("not decoded in the benchmark")
+
+    mk = lambda m: SingleCodebookAdapter(m, NoCodec(), range(codes, shape["vocab_size"] - 1),  # noqa: E731
+                                         end_id=shape["vocab_size"] - 1, prefix=[1], suffix=[2])
+    return mk(target), {"2-layer": mk(draft)}, None, target.model.layers[2:]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--which", default="vlm,tts")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="tiny shapes (a smoke run)")
+    ap.add_argument("--eps", default="0.0,0.05")
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--modes", default="eager,captured")
+    ap.add_argument("--out", default="out/bench_adapters")
+    args = ap.parse_args(argv)
+    dev = torch.device(args.device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    os.makedirs(args.out, exist_ok=True)
+    log = open(os.path.join(args.out, "bench.jsonl"), "a")
+    rows = []
+
+    def emit(row):
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        log.write(json.dumps(row) + "\n")
+        log.flush()
+
+    emit(dict(kind="setup", device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+              copy_tb_s=copy_bandwidth(dev) / 1e12, torch=torch.__version__,
+              transformers=__import__("transformers").__version__))
+    modes = [m for m in args.modes.split(",") if dev.type == "cuda" or m == "eager"]
+    n = args.new_tokens
+    for which in args.which.split(","):
+        if which == "vlm":
+            from modalities.vlm import VisionLanguageGenerator
+            from recipes.train.vlm import WORDS
+
+            target, drafts, proc, scaled = build_vlm(dev, dtype, args.tiny)
+            from PIL import Image
+            side = 32 if args.tiny else 336
+            image = Image.new("RGB", (side, side), (200, 40, 40))
+            words = " ".join(WORDS[12:40])
+            prompt = f"USER: <image> describe the image {words} ASSISTANT:"
+
+            def call(draft_name, method, compile):
+                g = VisionLanguageGenerator(target, proc, drafts.get(draft_name), draft_name)
+                out = g.generate(image, prompt, method=method, max_new_tokens=n, temperature=0,
+                                 num_draft_tokens=args.k, compile=compile)
+                return out.token_ids, out.stats
+        elif which == "tts":
+            from modalities.speech import TextToSpeech
+
+            target, drafts, _, scaled = build_tts(dev, dtype, args.tiny)
+            target_a = target
+            text = [list(range(3, 40))]
+
+            def call(draft_name, method, compile):
+                tts = TextToSpeech(target_a, drafts.get(draft_name))
+                out = tts(text, method=method, temperature=0, max_frames=n, decode=False,
+                          progress=False, compile=compile,
+                          **({} if method == "plain" else dict(num_draft_tokens=args.k)))
+                return [c.tolist() for c in out.codes], out.stats
+        else:
+            raise ValueError(f"--which {which!r}: accepted vlm, tts")
+        originals = None
+        for eps in [float(e) for e in args.eps.split(",")]:
+            originals = _scale_layers(scaled, eps, originals)
+            base = None
+            for mode in modes:
+                cap = mode == "captured"
+                (ref, _), t_plain = timed(lambda: call(None, "plain", cap), dev)
+                if base is None:
+                    base = (ref, t_plain)
+                emit(dict(kind=f"{which}-plain", mode=mode, eps=eps, ms_per_token=1e3 * t_plain / n,
+                          speedup_vs_eager_plain=base[1] / t_plain, identical=ref == base[0]))
+                for name in drafts:
+                    (toks, st), t = timed(lambda: call(name, "exact", cap), dev)
+                    emit(dict(kind=f"{which}-spec", mode=mode, eps=eps, draft=name, k=args.k,
+                              acceptance=st.acceptance_rate, tokens_per_step=st.tokens_per_step,
+                              ms_per_token=1e3 * t / n, speedup=t_plain / t,
+                              speedup_vs_eager_plain=base[1] / t, identical=toks == base[0]))
+            mmspec.release_graphs()
+        del target, drafts, scaled, call      # free one shape before building the next
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    log.close()
+    write_report(args.out, rows)
+
+
+def write_report(out_dir, rows):
+    s = rows[0]
+    lines = ["# Adapter GPU benchmark", "",
+             f"{s['device']}, torch {s['torch']}, transformers {s['transformers']}. Greedy, "
+             "batch 1.", "",
+             "| what | mode | eps | draft | K | acceptance | tokens/step | ms/token | speedup "
+             "(same mode) | speedup vs eager plain | identical |", "|" + "---|" * 11]
+    for r in rows[1:]:
+        lines.append("| " + " | ".join(str(v) if not isinstance(v, float) else f"{v:.2f}" for v in (
+            r["kind"], r["mode"], r["eps"], r.get("draft", ""), r.get("k", ""),
+            r.get("acceptance", ""), r.get("tokens_per_step", ""), r["ms_per_token"],
+            r.get("speedup", ""), r["speedup_vs_eager_plain"], r["identical"])) + " |")
+    with open(os.path.join(out_dir, "report.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
