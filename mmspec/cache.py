@@ -201,6 +201,6 @@ class StaticSequenceMask:
 
     def invalidate_tail(self, n: int, keep_valid: torch.Tensor) -> None:
         tail = self.buf[:, self.length - n:self.length]
-        dropped = tail * (1 - keep_valid.to(torch.long))
+        dropped = torch.where(keep_valid.to(torch.bool), 0, tail)
         self.next_pos.sub_(dropped.sum(1))
         tail.sub_(dropped)

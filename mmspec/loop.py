@@ -107,6 +107,8 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
                  # Row state lives on the device, so no host value has to travel back before a step.
                  produced=torch.zeros(b, dtype=torch.long, device=device),
                  active=torch.ones(b, dtype=torch.bool, device=device), commit=None)
+    zeros = torch.zeros(b, dtype=torch.long, device=device)     # constants of every step
+    no_rows = torch.zeros(b, dtype=torch.bool, device=device)
     produced_host = [0] * b
     planned = [0] * b          # pipelined: tokens the launched steps will have produced per row
     finished = [False] * b
@@ -137,11 +139,11 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
         if not getattr(target, "ragged", True):
             out = _common_prefix(out, active)
         # Emitted tokens that count: up to the first stop token and the row's budget.
-        cols = torch.arange(k + 1, device=device)
         emitted = out.num_emitted
-        done = torch.zeros_like(active)
+        done = no_rows
         first_stop = emitted
         if stops.numel():
+            cols = torch.arange(k + 1, device=device)
             if out.tokens.dim() > 2 and stop_on == "all":
                 hit = torch.isin(out.tokens.flatten(2), stops).all(-1)
             else:                              # multi-id events stop on their last id
@@ -160,7 +162,6 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
                else torch.zeros((), dtype=torch.bool, device=device))   # densities validate themselves
         if isinstance(draft.probs, torch.Tensor):
             bad = bad | ~torch.isfinite(draft.probs).all()
-        zeros = torch.zeros(b, dtype=torch.long, device=device)
         fb = out.fallbacks.long() if out.fallbacks is not None else zeros
         props = out.residual_proposals if out.residual_proposals is not None else zeros
         head = torch.cat([out.num_accepted[:, None], cut[:, None], state["active"][:, None].long(),
@@ -177,8 +178,12 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
         every slot fed this step is kept, the rejected ones as holes."""
         keep = (rec["k"] + 1 if n_host is None
                 else max(n for n, f in zip(n_host, finished) if not f) + 1)
-        kept = torch.arange(keep, device=device)
-        state["commit"] = (keep, (kept[None] < rec["emitted"][:, None]) & rec["was_active"][:, None])
+        if keep == 1:          # every row emits >= 1 token: its one slot is valid where it ran
+            valid = rec["was_active"][:, None]
+        else:
+            kept = torch.arange(keep, device=device)
+            valid = (kept[None] < rec["emitted"][:, None]) & rec["was_active"][:, None]
+        state["commit"] = (keep, valid)
         drafter.observe(rec["out"], rec["p"], n_host)
         state["last"] = rec["out"].last_tokens
 

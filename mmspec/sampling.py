@@ -69,10 +69,15 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     which the loop reports as an error naming the logits.
     """
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    logits = logits.to(dtype)
     if params.greedy:
+        # One-hot at the argmax (taken in the model's dtype: the same index). Its entry is NaN
+        # where the row's top logit is NaN or inf (an all -inf row included), so the loop's
+        # finiteness check reports bad logits under greedy decoding too.
         idx = logits.argmax(dim=-1, keepdim=True)
-        return torch.zeros_like(logits).scatter_(-1, idx, 1.0)
+        top = logits.gather(-1, idx)
+        one = (top - top + 1).to(dtype)
+        return torch.zeros(logits.shape, dtype=dtype, device=logits.device).scatter_(-1, idx, one)
+    logits = logits.to(dtype)
     logits = logits / params.temperature
     if params.top_k is not None and params.top_k < logits.shape[-1]:
         kth = logits.topk(params.top_k, dim=-1).values[..., -1:]

@@ -82,6 +82,8 @@ class VerifyOutput:
     @property
     def last_tokens(self) -> torch.Tensor:
         """[B, *event] the final emitted event of each row (the recovered or bonus one)."""
+        if self.tokens.shape[1] == 1:              # one emitted event per row (plain decoding)
+            return self.tokens[:, 0]
         rows = torch.arange(self.tokens.shape[0], device=self.tokens.device)
         return self.tokens[rows, self.num_accepted]
 

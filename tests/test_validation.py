@@ -104,6 +104,11 @@ def test_nan_logits_from_a_model_are_reported():
         model.lm_head.weight[3, 0] = float("nan")
     with pytest.raises(ValueError, match="NaN or inf probabilities"):
         mmspec.generate(model, None, IDS, max_new_tokens=2)
+    # Greedy decoding too: the one-hot distribution carries the NaN (argmax propagates it).
+    with pytest.raises(ValueError, match="NaN or inf probabilities"):
+        mmspec.generate(model, None, IDS, max_new_tokens=2, temperature=0)
+    with pytest.raises(ValueError, match="NaN or inf probabilities"):
+        mmspec.generate(model, model, IDS, max_new_tokens=2, temperature=0, static_cache=True)
 
 
 def test_sampling_params_processing():

@@ -56,6 +56,8 @@ class Greedy(Rule):
         self.validate(draft_tokens, draft_probs, target_probs, values=validate)
         k = draft_tokens.shape[1]
         best = target_probs.argmax(-1)                                           # [B, K+1]
+        if k == 0:                                   # plain decoding: the argmax is the token
+            return VerifyOutput(tokens=best, num_accepted=best.new_zeros(best.shape[0]))
         n = (draft_tokens == best[:, :k]).long().cumprod(1).sum(1)               # [B]
         cols = torch.arange(k + 1, device=best.device)
         tokens = torch.where(cols[None] <= n[:, None], best, PAD)
