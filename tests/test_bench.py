@@ -1,4 +1,4 @@
-"""The GPU benchmark's CPU smoke run: every mmspec row equals plain greedy, Hugging Face's
+"""The GPU benchmarks' CPU smoke runs: every mmspec row equals plain greedy, Hugging Face's
 rows equal mmspec's, the bounds are computed; the loop-overhead benchmark's stub run (no
 timing is asserted)."""
 
@@ -40,3 +40,21 @@ def test_profile_gpu_smoke_run_on_the_cpu():
     assert row["spec_acceptance"] == 1.0      # eps 0: layers past the draft's two write nothing
     assert row["spec_pipelined_acceptance"] == 1.0 and row["spec_model_ms"] > 0
     assert row["step_ms"] > 0 and row["step_sync_ms"] > 0 and row["spec_steps"] > 0
+
+
+def test_bench_adapters_tiny_cpu_rows_equal_plain_decoding(tmp_path):
+    """The adapters' benchmark on tiny shapes (float32 on the CPU): every speculative row gives
+    plain decoding's tokens; at eps 0 the image draft and the two-layer codec draft are exact
+    (acceptance 1), the text draft misses the image."""
+    from eval.bench_adapters_gpu import main
+
+    main(["--tiny", "--device", "cpu", "--new-tokens", "12", "--eps", "0.0",
+          "--out", str(tmp_path)])
+    rows = [json.loads(line) for line in (tmp_path / "bench.jsonl").read_text().splitlines()]
+    spec = {(r["kind"], r["draft"]): r for r in rows if r["kind"].endswith("-spec")}
+    assert set(spec) == {("vlm-spec", "text"), ("vlm-spec", "image"), ("tts-spec", "2-layer")}
+    assert all(r["identical"] for r in rows[1:])
+    assert spec["vlm-spec", "image"]["acceptance"] == 1.0
+    assert spec["tts-spec", "2-layer"]["acceptance"] == 1.0
+    assert spec["vlm-spec", "text"]["acceptance"] < 1.0
+    assert "speedup vs eager plain" in (tmp_path / "report.md").read_text()
