@@ -24,14 +24,13 @@ lines on stdout and in bench.jsonl; report.md summarises.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import mmspec
-from eval.bench_gpu import copy_bandwidth, timed
+from eval.bench_gpu import copy_bandwidth, open_log, timed
 
 
 def _share_first_layers(target_lm, dtype, n=2):
@@ -142,16 +141,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    os.makedirs(args.out, exist_ok=True)
-    log = open(os.path.join(args.out, "bench.jsonl"), "a")
-    rows = []
-
-    def emit(row):
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        log.write(json.dumps(row) + "\n")
-        log.flush()
-
+    rows, emit = open_log(args.out)
     emit(dict(kind="setup", device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
               copy_tb_s=copy_bandwidth(dev) / 1e12, torch=torch.__version__,
               transformers=__import__("transformers").__version__))
@@ -210,7 +200,6 @@ def main(argv=None):
         del target, drafts, scaled, call      # free one shape before building the next
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-    log.close()
     write_report(args.out, rows)
 
 

@@ -60,6 +60,23 @@ SHAPES = {
 }
 
 
+def open_log(out_dir: str):
+    """(rows, emit): ``emit(row)`` keeps the row, prints it as a JSON line and appends the
+    line to ``out_dir/bench.jsonl`` (so a run cut short keeps what it measured)."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "bench.jsonl")
+    rows = []
+
+    def emit(row):
+        rows.append(row)
+        line = json.dumps(row)
+        print(line, flush=True)
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+    return rows, emit
+
+
 def sync(dev):
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -177,17 +194,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    os.makedirs(args.out, exist_ok=True)
-    log = open(os.path.join(args.out, "bench.jsonl"), "a")
-    rows = []
-
-    def emit(row):
-        rows.append(row)
-        line = json.dumps(row)
-        print(line, flush=True)
-        log.write(line + "\n")
-        log.flush()
-
+    rows, emit = open_log(args.out)
     bw = copy_bandwidth(dev)
     target, draft, originals = build(args.shape, dev, dtype)
     wbytes = sum(p.numel() * p.element_size() for p in target.parameters())
@@ -283,7 +290,6 @@ def main(argv=None):
                 emit(dict(kind="hf-static-compile", eps=eps, batch=b, ms_per_token=1e3 * t_c / n,
                           step_over_floor=(1e3 * t_c / n) / floor_ms, warmup_s=warm))
             mmspec.release_graphs()     # the kept static caches of this batch size
-    log.close()
     write_report(args.out, rows)
 
 

@@ -14,6 +14,21 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
+def _record_host_free(monkeypatch) -> list:
+    """A list that receives ``host_free`` of every ModelDrafter built from now on."""
+    from mmspec.drafters import ModelDrafter
+
+    seen = []
+    init = ModelDrafter.__init__
+
+    def spy(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        seen.append(self.host_free)
+
+    monkeypatch.setattr(ModelDrafter, "__init__", spy)
+    return seen
+
+
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_captured_equals_eager_text(k):
     dev = torch.device("cuda")
@@ -34,18 +49,10 @@ def test_captured_equals_eager_text(k):
 
 def test_captured_equals_eager_images_with_guidance_and_jacobi(monkeypatch):
     """... and with a draft model the captured steps are queued ahead (host-free drafter)."""
-    from mmspec.drafters import ModelDrafter
     from modalities.image import TextToImage, TokenSpanAdapter
     from tiny_image import tiny_token_span, tiny_vq
 
-    host_free = []
-    init = ModelDrafter.__init__
-
-    def spy(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        host_free.append(self.host_free)
-
-    monkeypatch.setattr(ModelDrafter, "__init__", spy)
+    host_free = _record_host_free(monkeypatch)
 
     dev = torch.device("cuda")
     vq = tiny_vq()
@@ -125,18 +132,10 @@ def test_captured_speculative_decoding_is_pipelined_by_default():
 def test_captured_vlm_equals_eager(monkeypatch):
     """VisionLanguageGenerator(compile=True) for every draft kind, Jacobi and plain decoding:
     the eager tokens; text and image drafts are queued ahead (host-free), the ensemble not."""
-    from mmspec.drafters import ModelDrafter
     from modalities.vlm import VisionLanguageGenerator
     from tiny_vlm import images, tiny_llava, tiny_processor, tiny_text_lm
 
-    host_free = []
-    init = ModelDrafter.__init__
-
-    def spy(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        host_free.append(self.host_free)
-
-    monkeypatch.setattr(ModelDrafter, "__init__", spy)
+    host_free = _record_host_free(monkeypatch)
     dev = torch.device("cuda")
     target, proc = tiny_llava().to(dev), tiny_processor()
     ims = images(2)
