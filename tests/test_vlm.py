@@ -127,6 +127,9 @@ def test_bad_input():
         g.generate(im, "USER: <image> a ASSISTANT:", pipeline="yes")
     with pytest.raises(ValueError, match="max_new_tokens=200 .* max_position_embeddings=128"):
         g.generate(im, "USER: <image> a ASSISTANT:", max_new_tokens=200)
+    with pytest.raises(ValueError, match="pipeline=True: the last drafts would pass"):
+        g.generate(im, "USER: <image> a ASSISTANT:", method="exact", max_new_tokens=105,
+                   pipeline=True, num_draft_tokens=8)
     ens = VisionLanguageGenerator(target, proc, draft, "ensemble")
     with pytest.raises(ValueError, match="pipeline=True: accepted with a text or image draft"):
         ens.generate(im, "USER: <image> a ASSISTANT:", method="exact", pipeline=True)

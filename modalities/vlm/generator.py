@@ -226,7 +226,6 @@ class VisionLanguageGenerator:
                              f"method='plain' (method={method!r}, draft_mode={self.draft_mode!r})")
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
         batch = self.encode(images, prompts)
-        rows = batch["input_ids"].shape[0]
         width = batch["input_ids"].shape[1]
         limit = max_positions(self.target)
         if limit is not None and width + max_new_tokens > limit:
@@ -234,13 +233,13 @@ class VisionLanguageGenerator:
                              f"tokens included) exceeds the target's max_position_embeddings="
                              f"{limit}: accepted max_new_tokens <= {limit - width}")
         # Draft steps queued ahead where every draft position fits the models' positions.
+        limits = [m for m in (limit, uses_draft and max_positions(self.draft)) if m]
         host_free = (uses_draft and self.draft_mode != "ensemble"
                      and (pipeline if pipeline is not None else pipelines_by_default(compile))
-                     and all(m is None or width + max_new_tokens + num <= m
-                             for m in (limit, max_positions(self.draft))))
+                     and all(width + max_new_tokens + num <= m for m in limits))
         if pipeline and not host_free and method != "plain":
             raise ValueError(f"pipeline=True: the last drafts would pass max_position_embeddings; "
-                             f"accepted max_new_tokens <= {limit - width - num}")
+                             f"accepted max_new_tokens <= {min(limits) - width - num}")
 
         def engine(ids, k=num, holes=host_free):
             if not static:
