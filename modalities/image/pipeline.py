@@ -19,6 +19,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from mmspec.drafters import ModelDrafter
+from mmspec.generate import check_engine
 from mmspec.loop import stream
 from mmspec.registry import build_method
 from mmspec.sampling import SamplingParams, make_generator
@@ -108,6 +109,7 @@ class TextToImage:
             top_k = self.defaults.get("top_k")
         if top_k is not None and top_k > tgt.vocab_size:
             raise ValueError(f"top_k={top_k}: accepted at most the codebook size {tgt.vocab_size}")
+        check_engine(compile, None, None, tgt.model)
         negative = None
         if negative_prompt is not None:
             negative = _as_prompt_list(negative_prompt)
