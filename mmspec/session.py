@@ -47,18 +47,17 @@ def output_vocab_size(model) -> int:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is not None and getattr(head, "weight", None) is not None:
         return int(head.weight.shape[0])
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    return int(cfg.vocab_size)
+    return int(_decoder_config(model).vocab_size)
 
 
 def _decoder_config(model):
+    """The config of the model's text decoder (a VLM's language model; the model's own)."""
     cfg = model.config
     return cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
 
 
 def max_positions(model) -> int | None:
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    return getattr(cfg, "max_position_embeddings", None)
+    return getattr(_decoder_config(model), "max_position_embeddings", None)
 
 
 @dataclass
@@ -119,6 +118,8 @@ class CausalLMSession:
     compile:        capture each step width once as a CUDA graph and replay it (needs a
                     static cache and a CUDA device); ``"inductor"``: capture the step after
                     fusing it with torch.compile. The prompt is always run eagerly.
+    net:            the module called for each step, when it is a part of ``model`` (default:
+                    ``model``).
     """
 
     # torch.compile options of ``compile="inductor"``. Coordinate-descent tuning of the
@@ -128,7 +129,7 @@ class CausalLMSession:
     inductor_options = {"coordinate_descent_tuning": True}
 
     def __init__(self, model, params: SamplingParams, guidance_scale: float | None = None,
-                 static_len: int | None = None, compile: bool = False):
+                 static_len: int | None = None, compile: bool = False, net=None):
         if compile and static_len is None:
             raise ValueError("compile=True needs a static cache (static_len)")
         if compile and next(model.parameters()).device.type != "cuda":
@@ -137,11 +138,13 @@ class CausalLMSession:
         self.compile = compile
         self._static: _Static | None = None   # the static cache and the steps captured on it
         self.model = model
-        self.net = model                 # the module that is called (adapters may narrow it)
+        # The module that is called: the model, or a part of it an adapter names (Janus's
+        # language model, CSM's backbone); its cache, attention and positions are the ones used.
+        self.net = model if net is None else net
         self.params = params
         self.guidance_scale = guidance_scale
         self.vocab_size = output_vocab_size(model)
-        self._cache_arg = cache_argument(model)
+        self._cache_arg = cache_argument(self.net)
         # Prefix attention (mmspec.attention) for SDPA models on a static cache; not under
         # "inductor", whose fused steps would be compiled again for every width.
         # The decoder's attention decides (a VLM's vision tower may differ; it gets no 4-D mask).

@@ -23,7 +23,6 @@ import torch
 
 from modalities.padding import left_pad  # noqa: F401  (re-exported)
 
-from mmspec.cache import cache_argument
 from mmspec.sampling import SamplingParams
 from mmspec.session import CausalLMSession, TokenSpanSession
 
@@ -222,10 +221,8 @@ class Emu3Adapter(TokenSpanAdapter):
 
 class JanusSession(CausalLMSession):
     def __init__(self, model, params, guidance_scale, **engine):
-        super().__init__(model, params, guidance_scale, **engine)
+        super().__init__(model, params, guidance_scale, net=model.model.language_model, **engine)
         self.janus = model
-        self.net = model.model.language_model
-        self._cache_arg = cache_argument(self.net)
         self.vocab_size = int(model.config.vq_config.num_embeddings)
 
     def prompt_inputs(self, tokens):

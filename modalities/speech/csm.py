@@ -102,11 +102,7 @@ class CsmSession(CausalLMSession):
     ``FrameDistribution``s over [B, n]."""
 
     def __init__(self, model, params: SamplingParams, **engine):
-        super().__init__(model, params, **engine)
-        self.net = model.backbone_model
-        from mmspec.cache import cache_argument
-
-        self._cache_arg = cache_argument(self.net)
+        super().__init__(model, params, net=model.backbone_model, **engine)
         self.vocab_size = int(model.config.vocab_size)
 
     def prefill(self, input_ids, attention_mask, **kw):
