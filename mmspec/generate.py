@@ -101,6 +101,24 @@ def pipelines_by_default(compile, profile: bool = False) -> bool:
     return compile is True and not profile
 
 
+def queues_drafts(pipeline, compile, uses_draft: bool, positions: int, limits,
+                  profile: bool = False) -> bool:
+    """Whether an adapter queues a draft model's steps ahead (``ModelDrafter(host_free=True)``):
+    ``pipeline=True`` asks for it, None leaves it to ``pipelines_by_default``. Each step drafts
+    K tokens, so the last step reaches ``positions`` (prompt + new tokens + K): queued only where
+    that fits every one of ``limits`` (the models' max_position_embeddings, None for none);
+    ``pipeline=True`` raises otherwise."""
+    if not uses_draft:
+        return False
+    limits = [m for m in limits if m is not None]
+    fits = all(positions <= m for m in limits)
+    if pipeline and not fits:
+        raise ValueError(f"pipeline=True: the last drafts would pass max_position_embeddings="
+                         f"{min(limits)} ({positions} positions needed): accepted fewer new "
+                         "tokens or drafts, or pipeline=None")
+    return fits and (pipelines_by_default(compile, profile) if pipeline is None else pipeline)
+
+
 def _prepare(target, draft, input_ids, attention_mask, rule, num_draft_tokens, max_new_tokens,
              temperature, top_k, top_p, min_p, seed, drafter, guidance_scale=None,
              uncond_input_ids=None, uncond_attention_mask=None, compile=False, static_cache=None,

@@ -397,3 +397,19 @@ def test_static_sequence_mask_follows_the_dynamic_one():
         assert int(st.dev_len) == st.length == dyn.length
     with pytest.raises(RuntimeError, match="static_len=64"):
         st.check_room(slots - st.length + 1)
+
+
+def test_adapters_queue_drafts_where_positions_allow():
+    """queues_drafts: the adapters' one decision of ModelDrafter(host_free=...)."""
+    from mmspec.generate import queues_drafts
+
+    assert queues_drafts(None, True, True, 100, [128, None])            # captured: the default
+    assert not queues_drafts(None, False, True, 100, [128])             # eager: synchronised
+    assert not queues_drafts(None, "inductor", True, 100, [128])
+    assert not queues_drafts(None, True, True, 100, [128], profile=True)
+    assert not queues_drafts(False, True, True, 100, [128])
+    assert queues_drafts(True, False, True, 100, [None])                 # asked for
+    assert not queues_drafts(None, True, True, 129, [128])              # K drafts past the end
+    assert not queues_drafts(True, True, False, 999, [128])             # no draft model
+    with pytest.raises(ValueError, match=r"max_position_embeddings=96 \(129 positions needed\)"):
+        queues_drafts(True, True, True, 129, [128, 96])

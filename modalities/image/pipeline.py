@@ -135,14 +135,14 @@ class TextToImage:
         # draft slots kept as holes; K drafts every step, so positions may run K past the end).
         engine, host_free = {}, False
         if compile:
-            from mmspec.generate import pipelines_by_default, static_length
+            from mmspec.generate import queues_drafts, static_length
             from mmspec.registry import parse_method
 
             uses_draft = parse_method(method, self.draft is not None)[0] == "draft"
             k = (int(method_params.get("num_draft_tokens", 4)) if uses_draft else
                  max(int(method_params.get("window", 16)), int(method_params.get("num_draft_tokens", 4))))
-            host_free = (uses_draft and pipelines_by_default(compile, profile)
-                         and (limit is None or width + tgt.num_tokens + k <= limit))
+            host_free = queues_drafts(None, compile, uses_draft, width + tgt.num_tokens + k,
+                                      [limit], profile)
             engine = dict(static_len=static_length(width, len(rows), tgt.num_tokens, k, host_free),
                           compile=True)
         draft_session = None

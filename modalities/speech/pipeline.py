@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from mmspec.acceptance import DepthFrame, Frame
 from mmspec.drafters import ModelDrafter
-from mmspec.generate import check_engine, pipelines_by_default, static_length
+from mmspec.generate import check_engine, queues_drafts, static_length
 from mmspec.loop import stream
 from mmspec.registry import build_method, parse_method
 from mmspec.sampling import SamplingParams, make_generator
@@ -449,20 +449,16 @@ class TextToSpeech:
         num = method_params.get("num_draft_tokens", 4)
         if uses_draft and (not isinstance(num, int) or num < 1):
             raise ValueError(f"num_draft_tokens={num!r}: accepted an integer >= 1")
+        # (Delay-pattern sessions refuse static caches when they are built, before any forward.)
         delay = isinstance(tgt, DelayPatternAdapter)
-        if static and delay:
-            tgt.session(params, None, frames, static_len=1)          # its error, before any work
         if pipeline and delay:
             raise ValueError("pipeline=True: not available for delay-pattern models (every row "
                              "is committed to the shortest accepted length); accepted None or False")
         width = batch["input_ids"].shape[1]
-        limits = [] if delay else [max_positions(a.model) for a in (tgt, self.draft) if a is not None]
-        room = not delay and all(m is None or width + frames + num <= m for m in limits)
-        host_free = uses_draft and room and (pipeline if pipeline is not None
-                                             else pipelines_by_default(compile))
-        if pipeline and uses_draft and not host_free:
-            raise ValueError("pipeline=True: the last drafts would pass the models' "
-                             "max_position_embeddings; accepted fewer max_frames")
+        dbatch = self.draft.encode_text(texts) if uses_draft else None
+        host_free = queues_drafts(pipeline, compile, uses_draft and not delay, width + frames + num,
+                                  [] if delay else [max_positions(tgt.model),
+                                                    uses_draft and max_positions(self.draft.model)])
 
         def engine(prompt_width, k):
             if not static:
@@ -472,7 +468,7 @@ class TextToSpeech:
 
         draft_session = None
         if self.draft is not None:
-            dwidth = self.draft.encode_text(texts)["input_ids"].shape[1] if uses_draft else 0
+            dwidth = dbatch["input_ids"].shape[1] if uses_draft else 0
             draft_session = lambda: self.draft.session(params, g, frames,  # noqa: E731
                                                        **engine(dwidth, num))
         single = isinstance(tgt, SingleCodebookAdapter)
@@ -504,7 +500,6 @@ class TextToSpeech:
         uncond = single and g is not None       # the unconditional rows: an empty text
         session.prefill(**batch, **(_unconditional(tgt, batch) if uncond else {}))
         if isinstance(drafter, ModelDrafter):
-            dbatch = self.draft.encode_text(texts)
             drafter.begin(vocab_size=tgt.vocab_size, **dbatch,
                           **(_unconditional(self.draft, dbatch) if uncond else {}))
         else:

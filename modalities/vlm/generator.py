@@ -30,7 +30,7 @@ import torch
 
 from mmspec.drafters.ensemble import EnsembleDrafter
 from mmspec.loop import stream
-from mmspec.generate import check_engine, pipelines_by_default, static_length
+from mmspec.generate import check_engine, queues_drafts, static_length
 from mmspec.registry import build_method, parse_method
 from mmspec.sampling import SamplingParams, make_generator
 from mmspec.session import CausalLMSession, PaddedSession, max_positions, output_vocab_size
@@ -233,13 +233,9 @@ class VisionLanguageGenerator:
                              f"tokens included) exceeds the target's max_position_embeddings="
                              f"{limit}: accepted max_new_tokens <= {limit - width}")
         # Draft steps queued ahead where every draft position fits the models' positions.
-        limits = [m for m in (limit, uses_draft and max_positions(self.draft)) if m]
-        host_free = (uses_draft and self.draft_mode != "ensemble"
-                     and (pipeline if pipeline is not None else pipelines_by_default(compile))
-                     and all(width + max_new_tokens + num <= m for m in limits))
-        if pipeline and not host_free and method != "plain":
-            raise ValueError(f"pipeline=True: the last drafts would pass max_position_embeddings; "
-                             f"accepted max_new_tokens <= {min(limits) - width - num}")
+        host_free = queues_drafts(pipeline, compile, uses_draft and self.draft_mode != "ensemble",
+                                  width + max_new_tokens + num,
+                                  [limit, uses_draft and max_positions(self.draft)])
 
         def engine(ids, k=num, holes=host_free):
             if not static:
