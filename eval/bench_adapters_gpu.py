@@ -27,34 +27,10 @@ import argparse
 import os
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import mmspec
-from eval.bench_gpu import copy_bandwidth, open_log, timed
-
-
-def _share_first_layers(target_lm, dtype, n=2):
-    """A LlamaForCausalLM made of ``target_lm``'s embeddings, first ``n`` layers, norm and
-    head (shared tensors)."""
-    cfg = LlamaConfig(**{**target_lm.config.to_dict(), "num_hidden_layers": n})
-    with torch.device("meta"):
-        d = LlamaForCausalLM(cfg)
-    body = target_lm.model if hasattr(target_lm, "model") else target_lm
-    d.model.embed_tokens, d.model.norm = body.embed_tokens, body.norm
-    d.model.layers = torch.nn.ModuleList(list(body.layers[:n]))
-    d.model.rotary_emb = body.rotary_emb
-    return d.eval()
-
-
-def _scale_layers(layers, eps, originals=None):
-    with torch.no_grad():
-        if originals is None:
-            originals = [(lay.self_attn.o_proj.weight.detach().clone(),
-                          lay.mlp.down_proj.weight.detach().clone()) for lay in layers]
-        for lay, (o, dn) in zip(layers, originals):
-            lay.self_attn.o_proj.weight.copy_(o * eps)
-            lay.mlp.down_proj.weight.copy_(dn * eps)
-    return originals
+from eval.bench_gpu import (build, copy_bandwidth, first_layers, open_log, residual_writes, set_eps,
+                            timed)
 
 
 def build_vlm(dev, dtype, tiny: bool):
@@ -81,8 +57,7 @@ def build_vlm(dev, dtype, tiny: bool):
     with torch.device(dev):
         target = LlavaForConditionalGeneration(cfg).to(dtype).eval()
     lm = target.model.language_model
-    text_draft = _share_first_layers(lm, dtype)
-    text_draft.lm_head = target.lm_head
+    text_draft = first_layers(lm, target.lm_head)
     with torch.device("meta"):
         image_draft = LlavaForConditionalGeneration(LlavaConfig(
             vision_config=cfg.vision_config.to_dict(),
@@ -98,34 +73,25 @@ def build_vlm(dev, dtype, tiny: bool):
     proc = LlavaProcessor(image_processor=ip, tokenizer=tokenizer(), patch_size=patch,
                           vision_feature_select_strategy="default", chat_template=CHAT,
                           num_additional_image_tokens=1)
-    return target, {"text": text_draft, "image": image_draft}, proc, lm.layers[2:]
+    return target, {"text": text_draft, "image": image_draft}, proc, residual_writes(lm.layers[2:])
 
 
 def build_tts(dev, dtype, tiny: bool):
     from modalities.speech import SingleCodebookAdapter
 
-    shape = (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=4, vocab_size=600) if tiny else
-             dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                  num_attention_heads=32, num_key_value_heads=8, vocab_size=193800))
-    cfg = LlamaConfig(**shape, max_position_embeddings=4096, pad_token_id=0, bos_token_id=1,
-                      eos_token_id=None, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    with torch.device(dev):
-        target = LlamaForCausalLM(cfg).to(dtype).eval()
-    draft = _share_first_layers(target, dtype)
-    draft.lm_head = target.lm_head
-    codes = shape["vocab_size"] - (512 if tiny else 65536) - 1
+    target, draft, originals = build("tiny" if tiny else "llasa-1b", dev, dtype)
+    vocab = target.config.vocab_size
+    size = 64 if tiny else 65536                  # codec ids: the vocabulary's last ids but one
 
     class NoCodec:                       # codes only: nothing is decoded
-        sample_rate, codebook_size = 16000, (512 if tiny else 65536)
+        sample_rate, codebook_size = 16000, size
 
         def decode(self, frames):
             raise RuntimeError("not decoded in the benchmark")
 
-    mk = lambda m: SingleCodebookAdapter(m, NoCodec(), range(codes, shape["vocab_size"] - 1),  # noqa: E731
-                                         end_id=shape["vocab_size"] - 1, prefix=[1], suffix=[2])
-    return mk(target), {"2-layer": mk(draft)}, None, target.model.layers[2:]
+    mk = lambda m: SingleCodebookAdapter(m, NoCodec(), range(vocab - 1 - size, vocab - 1),  # noqa: E731
+                                         end_id=vocab - 1, prefix=[1], suffix=[2])
+    return mk(target), {"2-layer": mk(draft)}, None, originals
 
 
 def main(argv=None):
@@ -152,7 +118,7 @@ def main(argv=None):
             from modalities.vlm import VisionLanguageGenerator
             from recipes.train.vlm import WORDS
 
-            target, drafts, proc, scaled = build_vlm(dev, dtype, args.tiny)
+            target, drafts, proc, originals = build_vlm(dev, dtype, args.tiny)
             from PIL import Image
             side = 32 if args.tiny else 336
             image = Image.new("RGB", (side, side), (200, 40, 40))
@@ -167,7 +133,7 @@ def main(argv=None):
         elif which == "tts":
             from modalities.speech import TextToSpeech
 
-            target, drafts, _, scaled = build_tts(dev, dtype, args.tiny)
+            target, drafts, _, originals = build_tts(dev, dtype, args.tiny)
             target_a = target
             text = [list(range(3, 40))]
 
@@ -179,9 +145,8 @@ def main(argv=None):
                 return [c.tolist() for c in out.codes], out.stats
         else:
             raise ValueError(f"--which {which!r}: accepted vlm, tts")
-        originals = None
         for eps in [float(e) for e in args.eps.split(",")]:
-            originals = _scale_layers(scaled, eps, originals)
+            set_eps(originals, eps)
             base = None
             for mode in modes:
                 cap = mode == "captured"
@@ -197,7 +162,7 @@ def main(argv=None):
                               ms_per_token=1e3 * t / n, speedup=t_plain / t,
                               speedup_vs_eager_plain=base[1] / t, identical=toks == base[0]))
             mmspec.release_graphs()
-        del target, drafts, scaled, call      # free one shape before building the next
+        del target, drafts, originals, call      # free one shape before building the next
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     write_report(args.out, rows)

@@ -53,6 +53,9 @@ SHAPES = {
     # about a quarter more attention weights, is not modelled).
     "musicgen-large": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=48,
                            num_attention_heads=32, num_key_value_heads=32, vocab_size=8192),
+    # Llasa-1B (single-codebook speech): Llama 1B with 128,264 text and 65,536 codec ids.
+    "llasa-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                     num_attention_heads=32, num_key_value_heads=8, vocab_size=193800),
     "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                num_attention_heads=32, num_key_value_heads=4, vocab_size=32000),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
@@ -106,24 +109,33 @@ def build(shape: str, dev, dtype):
     torch.manual_seed(0)
     with torch.device(dev):
         target = LlamaForCausalLM(cfg).to(dtype).eval()
-    dcfg = LlamaConfig(**{**SHAPES[shape], "num_hidden_layers": 2}, max_position_embeddings=4096,
-                       pad_token_id=0, bos_token_id=1, eos_token_id=None, tie_word_embeddings=False)
+    draft = first_layers(target.model, target.lm_head)
+    return target, draft, residual_writes(target.model.layers[2:])
+
+
+def first_layers(body, head, n: int = 2):
+    """A LlamaForCausalLM made of ``body``'s (a LlamaModel) embeddings, first ``n`` layers,
+    final norm and rotary table, with ``head``: shared tensors, nothing copied."""
     with torch.device("meta"):
-        draft = LlamaForCausalLM(dcfg)
-    draft.model.embed_tokens = target.model.embed_tokens
-    draft.model.layers = torch.nn.ModuleList(list(target.model.layers[:2]))
-    draft.model.norm = target.model.norm
-    draft.lm_head = target.lm_head
-    draft.model.rotary_emb = target.model.rotary_emb
-    draft.eval()
-    originals = [(layer.self_attn.o_proj.weight.detach().clone(), layer.mlp.down_proj.weight.detach().clone())
-                 for layer in target.model.layers[2:]]
-    return target, draft, originals
+        draft = LlamaForCausalLM(LlamaConfig(**{**body.config.to_dict(), "num_hidden_layers": n}))
+    draft.model.embed_tokens, draft.model.norm = body.embed_tokens, body.norm
+    draft.model.layers = torch.nn.ModuleList(list(body.layers[:n]))
+    draft.model.rotary_emb = body.rotary_emb
+    draft.lm_head = head
+    return draft.eval()
 
 
-def set_eps(target, originals, eps: float) -> None:
+def residual_writes(layers) -> list:
+    """What ``set_eps`` scales: each layer with copies of its o_proj and down_proj weights."""
+    return [(layer, layer.self_attn.o_proj.weight.detach().clone(),
+             layer.mlp.down_proj.weight.detach().clone()) for layer in layers]
+
+
+def set_eps(originals: list, eps: float) -> None:
+    """Layers write into the residual stream scaled by ``eps`` (``residual_writes``' layers;
+    0: they write nothing, so a draft of the layers before them is exact)."""
     with torch.no_grad():
-        for layer, (o, d) in zip(target.model.layers[2:], originals):
+        for layer, o, d in originals:
             layer.self_attn.o_proj.weight.copy_(o * eps)
             layer.mlp.down_proj.weight.copy_(d * eps)
 
@@ -206,7 +218,7 @@ def main(argv=None):
     pipe = False if args.no_spec_pipeline else None
     ks = [int(k) for k in args.ks.split(",")]
     for eps in [float(e) for e in args.eps.split(",")]:
-        set_eps(target, originals, eps)
+        set_eps(originals, eps)
         for b in [int(x) for x in args.batches.split(",")]:
             ids = torch.randint(2, target.config.vocab_size, (b, args.prompt), device=dev,
                                 generator=torch.Generator(device=dev).manual_seed(b))

@@ -106,7 +106,7 @@ def cmd_sharded(a) -> dict:
         raise SystemExit(f"sharded needs at least 2 CUDA devices, found {n}")
     dev0 = torch.device("cuda:0")
     target, draft_view, originals = build(a.shape, torch.device("cpu"), torch.float32)
-    set_eps(target, originals, a.eps)
+    set_eps(originals, a.eps)
     path = a.work                      # weights stay out of --out (it holds results only)
     target.save_pretrained(path)
     # The draft: its own copy of the first two layers, embeddings, final norm and head.
