@@ -2,6 +2,7 @@
 
     python -m eval.bench_overhead            # CPU; --device cuda on a GPU
     python -m eval.bench_overhead --loop     # host time per step of whole generate calls
+    python -m eval.bench_overhead --ops      # tensor operations per step outside the steps
 
 A ``CausalLMSession`` on the static-cache path drafts K tokens greedily through
 ``ModelDrafter`` while its network is replaced by a function that returns fixed logits, so
@@ -87,6 +88,61 @@ def loop_us(device: str = "cpu", k: int = 4, tokens: int = 240, vocab: int = 64,
     return res
 
 
+def ops_per_step(k: int = 4, vocab: int = 64) -> dict:
+    """Tensor operations (views excluded: each of the others is a kernel on a GPU) that the
+    loop, the rules and the sessions run per step outside the static step itself (mask,
+    positions and forward: what ``compile=True`` captures as one graph), for plain and for
+    speculative decoding (greedy, stub networks, static caches, CPU). Counted with a
+    TorchDispatchMode over two calls of different lengths, so per-call setup cancels."""
+    import contextlib
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n, self.inside = 0, 0
+
+        def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+            if not self.inside and not func.is_view and func.__name__.split(".")[0] not in (
+                    "detach", "detach_", "lift_fresh", "alias"):
+                self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    @contextlib.contextmanager
+    def counting():
+        step = CausalLMSession._static_step
+        counter = Count()
+
+        def inside(self, *a, **kw):
+            counter.inside += 1
+            try:
+                return step(self, *a, **kw)
+            finally:
+                counter.inside -= 1
+        CausalLMSession._static_step = inside
+        try:
+            with counter:
+                yield counter
+        finally:
+            CausalLMSession._static_step = step
+
+    logits = torch.randn(1, 1, vocab)
+    target, draft = _stub(vocab, logits, "cpu"), _stub(vocab, logits, "cpu")
+    ids = torch.randint(1, vocab, (1, 16))
+    res = {}
+    for name, d in (("plain", None), ("speculative", draft)):
+        counts = []
+        for tokens in (4 * (k + 1), 12 * (k + 1)):
+            with counting() as c:
+                out = mmspec.generate(target, d, ids, temperature=0, max_new_tokens=tokens,
+                                      num_draft_tokens=k, static_cache=True, stop_token_ids=[])
+            counts.append((c.n, out.stats.steps))
+        (n0, s0), (n1, s1) = counts
+        res[name] = (n1 - n0) / (s1 - s0)
+    return res
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu")
@@ -94,7 +150,14 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--loop", action="store_true",
                     help="host time per loop step of whole generate calls")
+    ap.add_argument("--ops", action="store_true",
+                    help="tensor operations per loop step outside the (captured) static step")
     a = ap.parse_args(argv)
+    if a.ops:
+        r = ops_per_step(a.k or 4)
+        print(f"tensor operations per step outside the static step (CPU, stub networks, "
+              f"greedy): plain {r['plain']:.1f}, speculative K = {a.k or 4} {r['speculative']:.1f}")
+        return r
     if a.loop:
         r = loop_us(a.device, a.k or 4)
         print(f"host time per step ({a.device}, stub networks, acceptance "

@@ -72,10 +72,9 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     if params.greedy:
         # One-hot at the argmax (taken in the model's dtype: the same index). Its entry is NaN
         # where the row's top logit is NaN or inf (an all -inf row included), so the loop's
-        # finiteness check reports bad logits under greedy decoding too.
-        idx = logits.argmax(dim=-1, keepdim=True)
-        top = logits.gather(-1, idx)
-        one = (top - top + 1).to(dtype)
+        # finiteness check reports bad logits under greedy decoding too (max propagates NaN).
+        top, idx = logits.max(dim=-1, keepdim=True)
+        one = (top - top).add_(1).to(dtype)
         return torch.zeros(logits.shape, dtype=dtype, device=logits.device).scatter_(-1, idx, one)
     logits = logits.to(dtype)
     logits = logits / params.temperature

@@ -31,6 +31,16 @@ def test_loop_overhead_benchmark_runs_the_three_loops_on_stub_networks():
     assert all(r[n] > 0 for n in ("plain", "speculative", "speculative_pipelined"))
 
 
+def test_loop_runs_fewer_tensor_operations_per_plain_step_than_before():
+    """bench_overhead --ops: the plain loop's operations around the static step (40 per step
+    before the trimming, README "GPU path"); speculative steps add the draft's."""
+    from eval.bench_overhead import ops_per_step
+
+    r = ops_per_step(k=4)
+    assert 0 < r["plain"] < 40
+    assert r["speculative"] > r["plain"]
+
+
 def test_profile_gpu_smoke_run_on_the_cpu():
     from eval.profile_gpu import main
 
