@@ -105,13 +105,11 @@ class SequenceMask:
         self.mask = torch.cat([self.mask, valid], dim=1)
         self.next_pos = self.next_pos + valid.sum(1)
 
-    def rollback(self, remove: int, removed_valid: torch.Tensor | None = None) -> None:
-        """Forget the last ``remove`` slots; their validity ([B, remove]) lowers next_pos."""
+    def rollback(self, remove: int) -> None:
+        """Forget the last ``remove`` slots; their validity lowers next_pos."""
         if remove == 0:
             return
-        if removed_valid is None:
-            removed_valid = self.mask[:, -remove:]
-        self.next_pos = self.next_pos - removed_valid.to(torch.long).sum(1)
+        self.next_pos = self.next_pos - self.mask[:, -remove:].to(torch.long).sum(1)
         self.mask = self.mask[:, :-remove]
 
     def invalidate_tail(self, n: int, keep_valid: torch.Tensor) -> None:
@@ -190,12 +188,10 @@ class StaticSequenceMask:
     def appended(self, n: int) -> None:
         self.length += n
 
-    def rollback(self, remove: int, removed_valid: torch.Tensor | None = None) -> None:
+    def rollback(self, remove: int) -> None:
         if remove == 0:
             return
-        if removed_valid is None:
-            removed_valid = self.buf[:, self.length - remove:self.length]
-        self.next_pos.sub_(removed_valid.to(torch.long).sum(1))
+        self.next_pos.sub_(self.buf[:, self.length - remove:self.length].sum(1))
         self.dev_len.sub_(remove)
         self.length -= remove
 
