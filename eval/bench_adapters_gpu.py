@@ -33,6 +33,17 @@ from eval.bench_gpu import (build, copy_bandwidth, first_layers, open_log, resid
                             timed)
 
 
+def step_bytes(modules) -> int:
+    """Bytes of weights one decoding step reads: the modules' parameters (each once) less
+    their input-embedding tables, of which a step reads only its tokens' rows."""
+    params = {id(p): p for m in modules for p in m.parameters()}
+    for m in modules:
+        emb = m.get_input_embeddings() if hasattr(m, "get_input_embeddings") else None
+        if emb is not None:
+            params.pop(id(emb.weight), None)
+    return sum(p.numel() * p.element_size() for p in params.values())
+
+
 def build_vlm(dev, dtype, tiny: bool):
     from transformers import CLIPImageProcessor, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
 
@@ -108,8 +119,9 @@ def main(argv=None):
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     rows, emit = open_log(args.out)
+    bw = copy_bandwidth(dev)
     emit(dict(kind="setup", device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-              copy_tb_s=copy_bandwidth(dev) / 1e12, torch=torch.__version__,
+              copy_tb_s=bw / 1e12, torch=torch.__version__,
               transformers=__import__("transformers").__version__))
     modes = [m for m in args.modes.split(",") if dev.type == "cuda" or m == "eager"]
     n = args.new_tokens
@@ -119,6 +131,7 @@ def main(argv=None):
             from recipes.train.vlm import WORDS
 
             target, drafts, proc, originals = build_vlm(dev, dtype, args.tiny)
+            decoder = [target.model.language_model, target.lm_head]
             from PIL import Image
             side = 32 if args.tiny else 336
             image = Image.new("RGB", (side, side), (200, 40, 40))
@@ -134,17 +147,19 @@ def main(argv=None):
             from modalities.speech import TextToSpeech
 
             target, drafts, _, originals = build_tts(dev, dtype, args.tiny)
-            target_a = target
+            decoder = [target.model]
             text = [list(range(3, 40))]
 
             def call(draft_name, method, compile):
-                tts = TextToSpeech(target_a, drafts.get(draft_name))
+                tts = TextToSpeech(target, drafts.get(draft_name))
                 out = tts(text, method=method, temperature=0, max_frames=n, decode=False,
                           progress=False, compile=compile,
                           **({} if method == "plain" else dict(num_draft_tokens=args.k)))
                 return [c.tolist() for c in out.codes], out.stats
         else:
             raise ValueError(f"--which {which!r}: accepted vlm, tts")
+        floor_ms = 1e3 * step_bytes(decoder) / bw
+        emit(dict(kind=f"{which}-shape", step_gb=step_bytes(decoder) / 1e9, floor_ms=floor_ms))
         for eps in [float(e) for e in args.eps.split(",")]:
             set_eps(originals, eps)
             base = None
@@ -154,6 +169,7 @@ def main(argv=None):
                 if base is None:
                     base = (ref, t_plain)
                 emit(dict(kind=f"{which}-plain", mode=mode, eps=eps, ms_per_token=1e3 * t_plain / n,
+                          step_over_floor=1e3 * t_plain / n / floor_ms,
                           speedup_vs_eager_plain=base[1] / t_plain, identical=ref == base[0]))
                 for name in drafts:
                     (toks, st), t = timed(lambda: call(name, "exact", cap), dev)
@@ -171,15 +187,21 @@ def main(argv=None):
 def write_report(out_dir, rows):
     s = rows[0]
     lines = ["# Adapter GPU benchmark", "",
-             f"{s['device']}, torch {s['torch']}, transformers {s['transformers']}. Greedy, "
-             "batch 1.", "",
-             "| what | mode | eps | draft | K | acceptance | tokens/step | ms/token | speedup "
-             "(same mode) | speedup vs eager plain | identical |", "|" + "---|" * 11]
+             f"{s['device']}, torch {s['torch']}, transformers {s['transformers']}, copy "
+             f"bandwidth {s['copy_tb_s']:.2f} TB/s. Greedy, batch 1. Floor: the decoder's "
+             "weights (input embeddings excepted) read once per step.", "",
+             "| what | mode | eps | draft | K | acceptance | tokens/step | ms/token | step / floor "
+             "| speedup (same mode) | speedup vs eager plain | identical |", "|" + "---|" * 12]
     for r in rows[1:]:
+        if r["kind"].endswith("-shape"):
+            lines.append(f"| {r['kind']}: {r['step_gb']:.2f} GB per step, floor "
+                         f"{r['floor_ms']:.2f} ms |" + " |" * 11)
+            continue
         lines.append("| " + " | ".join(str(v) if not isinstance(v, float) else f"{v:.2f}" for v in (
             r["kind"], r["mode"], r["eps"], r.get("draft", ""), r.get("k", ""),
             r.get("acceptance", ""), r.get("tokens_per_step", ""), r["ms_per_token"],
-            r.get("speedup", ""), r["speedup_vs_eager_plain"], r["identical"])) + " |")
+            r.get("step_over_floor", ""), r.get("speedup", ""), r["speedup_vs_eager_plain"],
+            r["identical"])) + " |")
     with open(os.path.join(out_dir, "report.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
 
