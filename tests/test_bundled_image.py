@@ -1,5 +1,6 @@
 """The bundled shapes-world models load through from_pretrained and generate; a seeded
-generation reproduces committed ids (a regression check on loading, not on quality)."""
+generation of the continuous pair reproduces committed latents (the token models' references:
+test_bundled_regression.py)."""
 
 from __future__ import annotations
 
@@ -28,14 +29,6 @@ def test_bundled_pair_generates_a_16x16_grid_that_decodes_to_64x64(pipe):
     assert out.tokens.shape == (1, 256)
     assert out.images[0].size == (64, 64)
     assert pipe.defaults["guidance_scale"] == 3.0
-
-
-def test_seeded_generation_reproduces_committed_ids(pipe):
-    with open(os.path.join(ROOT, "tests", "data", "bundled_t2i_exact_seed0.json")) as f:
-        ref = json.load(f)
-    out = pipe(ref["caption"], method=ref["method"], seed=ref["seed"],
-               guidance_scale=ref["guidance_scale"], progress=False)
-    assert out.tokens[0].tolist() == ref["tokens"]
 
 
 @pytest.fixture(scope="module")

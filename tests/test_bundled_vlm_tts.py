@@ -1,5 +1,5 @@
 """The bundled vision-language and speech models: they load through from_pretrained and
-generate, seeded generations reproduce committed ids, and the codec round-trips speech with
+generate (seeded references: test_bundled_regression.py), and the codec round-trips speech with
 bounded distortion."""
 
 from __future__ import annotations
@@ -52,15 +52,6 @@ def test_bundled_vlm_answers_and_drafts(vlm):
     assert spec.token_ids == plain.token_ids and spec.stats.acceptance_rate > 0.2
 
 
-def test_bundled_vlm_seeded_generation_reproduces_committed_ids(vlm):
-    with open(os.path.join(DATA, "bundled_vlm_seed0.json")) as f:
-        ref = json.load(f)
-    img = sw.sample(ref["seed_scene"])[1]
-    out = vlm.generate(img, _msgs(ref["question"]), method="exact", seed=0, temperature=1.0,
-                       max_new_tokens=16)
-    assert out.token_ids[0] == ref["ids"]
-
-
 @pytest.fixture(scope="module")
 def tts():
     from modalities.speech import TextToSpeech
@@ -69,13 +60,10 @@ def tts():
                                         draft=os.path.join(MODELS, "shapes-tts-draft"))
 
 
-def test_bundled_tts_generates_and_reproduces_committed_codes(tts):
-    with open(os.path.join(DATA, "bundled_tts_seed0.json")) as f:
-        ref = json.load(f)
-    out = tts(ref["text"], method="exact", seed=0, progress=False)
-    assert out.codes[0].tolist() == ref["codes"]
-    assert out.sample_rate == 16000
-    assert len(out.waveforms[0]) == 256 * len(ref["codes"])          # hop 256 per frame
+def test_bundled_tts_generates_audio_at_the_codec_rate(tts):
+    out = tts("a small blue star at the bottom", method="exact", seed=0, progress=False)
+    assert out.sample_rate == 16000 and len(out.codes[0]) > 0
+    assert len(out.waveforms[0]) == 256 * len(out.codes[0])          # hop 256 per frame
 
 
 def test_codec_round_trips_speech_with_bounded_distortion():
