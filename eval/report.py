@@ -27,15 +27,12 @@ def _label(r):
 
 
 def _lossless(method: str) -> bool:
-    from mmspec.registry import _RULES, _load, parse_method
+    from mmspec.registry import parse_method
 
-    _load()
     try:
-        _, rule = parse_method(method, has_draft=True)
+        return parse_method(method, has_draft=True).rule_class.lossless is True
     except ValueError:
         return False
-    cls = _RULES.get(rule)
-    return bool(cls is not None and getattr(cls, "lossless", False))
 
 
 def _q(v, q):

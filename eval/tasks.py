@@ -303,7 +303,7 @@ class SpeechTask:
 
     def visual(self, tokens_by_method: dict, path: str, show: int = 2) -> None:
         """Mel spectrograms of the first prompts, one row per method, at the same seed."""
-        from modalities.speech.pipeline import spectrogram_grid
+        from modalities.speech.audio import spectrogram_grid
 
         tgt = self.tts.target
         waves = {}

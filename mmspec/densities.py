@@ -13,8 +13,10 @@ import math
 
 import torch
 
+from .distributions import Distribution
 
-class GaussianMixture:
+
+class GaussianMixture(Distribution):
     def __init__(self, logits: torch.Tensor, means: torch.Tensor, log_scales: torch.Tensor,
                  validate: bool = True):
         if means.shape != log_scales.shape or means.shape[:-1] != logits.shape:
@@ -71,8 +73,11 @@ class GaussianMixture:
                                torch.cat([p.means for p in parts], dim),
                                torch.cat([p.log_scales for p in parts], dim), validate=False)
 
-    @staticmethod
-    def stack(parts: list["GaussianMixture"], dim: int = 1) -> "GaussianMixture":
+    def draw(self, generator=None) -> tuple[torch.Tensor, "GaussianMixture"]:
+        return self.sample(generator), self
+
+    @classmethod
+    def stack(cls, parts: list["GaussianMixture"], dim: int = 1) -> "GaussianMixture":
         return GaussianMixture(torch.stack([p.logits for p in parts], dim),
                                torch.stack([p.means for p in parts], dim),
                                torch.stack([p.log_scales for p in parts], dim), validate=False)

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-import math
-import time
+from dataclasses import dataclass
 
 import torch
 
 from .acceptance.base import Rule
-from .drafters.base import NoDraft
+from .checks import check_count, check_guidance_scale
+from .drafters.base import Drafter, NoDraft
 from .drafters.model import ModelDrafter
-from .loop import run, stream
+from .engine import Engine
+from .loop import Stops
 from .registry import make_rule
-from .sampling import SamplingParams, make_generator
+from .runner import Run, prepare
+from .sampling import SamplingParams
 from .session import CausalLMSession, max_positions, output_vocab_size
-from .types import GenerateOutput, StepStats
+from .types import GenerateOutput
 
 
 def _check_prompt(input_ids, attention_mask) -> torch.Tensor:
@@ -35,12 +37,12 @@ def _check_prompt(input_ids, attention_mask) -> torch.Tensor:
 
 
 def validate_pair(target, draft, *, input_ids, max_new_tokens, num_draft_tokens,
-                  compile=False) -> None:
-    """Every check that needs no forward pass; raises ValueError naming the parameter."""
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens!r}: accepted an integer >= 1")
-    if draft is not None and (not isinstance(num_draft_tokens, int) or num_draft_tokens < 1):
-        raise ValueError(f"num_draft_tokens={num_draft_tokens!r}: accepted an integer >= 1")
+                  ahead: bool = False) -> None:
+    """Every check that needs no forward pass; raises ValueError naming the parameter.
+    ``ahead``: steps may draft K positions past the last new token (captured or queued)."""
+    check_count("max_new_tokens", max_new_tokens)
+    if draft is not None:
+        check_count("num_draft_tokens", num_draft_tokens)
     v_t = output_vocab_size(target)
     if draft is not None:
         v_d = output_vocab_size(draft)
@@ -57,7 +59,7 @@ def validate_pair(target, draft, *, input_ids, max_new_tokens, num_draft_tokens,
                 raise ValueError(f"input_ids has {p} tokens, longer than the {name}'s "
                                  f"max_position_embeddings={limit}: accepted prompts of at "
                                  f"most {limit} tokens")
-            if p + max_new_tokens + (num_draft_tokens if compile else 0) > limit:
+            if p + max_new_tokens + (num_draft_tokens if ahead else 0) > limit:
                 raise ValueError(f"max_new_tokens={max_new_tokens} with a {p}-token prompt "
                                  f"exceeds the {name}'s max_position_embeddings={limit}: "
                                  f"accepted max_new_tokens <= {limit - p}")
@@ -65,99 +67,68 @@ def validate_pair(target, draft, *, input_ids, max_new_tokens, num_draft_tokens,
         raise ValueError(f"input_ids must be ids in [0, {v_t - 1}]")
 
 
-def static_length(prompt_len: int, batch: int, max_new_tokens: int, k: int,
-                  holes: bool = False) -> int:
-    """Slots a static cache needs: one row uses prompt + new + K + 1; ragged rows (or
-    ``holes``: every step keeps its K + 1 slots) leave at most K holes per step, bounded by
-    (K + 1) slots per generated token and one more step; rounded up to 64."""
-    if batch == 1 and not holes:
-        need = prompt_len + max_new_tokens + k + 1
-    else:
-        need = prompt_len + (k + 1) * (max_new_tokens + 1)
-    return -(-need // 64) * 64
+@dataclass(frozen=True)
+class Guidance:
+    """Classifier-free guidance of a text front door: scale s >= 0 and the unconditional
+    prompts [B, P] (left-padded like the prompt); the rows' prompt extras."""
 
+    scale: float
+    uncond_ids: torch.Tensor
+    uncond_mask: torch.Tensor
 
-def check_engine(compile, static_cache, pipeline, model=None) -> bool:
-    """Check the engine switches (``compile``, ``static_cache``, ``pipeline``) before any work;
-    returns whether the caches are static."""
-    if compile not in (False, True, "inductor"):
-        raise ValueError(f"compile={compile!r}: accepted False, True or 'inductor'")
-    if static_cache not in (None, False, True):
-        raise ValueError(f"static_cache={static_cache!r}: accepted None, True or False")
-    if pipeline is not None and not isinstance(pipeline, bool):
-        raise ValueError(f"pipeline={pipeline!r}: accepted None, True or False")
-    static = bool(compile) if static_cache is None else static_cache
-    if compile and not static:
-        raise ValueError("compile=True needs static_cache=True (fixed shapes)")
-    if compile and model is not None and next(model.parameters()).device.type != "cuda":
-        raise ValueError("compile=True captures CUDA graphs: accepted a model on a CUDA device")
-    return static
-
-
-def pipelines_by_default(compile, profile: bool = False) -> bool:
-    """Whether a draft model's steps are queued ahead when ``pipeline`` is not given: with
-    captured steps (``compile=True``; measured faster on an H100, README "GPU path"), not
-    under ``profile`` (which synchronises between phases) nor ``"inductor"`` (not measured)."""
-    return compile is True and not profile
-
-
-def queues_drafts(pipeline, compile, uses_draft: bool, positions: int, limits,
-                  profile: bool = False) -> bool:
-    """Whether an adapter queues a draft model's steps ahead (``ModelDrafter(host_free=True)``):
-    ``pipeline=True`` asks for it, None leaves it to ``pipelines_by_default``. Each step drafts
-    K tokens, so the last step reaches ``positions`` (prompt + new tokens + K): queued only where
-    that fits every one of ``limits`` (the models' max_position_embeddings, None for none);
-    ``pipeline=True`` raises otherwise."""
-    if not uses_draft:
-        return False
-    limits = [m for m in limits if m is not None]
-    fits = all(positions <= m for m in limits)
-    if pipeline and not fits:
-        raise ValueError(f"pipeline=True: the last drafts would pass max_position_embeddings="
-                         f"{min(limits)} ({positions} positions needed): accepted fewer new "
-                         "tokens or drafts, or pipeline=None")
-    return fits and (pipelines_by_default(compile, profile) if pipeline is None else pipeline)
-
-
-def _prepare(target, draft, input_ids, attention_mask, rule, num_draft_tokens, max_new_tokens,
-             temperature, top_k, top_p, min_p, seed, drafter, guidance_scale=None,
-             uncond_input_ids=None, uncond_attention_mask=None, compile=False, static_cache=None,
-             pipeline=None):
-    attention_mask = _check_prompt(input_ids, attention_mask)
-    prompt = {}
-    if guidance_scale is not None:
-        if not (isinstance(guidance_scale, (int, float)) and math.isfinite(guidance_scale)
-                and guidance_scale >= 0):
-            raise ValueError(f"guidance_scale={guidance_scale!r}: accepted a finite float >= 0")
-        if uncond_input_ids is None:
+    @classmethod
+    def from_arguments(cls, scale, uncond_ids, uncond_mask) -> "Guidance | None":
+        if scale is None:
+            return None
+        check_guidance_scale(scale)
+        if uncond_ids is None:
             raise ValueError("guidance_scale needs uncond_input_ids (the unconditional prompts, "
                              "left-padded to the prompt's shape)")
-        uncond_attention_mask = _check_prompt(uncond_input_ids, uncond_attention_mask)
-        prompt = dict(uncond_ids=uncond_input_ids, uncond_mask=uncond_attention_mask)
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+        return cls(float(scale), uncond_ids, _check_prompt(uncond_ids, uncond_mask))
+
+    def prompt(self) -> dict:
+        return dict(uncond_ids=self.uncond_ids, uncond_mask=self.uncond_mask)
+
+
+def _drafter_argument(draft, drafter):
+    """A drafter object passed where the draft model goes is taken as ``drafter=``."""
+    if isinstance(draft, Drafter):
+        if drafter is not None:
+            raise ValueError(f"draft={type(draft).__name__}(...) and drafter= both given: "
+                             "accepted one drafter (pass a drafter object as drafter=)")
+        return None, draft
+    if drafter is not None and not isinstance(drafter, Drafter):
+        raise ValueError(f"drafter={type(drafter).__name__}: accepted a mmspec Drafter "
+                         "(Jacobi, ModelDrafter ...); a draft model goes in draft=")
+    return draft, drafter
+
+
+def _setup(target, draft, input_ids, attention_mask, rule, num_draft_tokens, max_new_tokens,
+           sampling: SamplingParams, seed, drafter, guidance: Guidance | None,
+           engine: Engine) -> tuple[Run, dict]:
+    """Every check, then the run and the prompt (nothing has run on a model yet)."""
+    draft, drafter = _drafter_argument(draft, drafter)
+    attention_mask = _check_prompt(input_ids, attention_mask)
     rule_obj: Rule = make_rule(rule)
+    engine.check(target)
+    ahead = engine.captures or bool(engine.pipeline)      # steps may draft K past the end
     validate_pair(target, draft, input_ids=input_ids, max_new_tokens=max_new_tokens,
-                  num_draft_tokens=num_draft_tokens, compile=bool(compile) or bool(pipeline))
-    generator = make_generator(seed, input_ids.device)
-    static = check_engine(compile, static_cache, pipeline, target)
-    k = num_draft_tokens if (draft is not None or drafter is not None) else 0
-    k = getattr(drafter, "num_tokens", k)
-    if pipeline and drafter is not None:
-        raise ValueError("pipeline=True builds its own drafter: pass draft=, not drafter= "
-                         "(or a ModelDrafter(host_free=True))")
-    host_free = bool(pipeline)
-    holes = k > 0 and (host_free if drafter is None else bool(getattr(drafter, "host_free", False)))
-    slen = (static_length(input_ids.shape[1], input_ids.shape[0], max_new_tokens, k, holes)
-            if static else None)
-    tgt = CausalLMSession(target, params, guidance_scale, static_len=slen, compile=compile)
+                  num_draft_tokens=num_draft_tokens, ahead=ahead)
+    k = drafter.num_tokens if drafter is not None else (num_draft_tokens if draft is not None else 0)
+    plan = engine.plan(max_new_tokens=max_new_tokens, num_draft_tokens=k,
+                       draft_model=draft is not None and drafter is None,
+                       holes=drafter is not None and drafter.host_free)
+    g = None if guidance is None else guidance.scale
+    cache = plan.cache(input_ids.shape[1], input_ids.shape[0])
+    tgt = CausalLMSession(target, sampling, g, **cache)
     if drafter is None:
         drafter = (NoDraft() if draft is None else
-                   ModelDrafter(CausalLMSession(draft, params, guidance_scale, static_len=slen,
-                                                compile=compile), num_draft_tokens,
-                                host_free=host_free))
-    if hasattr(drafter, "generator"):
-        drafter.generator = generator
-    return attention_mask, tgt, drafter, rule_obj, generator, prompt
+                   ModelDrafter(CausalLMSession(draft, sampling, g, **cache), num_draft_tokens,
+                                host_free=plan.queue_drafts))
+    run = prepare(tgt, drafter, rule_obj, plan=plan, seed=seed, device=input_ids.device)
+    prompt = dict(input_ids=input_ids, attention_mask=attention_mask,
+                  **({} if guidance is None else guidance.prompt()))
+    return run, prompt
 
 
 def _default_stops(target) -> list[int]:
@@ -185,7 +156,8 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
                     temperature 0 is greedy decoding.
     seed:           seeds a torch.Generator on the prompt's device (None: global RNG).
     stop_token_ids: ids that end a row (default: the target's eos_token_id).
-    drafter:        a drafter object instead of ``draft`` (``Jacobi``, ensembles ...).
+    drafter:        a drafter object instead of ``draft`` (``Jacobi``, ensembles ...); a
+                    drafter passed as ``draft`` is taken as ``drafter``.
     guidance_scale: classifier-free guidance u + s (c - u) on the logits of target and draft;
                     ``uncond_input_ids`` [B, P] (left-padded like the prompt) are the
                     unconditional rows, rolled back together with the conditional ones.
@@ -194,7 +166,8 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
                     step with torch.compile first (coordinate-descent tuned; about 55 s of
                     compilation per width for a 7B model, once per process). The eager path
                     is the reference and gives identical tokens under greedy decoding in
-                    float32. K stays fixed to the end (one width).
+                    float32. K stays fixed to the end (one width). An ``Engine`` may be
+                    passed here instead of the three switches.
     static_cache:   static, position-indexed caches without compiling (default: = compile).
                     Static caches and captured steps are kept for the next call with the same
                     rows and cache length (``mmspec.release_graphs(model)`` frees them).
@@ -203,40 +176,39 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
                     rejected slots as holes (no host value is needed between steps; caches get
                     K + 1 slots per step). None: plain decoding pipelined, and speculative
                     decoding too with ``compile=True`` (captured steps: measured faster on an
-                    H100 at batch 1 and 16, README "GPU path"; not with ``"inductor"``, whose
+                    H100 at batch 1 and 16, docs/engine.md; not with ``"inductor"``, whose
                     steps attend over the whole cache, nor eagerly or with ``profile``);
                     False: neither. Same tokens either way.
 
-    Rows keep independent accepted lengths (ragged, DESIGN.md); each row stops at its own
+    Rows keep independent accepted lengths (ragged, docs/DESIGN.md); each row stops at its own
     stop token or after max_new_tokens. Returns GenerateOutput(sequences [B, P + T],
     num_generated [B], prompt_length, stats).
     """
-    if pipeline is None and draft is not None and drafter is None \
-            and pipelines_by_default(compile, profile):
-        pipeline = True
-    attention_mask, tgt, drafter, rule_obj, generator, prompt = _prepare(
-        target, draft, input_ids, attention_mask, rule, num_draft_tokens, max_new_tokens,
-        temperature, top_k, top_p, min_p, seed, drafter, guidance_scale, uncond_input_ids,
-        uncond_attention_mask, compile, static_cache, pipeline)
-    if stop_token_ids is None:
-        stop_token_ids = _default_stops(target)
-    stats = StepStats()
-    t0 = time.perf_counter()
-    tgt.prefill(input_ids, attention_mask, **prompt)
-    drafter.begin(input_ids, attention_mask, vocab_size=tgt.vocab_size, **prompt)
-    stats.seconds_prefill = time.perf_counter() - t0
-    res = run(tgt, drafter, rule_obj, input_ids[:, -1], max_new_tokens=max_new_tokens,
-              stop_token_ids=set(stop_token_ids), generator=generator, stats=stats,
-              profile=profile, fixed_k=bool(compile), pipeline=pipeline)
-    if pad_token_id is None:
-        pad_token_id = getattr(target.config, "pad_token_id", None)
-        pad_token_id = 0 if pad_token_id is None else pad_token_id
-    width = max(len(t) for t in res.tokens)
+    engine = Engine.from_switches(compile, static_cache, pipeline, profile)
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    guidance = Guidance.from_arguments(guidance_scale, uncond_input_ids, uncond_attention_mask)
+    run, prompt = _setup(target, draft, input_ids, attention_mask, rule, num_draft_tokens,
+                         max_new_tokens, sampling, seed, drafter, guidance, engine)
+    stops = Stops(_default_stops(target) if stop_token_ids is None else stop_token_ids)
+    run.prefill(prompt)
+    res = run.collect(input_ids[:, -1], stops=stops)
+    return _output(input_ids, res.tokens, run.stats, _pad_id(target, pad_token_id))
+
+
+def _pad_id(target, pad_token_id: int | None) -> int:
+    if pad_token_id is not None:
+        return pad_token_id
+    pad = getattr(target.config, "pad_token_id", None)
+    return 0 if pad is None else pad
+
+
+def _output(input_ids, rows: list[list[int]], stats, pad_token_id: int) -> GenerateOutput:
+    width = max(len(t) for t in rows)
     gen = torch.full((input_ids.shape[0], width), pad_token_id, dtype=torch.long)
-    for i, toks in enumerate(res.tokens):
+    for i, toks in enumerate(rows):
         gen[i, : len(toks)] = torch.tensor(toks, dtype=torch.long)
     sequences = torch.cat([input_ids, gen.to(input_ids.device)], 1)
-    num = torch.tensor([len(t) for t in res.tokens], dtype=torch.long)
+    num = torch.tensor([len(t) for t in rows], dtype=torch.long)
     return GenerateOutput(sequences=sequences, num_generated=num,
                           prompt_length=input_ids.shape[1], stats=stats)
 
@@ -248,13 +220,10 @@ def generate_stream(target, draft=None, input_ids=None, *, attention_mask=None, 
                     stop_token_ids=None, drafter=None, guidance_scale=None,
                     uncond_input_ids=None, uncond_attention_mask=None):
     """Like ``generate`` but yields ``StepEvent``s (new token ids per row) as they are accepted."""
-    attention_mask, tgt, drafter, rule_obj, generator, prompt = _prepare(
-        target, draft, input_ids, attention_mask, rule, num_draft_tokens, max_new_tokens,
-        temperature, top_k, top_p, min_p, seed, drafter, guidance_scale, uncond_input_ids,
-        uncond_attention_mask)
-    if stop_token_ids is None:
-        stop_token_ids = _default_stops(target)
-    tgt.prefill(input_ids, attention_mask, **prompt)
-    drafter.begin(input_ids, attention_mask, vocab_size=tgt.vocab_size, **prompt)
-    yield from stream(tgt, drafter, rule_obj, input_ids[:, -1], max_new_tokens=max_new_tokens,
-                      stop_token_ids=set(stop_token_ids), generator=generator)
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    guidance = Guidance.from_arguments(guidance_scale, uncond_input_ids, uncond_attention_mask)
+    run, prompt = _setup(target, draft, input_ids, attention_mask, rule, num_draft_tokens,
+                         max_new_tokens, sampling, seed, drafter, guidance, Engine())
+    stops = Stops(_default_stops(target) if stop_token_ids is None else stop_token_ids)
+    run.prefill(prompt)
+    yield from run.stream(input_ids[:, -1], stops=stops)

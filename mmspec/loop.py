@@ -1,26 +1,29 @@
-"""The draft -> verify -> accept -> commit -> observe loop (DESIGN.md), once.
+"""The draft -> verify -> accept -> commit -> observe loop (docs/DESIGN.md), once.
 
 ``stream`` yields one ``StepEvent`` per target forward; ``run`` drains it into a
-``LoopResult``. Everything else (text generation, image pipelines, TTS) calls one of them.
+``LoopResult``. The runner (``mmspec.runner``) calls them for every front door.
 
 Per step, all rows together:
-1. Draft:   ``drafter.propose(last, k_max)`` -> K tokens and their q (or a point mass).
+1. Draft:   ``drafter.propose(last, k_max, active)`` -> K tokens and their q (or a point mass).
 2. Verify:  ``target.step([last, drafts])`` -> processed p for K+1 positions.
-3. Accept:  ``rule(drafts, q, p)`` -> emitted tokens and accepted counts per row.
-4. Commit:  the one deliberate host synchronisation (accepted counts, emitted ids and a
-            finiteness flag in one transfer); the target keeps ``1 + max_b n_b`` slots with
-            holes for rows that accepted less (ragged rows, no truncation to the shortest).
-5. Observe: the drafter rolls back or keeps the target's samples; stats are recorded.
+3. Accept:  ``rule(drafts, q, p)`` -> emitted tokens and accepted counts per row; each row's
+            stop tokens and budget cut what counts, on the device (``Loop._account``).
+4. Commit:  the one deliberate host synchronisation (``HostValues``: counts, cuts, running
+            flags, a finiteness flag and the tokens, in one transfer). The drafter rolls back
+            at once; the target's rollback (``Commit``: keep ``1 + max_b n_b`` slots, holes for
+            rows that accepted less) waits until the next step's drafts are queued, so the
+            device drafts meanwhile.
+5. Observe: the drafter keeps what it needs of the outcome (Jacobi: the target's samples);
+            stats are recorded.
 
-With a ``host_free`` drafter (plain decoding; ``ModelDrafter(host_free=True)``, whose steps
-keep rejected slots as holes) the loop is pipelined: step t + 1 is queued on the device before
-the host reads step t's transfer, so the host's work between steps overlaps the device's
-instead of idling it.
+Two drivers: ``_synchronised`` launches step t + 1 as soon as step t's counts are read;
+``_pipelined`` (drafters whose steps need no host value, ``Drafter.host_free``) queues step
+t + 1 before step t is read, so the device never waits for the host between steps.
 
-Rows stop at a stop token (for multi-id events, in the event's last id: the last codebook
-of a delay pattern ends last) or after ``max_new_tokens``; tokens emitted past either are
-dropped (a prefix of a valid run is still exact). ``k_max`` shrinks so that no step drafts
-past the smallest remaining budget of the rows still running.
+Rows stop at a stop token (``Stops``) or after ``max_new_tokens``; tokens emitted past either
+are dropped (a prefix of a valid run is still exact). ``k_max`` shrinks so that no step drafts
+past the smallest remaining budget of the running rows, unless ``fixed_k`` (captured steps
+keep one width).
 """
 
 from __future__ import annotations
@@ -32,276 +35,355 @@ from typing import Iterator
 import torch
 
 from .acceptance.base import Rule
-from .acceptance.exact import Exact, Greedy
+from .checks import check_count
+from .distributions import nonfinite
 from .drafters.base import Drafter
 from .session import Session
-from .types import StepStats
+from .types import PAD, StepStats, VerifyOutput
 
 
 @dataclass
 class StepEvent:
-    """What one step added: ``new_tokens[b]`` (host ints, after stop/budget truncation)."""
+    """What one step added: ``new_tokens[b]`` (host values, after stop/budget truncation)."""
 
-    new_tokens: list[list[int]]
+    new_tokens: list[list]
     finished: list[bool]
     stats: StepStats
 
 
 @dataclass
 class LoopResult:
-    tokens: list[list[int]]
+    tokens: list[list]
     stats: StepStats
     finished: list[bool] = field(default_factory=list)
 
 
-_HEAD = 6   # per-row host values before the tokens: n, cut, active, bad, fallback, proposals
+@dataclass(frozen=True)
+class Stops:
+    """Ids that end a row. For events of several ids, ``on="last"`` stops on a stop id in the
+    event's last id (a delay pattern's last codebook ends last), ``on="all"`` when every id
+    of the event is one (CSM's end-of-audio frame)."""
+
+    ids: tuple[int, ...] = ()
+    on: str = "last"
+
+    def __post_init__(self):
+        if self.on not in ("last", "all"):
+            raise ValueError(f"stop_on={self.on!r}: accepted 'last' or 'all'")
+        object.__setattr__(self, "ids", tuple(sorted({int(i) for i in self.ids})))
+
+    def cut(self, tokens: torch.Tensor, emitted: torch.Tensor, ids: torch.Tensor):
+        """tokens [B, K+1, *event], emitted [B], ids: ``self.ids`` on the device ->
+        (done [B]: a stop among the emitted, count [B]: emitted up to the first stop)."""
+        cols = torch.arange(tokens.shape[1], device=tokens.device)
+        if tokens.dim() > 2 and self.on == "all":
+            hit = torch.isin(tokens.flatten(2), ids).all(-1)
+        else:
+            hit = torch.isin(tokens.flatten(2)[..., -1] if tokens.dim() > 2 else tokens, ids)
+        hit = hit & (cols[None] < emitted[:, None])
+        done = hit.any(1)
+        return done, torch.where(done, hit.float().argmax(1) + 1, emitted)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+@dataclass
+class Rows:
+    """The rows' state on the device between steps (no host value travels back for it)."""
+
+    last: torch.Tensor        # [B, *event] each row's last emitted event, fed first next step
+    produced: torch.Tensor    # [B] events each row has produced
+    active: torch.Tensor      # [B] bool: rows still running (the others ride along as padding)
 
 
-def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Tensor, *,
-           max_new_tokens: int, stop_token_ids: set[int] | None = None,
-           generator: torch.Generator | None = None, stats: StepStats | None = None,
-           profile: bool = False, fixed_k: bool = False,
-           stop_on: str = "last", pipeline: bool | None = None) -> Iterator[StepEvent]:
-    """Run the loop after both target and drafter have seen the prompt.
+@dataclass
+class Commit:
+    """The target's deferred rollback: keep ``keep`` of the last step's slots, ``valid``
+    [B, keep] marking the holes of rows that accepted less."""
 
-    first_tokens: [B] the last prompt token of each row (not yet fed to either model).
-    profile:      synchronise the device between phases so the per-phase seconds are exact
-                  on CUDA (costs speed; CPU timings are always exact).
-    fixed_k:      never shrink K near the end (captured steps keep one width; tokens past
-                  max_new_tokens are dropped, positions may run K past it).
-    stop_on:      for events of several ids: ``"last"`` (a stop id in the event's last id, as
-                  a delay pattern's last codebook) or ``"all"`` (every id of the event a stop
-                  id, as CSM's end-of-audio frame).
-    pipeline:     launch step t + 1 before reading step t's host values, so the device never
-                  waits for the host between steps. Only for drafters whose steps need no host
-                  value of the previous step (``host_free``: plain decoding, or a
-                  ``ModelDrafter(host_free=True)``; every slot of a step is kept, rejected ones
-                  as holes); default: on for those unless ``profile``. Tokens are the same
-                  either way. A step that may end every row by its budget is read before the
-                  next is queued; rows ending on a stop token are learnt one step late, so
-                  one step may be discarded.
-    """
-    if stop_on not in ("last", "all"):
-        raise ValueError(f"stop_on={stop_on!r}: accepted 'last' or 'all'")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens!r}: accepted an integer >= 1")
-    host_free = bool(getattr(drafter, "host_free", False))
-    if pipeline and not host_free:
-        raise ValueError("pipeline=True: accepted only with a drafter whose steps need no host "
-                         f"values (host_free, e.g. NoDraft); got {type(drafter).__name__}")
-    pipe = (host_free and not profile) if pipeline is None else bool(pipeline)
-    if type(rule) is Exact and getattr(getattr(target, "params", None), "greedy", False):
-        # A greedy target's p is one-hot, where exact verification is the argmax chain for any
-        # q: the same tokens without the generic rule's draws, residuals and sampling.
-        rule = Greedy()
-    stats = stats if stats is not None else StepStats()
-    b = first_tokens.shape[0]
-    device = first_tokens.device
-    stops = torch.tensor(sorted(set(stop_token_ids or ())), dtype=torch.long, device=device)
-    state = dict(last=first_tokens,
-                 # Row state lives on the device, so no host value has to travel back before a step.
-                 produced=torch.zeros(b, dtype=torch.long, device=device),
-                 active=torch.ones(b, dtype=torch.bool, device=device), commit=None)
-    zeros = torch.zeros(b, dtype=torch.long, device=device)     # constants of every step
-    no_rows = torch.zeros(b, dtype=torch.bool, device=device)
-    produced_host = [0] * b
-    planned = [0] * b          # pipelined: tokens the launched steps will have produced per row
-    finished = [False] * b
-    t_start = time.perf_counter()
+    keep: int
+    valid: torch.Tensor
 
-    def launch(k_max: int) -> dict:
-        """Draft, verify, accept and the device-side bookkeeping of one step; returns the
-        step's record with the one tensor that travels to the host."""
-        last, produced, active = state["last"], state["produced"], state["active"]
-        # Finished rows ride along as padding: their inputs are masked and their positions
-        # stop advancing (models with absolute position tables never see them overflow).
-        t0 = time.perf_counter()
-        draft = drafter.propose(last, k_max, active)
-        # The target's rollback from the previous step, done while the device drafts.
-        if state["commit"] is not None:
-            target.commit(*state["commit"])
-            state["commit"] = None
-        if profile:
-            _sync(device)
-        t1 = time.perf_counter()
-        k = draft.tokens.shape[1]
-        fed = torch.cat([last[:, None], draft.tokens], 1)                    # [B, K+1, *event]
-        p = target.step(fed, active[:, None].expand(b, fed.shape[1]))        # [B, K+1, *event, V]
-        if profile:
-            _sync(device)
-        t2 = time.perf_counter()
-        out = rule(draft.tokens, draft.probs, p, generator, validate=False)
-        if not getattr(target, "ragged", True):
-            out = _common_prefix(out, active)
-        # Emitted tokens that count: up to the first stop token and the row's budget.
-        emitted = out.num_emitted
-        done = no_rows
-        first_stop = emitted
-        if stops.numel():
-            cols = torch.arange(k + 1, device=device)
-            if out.tokens.dim() > 2 and stop_on == "all":
-                hit = torch.isin(out.tokens.flatten(2), stops).all(-1)
-            else:                              # multi-id events stop on their last id
-                ids = out.tokens.flatten(2)[..., -1] if out.tokens.dim() > 2 else out.tokens
-                hit = torch.isin(ids, stops)
-            hit = hit & (cols[None] < emitted[:, None])
-            done = hit.any(1)
-            first_stop = torch.where(done, hit.float().argmax(1) + 1, emitted)
-        cut = torch.minimum(first_stop, max_new_tokens - produced)
-        cut = torch.where(active, cut, 0)
-        produced = produced + cut
-        done = done | (produced >= max_new_tokens)
-        state["produced"], state["active"] = produced, active & ~done
-        # The one deliberate synchronisation: counts, ids, cuts and a finiteness flag together.
-        bad = (~torch.isfinite(p).all() if isinstance(p, torch.Tensor)
-               else torch.zeros((), dtype=torch.bool, device=device))   # densities validate themselves
-        if isinstance(draft.probs, torch.Tensor):
-            bad = bad | ~torch.isfinite(draft.probs).all()
+
+_COLUMNS = ("accepted", "cut", "running", "bad", "fallbacks", "proposals")
+
+
+@dataclass
+class HostValues:
+    """One step's transfer, decoded once by name (per row; ``bad`` for the whole step)."""
+
+    accepted: list[int]
+    cut: list[int]
+    running: list[bool]
+    bad: bool
+    fallbacks: list[int]
+    proposals: list[int]
+    tokens: list[list]
+
+    @staticmethod
+    def pack(out: VerifyOutput, cut, running, bad, zeros) -> torch.Tensor:
+        """[B, len(_COLUMNS) + tokens]: the columns, then each row's emitted tokens."""
         fb = out.fallbacks.long() if out.fallbacks is not None else zeros
         props = out.residual_proposals if out.residual_proposals is not None else zeros
-        head = torch.cat([out.num_accepted[:, None], cut[:, None], state["active"][:, None].long(),
-                          bad.to(torch.long).expand(b, 1), fb[:, None], props[:, None]], 1)
+        b = cut.shape[0]
+        head = torch.stack([out.num_accepted, cut, running.long(), bad.long().expand(b), fb,
+                            props], 1)
         body = out.tokens.reshape(b, -1)
         if body.is_floating_point():   # vector tokens: counts travel exactly as float64
             head, body = head.double(), body.double()
-        return dict(out=out, p=p, k=k, emitted=emitted, was_active=active,
-                    host=torch.cat([head, body], 1), t=[t0, t1, t2])
+        return torch.cat([head, body], 1)
 
-    def commit(rec: dict, n_host: list[int] | None) -> None:
-        """The drafter's rollback now; the target's is queued for the next ``launch`` (after
-        its drafts are queued) or ``flush``. ``n_host`` None (pipelined, counts not read yet):
-        every slot fed this step is kept, the rejected ones as holes."""
-        keep = (rec["k"] + 1 if n_host is None
-                else max(n for n, f in zip(n_host, finished) if not f) + 1)
+    @classmethod
+    def unpack(cls, host: list[list], event_size: int | None) -> "HostValues":
+        """``event_size``: ids per event (None: one id, kept flat)."""
+        h = len(_COLUMNS)
+        cols = {name: [int(row[i]) for row in host] for i, name in enumerate(_COLUMNS)}
+        tokens, size = [], event_size or 1
+        for row, n in zip(host, cols["cut"]):
+            flat = row[h:h + n * size]
+            tokens.append(flat if event_size is None else
+                          [flat[j:j + size] for j in range(0, len(flat), size)])
+        return cls(accepted=cols["accepted"], cut=cols["cut"],
+                   running=[bool(r) for r in cols["running"]], bad=bool(cols["bad"][0]),
+                   fallbacks=cols["fallbacks"], proposals=cols["proposals"], tokens=tokens)
+
+
+@dataclass
+class Launched:
+    """One step on the device: its outcome and the tensor that travels to the host."""
+
+    out: VerifyOutput
+    p: object                 # the target's distributions [B, K+1, ...]
+    k: int
+    emitted: torch.Tensor     # [B]
+    was_active: torch.Tensor  # [B] rows that ran this step
+    host: torch.Tensor        # HostValues.pack
+    times: tuple              # draft, verify, accept starts and the launch's end
+    ready: object = None      # a CUDA event once the transfer is queued (pipelined)
+    accept_seconds: float = 0.0
+
+    def send(self) -> None:
+        """Queue the transfer to the host without waiting for it (pipelined steps)."""
+        if self.host.device.type == "cuda":
+            self.host = self.host.to("cpu", non_blocking=True)
+            self.ready = torch.cuda.Event()
+            self.ready.record()
+
+
+def check_pipeline(drafter: Drafter, pipeline: bool | None) -> None:
+    if pipeline and not drafter.host_free:
+        raise ValueError("pipeline=True: accepted only with a drafter whose steps need no host "
+                         "values (host_free: plain decoding, a draft model queued by the "
+                         f"engine, ModelDrafter(host_free=True)); got {type(drafter).__name__}")
+
+
+class Loop:
+    """One generation's loop state; the drivers below run it."""
+
+    def __init__(self, target: Session, drafter: Drafter, rule: Rule, first_tokens, *,
+                 max_new_tokens: int, stops: Stops, generator, stats: StepStats,
+                 profile: bool, fixed_k: bool):
+        self.target, self.drafter, self.rule = target, drafter, rule
+        self.budget, self.stops, self.generator = max_new_tokens, stops, generator
+        self.stats, self.profile, self.fixed_k = stats, profile, fixed_k
+        b, dev = first_tokens.shape[0], first_tokens.device
+        self.b, self.device = b, dev
+        self.rows = Rows(first_tokens, torch.zeros(b, dtype=torch.long, device=dev),
+                         torch.ones(b, dtype=torch.bool, device=dev))
+        self.pending: Commit | None = None
+        self.produced, self.planned, self.finished = [0] * b, [0] * b, [False] * b
+        self._stop_ids = torch.tensor(stops.ids, dtype=torch.long, device=dev)
+        self._zeros = torch.zeros(b, dtype=torch.long, device=dev)   # constants of every step
+        self._no_rows = torch.zeros(b, dtype=torch.bool, device=dev)
+        self._false = torch.zeros((), dtype=torch.bool, device=dev)
+        self._t_start = time.perf_counter()
+
+    def _sync(self) -> None:
+        if self.profile and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def k_max(self, produced: list[int], finished: list[bool]) -> int:
+        if self.fixed_k:
+            return self.budget
+        return min(self.budget - n for n, f in zip(produced, finished) if not f) - 1
+
+    def launch(self, k_max: int) -> Launched:
+        """Draft, verify, accept and the device-side bookkeeping of one step."""
+        rows = self.rows
+        t0 = time.perf_counter()
+        draft = self.drafter.propose(rows.last, k_max, rows.active)
+        self._apply_commit()           # the target's rollback, queued while the device drafts
+        self._sync()
+        t1 = time.perf_counter()
+        fed = torch.cat([rows.last[:, None], draft.tokens], 1)                 # [B, K+1, *event]
+        p = self.target.step(fed, rows.active[:, None].expand(self.b, fed.shape[1]))
+        self._sync()
+        t2 = time.perf_counter()
+        out = self.rule(draft.tokens, draft.probs, p, self.generator, validate=False)
+        if not self.target.ragged:
+            out = _common_prefix(out, rows.active)
+        bad = nonfinite(p)             # densities validate themselves: None
+        q_bad = None if draft.probs is None else nonfinite(draft.probs)
+        if q_bad is not None:
+            bad = q_bad if bad is None else bad | q_bad
+        emitted = out.num_emitted
+        host = self._account(out, emitted, self._false if bad is None else bad)
+        return Launched(out, p, draft.tokens.shape[1], emitted, rows.active, host,
+                        (t0, t1, t2, time.perf_counter()))
+
+    def _account(self, out: VerifyOutput, emitted: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+        """Stops and budgets cut what counts, the rows move on; the transfer, packed."""
+        rows = self.rows
+        done, first = ((self._no_rows, emitted) if not self.stops.ids
+                       else self.stops.cut(out.tokens, emitted, self._stop_ids))
+        cut = torch.where(rows.active, torch.minimum(first, self.budget - rows.produced), 0)
+        produced = rows.produced + cut
+        active = rows.active & ~(done | (produced >= self.budget))
+        self.rows = Rows(out.last_tokens, produced, active)
+        return HostValues.pack(out, cut, active, bad, self._zeros)
+
+    def read(self, step: Launched) -> HostValues:
+        t = time.perf_counter()
+        if step.ready is not None:
+            step.ready.synchronize()
+        tokens = step.out.tokens
+        size = tokens[0, 0].numel() if tokens.dim() > 2 else None
+        host = HostValues.unpack(step.host.tolist(), size)
+        step.accept_seconds += time.perf_counter() - t
+        return host
+
+    def commit(self, step: Launched, accepted: list[int] | None) -> None:
+        """The drafter's rollback now; the target's is deferred (``_apply_commit``).
+        ``accepted`` None (pipelined: counts not read yet): every slot fed is kept, the
+        rejected ones as holes."""
+        t = time.perf_counter()
+        keep = (step.k + 1 if accepted is None
+                else max(n for n, f in zip(accepted, self.finished) if not f) + 1)
         if keep == 1:          # every row emits >= 1 token: its one slot is valid where it ran
-            valid = rec["was_active"][:, None]
+            valid = step.was_active[:, None]
         else:
-            kept = torch.arange(keep, device=device)
-            valid = (kept[None] < rec["emitted"][:, None]) & rec["was_active"][:, None]
-        state["commit"] = (keep, valid)
-        drafter.observe(rec["out"], rec["p"], n_host)
-        state["last"] = rec["out"].last_tokens
+            kept = torch.arange(keep, device=self.device)
+            valid = (kept[None] < step.emitted[:, None]) & step.was_active[:, None]
+        self.pending = Commit(keep, valid)
+        self.drafter.observe(step.out, step.p, accepted)
+        step.accept_seconds += time.perf_counter() - t
 
-    def flush() -> None:
-        if state["commit"] is not None:
-            target.commit(*state["commit"])
-            state["commit"] = None
+    def _apply_commit(self) -> None:
+        if self.pending is not None:
+            self.target.commit(self.pending.keep, self.pending.valid)
+            self.pending = None
 
-    def to_host(rec: dict) -> list:
-        host = rec["host"]
-        if "event" in rec:
-            rec["event"].synchronize()
-        host = host.tolist()
-        return [[int(x) for x in row[:_HEAD]] + row[_HEAD:] for row in host]
+    def flush(self) -> None:
+        """The last step's rollback (no next step to queue it behind)."""
+        self._apply_commit()
 
-    def process(rec: dict, host: list, t3: float, t4: float) -> StepEvent | None:
+    def event(self, step: Launched, host: HostValues) -> StepEvent | None:
         """Host side of one step: errors, stats and the new tokens; None for a step launched
         after every row had ended (pipelined only; discarded)."""
-        out, k = rec["out"], rec["k"]
-        if host[0][3]:
+        t = time.perf_counter()
+        if host.bad:
             raise ValueError("the model produced NaN or inf probabilities (check its logits "
                              "and dtype): accepted finite logits")
-        if all(finished):
+        if all(self.finished):
             return None
-        if out.residual_proposals is not None:
-            for i, row in enumerate(host):
-                if not finished[i] and row[5]:
-                    stats.extra["rejections"] = stats.extra.get("rejections", 0) + 1
-                    stats.extra["residual_proposals"] = stats.extra.get("residual_proposals", 0) + row[5]
-                    stats.extra["residual_fallbacks"] = stats.extra.get("residual_fallbacks", 0) + row[4]
-        n_host = [row[0] for row in host]
-        stats.record(n_host, k, [not f for f in finished])
-        new_tokens: list[list[int]] = [[] for _ in range(b)]
-        event = tuple(out.tokens.shape[2:])
-        for i, row in enumerate(host):
-            if finished[i]:
-                continue
-            if event:   # events of several ids: one list per event
-                size = out.tokens[0, 0].numel()
-                flat = row[_HEAD : _HEAD + row[1] * size]
-                new_tokens[i] = [flat[j:j + size] for j in range(0, len(flat), size)]
-            else:
-                new_tokens[i] = row[_HEAD : _HEAD + row[1]]
-            produced_host[i] += row[1]
-            finished[i] = not row[2]
-        t0, t1, t2 = rec["t"]
-        stats.seconds_draft += t1 - t0
-        stats.seconds_verify += t2 - t1
-        stats.seconds_accept += (t3 - t2) + (t4 - t3)
-        stats.seconds_total = time.perf_counter() - t_start + stats.seconds_prefill
-        return StepEvent(new_tokens=new_tokens, finished=list(finished), stats=stats)
+        running = [not f for f in self.finished]
+        if step.out.residual_proposals is not None:
+            self.stats.record_residuals(host.proposals, host.fallbacks, running)
+        self.stats.record(host.accepted, step.k, running)
+        new = [toks if on else [] for toks, on in zip(host.tokens, running)]
+        for i in (i for i, on in enumerate(running) if on):
+            self.produced[i] += host.cut[i]
+            self.finished[i] = not host.running[i]
+        t0, t1, t2, t3 = step.times
+        accept = (t3 - t2) + step.accept_seconds + time.perf_counter() - t
+        self.stats.add_phases(t1 - t0, t2 - t1, accept, time.perf_counter() - self._t_start)
+        return StepEvent(new_tokens=new, finished=list(self.finished), stats=self.stats)
 
-    def k_for(produced_: list[int], finished_: list[bool]) -> int:
-        if fixed_k:
-            return max_new_tokens
-        return min(max_new_tokens - produced_[i] for i in range(b) if not finished_[i]) - 1
+    # -- the pipelined driver's steps -----------------------------------------------------
+    def queue(self) -> Launched:
+        """Launch a full-width step and commit it without its counts (host-free drafters)."""
+        step = self.launch(self.budget)
+        self.commit(step, None)
+        self.planned = [n + (not f) for n, f in zip(self.planned, self.finished)]
+        step.send()
+        return step
 
-    if not pipe:
-        # Step t + 1 is queued as soon as step t's counts are read (its rows' budgets and ends
-        # follow from them); step t's tokens are then handed out while the device works.
-        rec = launch(k_for(produced_host, finished))
-        while True:
-            host = to_host(rec)
-            t3 = time.perf_counter()
-            commit(rec, [row[0] for row in host])
-            fin = [f or not row[2] for f, row in zip(finished, host)]
-            nxt = None
-            if not all(fin):
-                made = [n + (0 if f else row[1]) for n, f, row in zip(produced_host, finished, host)]
-                nxt = launch(k_for(made, fin))
-            else:
-                flush()
-            ev = process(rec, host, t3, time.perf_counter())
-            yield ev
-            if nxt is None:
-                return
-            rec = nxt
-    # Pipelined (host-free drafters: every fed slot kept). Step t + 1 is queued before step t's
-    # values are read; ``planned`` is a lower bound of each row's tokens (one per step), the
-    # rows' real ends arrive one step later.
-    def read(rec: dict) -> Iterator[StepEvent]:
-        t3 = time.perf_counter()
-        host = to_host(rec)
-        ev = process(rec, host, t3, time.perf_counter())
+    def wants_more(self) -> bool:
+        return any(not f and n < self.budget for f, n in zip(self.finished, self.planned))
+
+    def may_end(self, step: Launched) -> bool:
+        """The step may end every running row by its budget."""
+        return all(f or n + step.k + 1 >= self.budget for f, n in zip(self.finished, self.produced))
+
+    def emit(self, step: Launched) -> Iterator[StepEvent]:
+        ev = self.event(step, self.read(step))
         if ev is not None:
             yield ev
 
+
+def _synchronised(loop: Loop) -> Iterator[StepEvent]:
+    """Step t + 1 is launched as soon as step t's counts are read (its rows' budgets and ends
+    follow from them); step t's tokens are then handed out while the device works."""
+    step = loop.launch(loop.k_max(loop.produced, loop.finished))
+    while step is not None:
+        host = loop.read(step)
+        loop.commit(step, host.accepted)
+        finished = [f or not r for f, r in zip(loop.finished, host.running)]
+        produced = [n + (0 if f else c) for n, f, c in zip(loop.produced, loop.finished, host.cut)]
+        nxt = None if all(finished) else loop.launch(loop.k_max(produced, finished))
+        if nxt is None:
+            loop.flush()
+        yield loop.event(step, host)
+        step = nxt
+
+
+def _pipelined(loop: Loop) -> Iterator[StepEvent]:
+    """Step t + 1 is queued before step t's values are read; ``loop.planned`` is a lower
+    bound of each row's tokens (one per step), the rows' real ends arrive one step later, so
+    rows ending on a stop token may cost one discarded step."""
     pending = None
     while True:
-        if pending is not None and all(
-                f or n + pending["k"] + 1 >= max_new_tokens for f, n in zip(finished, produced_host)):
-            # The step in flight may end every row by its budget: read it before queueing
-            # another (a step launched past the end would be discarded whole).
-            yield from read(pending)
+        if pending is not None and loop.may_end(pending):
+            # Read the step in flight before queueing another: a step launched past the end
+            # of every row would be discarded whole.
+            yield from loop.emit(pending)
             pending = None
-        rec = None
-        if any(not f and n < max_new_tokens for f, n in zip(finished, planned)):
-            rec = launch(max_new_tokens)     # host-free drafters draft K every step
-            commit(rec, None)
-            planned = [n + (not f) for n, f in zip(planned, finished)]
-            if device.type == "cuda":
-                rec["host"] = rec["host"].to("cpu", non_blocking=True)
-                rec["event"] = torch.cuda.Event()
-                rec["event"].record()
+        step = loop.queue() if loop.wants_more() else None
         if pending is not None:
-            yield from read(pending)
-        if rec is None:
-            flush()
+            yield from loop.emit(pending)
+        if step is None:
+            loop.flush()
             return
-        pending = rec
+        pending = step
 
 
-def _common_prefix(out, active):
+def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Tensor, *,
+           max_new_tokens: int, stops: Stops | None = None,
+           generator: torch.Generator | None = None, stats: StepStats | None = None,
+           profile: bool = False, fixed_k: bool = False,
+           pipeline: bool | None = None) -> Iterator[StepEvent]:
+    """Run the loop after both target and drafter have seen the prompt.
+
+    first_tokens: [B, *event] the last prompt token of each row (not yet fed to either model).
+    stops:        what ends a row besides the budget (default: nothing).
+    profile:      synchronise the device between phases so the per-phase seconds are exact
+                  on CUDA (costs speed; CPU timings are always exact).
+    fixed_k:      never shrink K near the end (captured steps keep one width).
+    pipeline:     queue step t + 1 before reading step t (host-free drafters only); None: on
+                  for host-free drafters unless ``profile``. Same tokens either way.
+    """
+    check_count("max_new_tokens", max_new_tokens)
+    check_pipeline(drafter, pipeline)
+    pipe = (drafter.host_free and not profile) if pipeline is None else pipeline
+    loop = Loop(target, drafter, rule, first_tokens, max_new_tokens=max_new_tokens,
+                stops=stops or Stops(), generator=generator,
+                stats=stats if stats is not None else StepStats(), profile=profile,
+                fixed_k=fixed_k)
+    return _pipelined(loop) if pipe else _synchronised(loop)
+
+
+def _common_prefix(out: VerifyOutput, active: torch.Tensor) -> VerifyOutput:
     """Commit every running row to the shortest accepted length (for targets whose positions
     follow the cache length, so rows cannot keep holes): each row emits a prefix of its
     valid run, which is still exact."""
-    from .types import PAD, VerifyOutput
-
     n = out.num_accepted
     big = torch.iinfo(n.dtype).max
     n_min = torch.where(active, n, big).min()
@@ -316,12 +398,11 @@ def _common_prefix(out, active):
 def run(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Tensor,
         **kwargs) -> LoopResult:
     """Drain ``stream``: all generated tokens per row and the stats."""
-    b = first_tokens.shape[0]
-    tokens: list[list[int]] = [[] for _ in range(b)]
     stats = kwargs.pop("stats", None) or StepStats()
-    finished = [False] * b
+    tokens: list[list] = [[] for _ in range(first_tokens.shape[0])]
+    finished = [False] * len(tokens)
     for ev in stream(target, drafter, rule, first_tokens, stats=stats, **kwargs):
-        for i, new in enumerate(ev.new_tokens):
-            tokens[i].extend(new)
+        for row, new in zip(tokens, ev.new_tokens):
+            row.extend(new)
         finished = ev.finished
     return LoopResult(tokens=tokens, stats=stats, finished=finished)

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import Protocol
-
 import torch
 
 from .attention import bucket, prefix, sdpa_configs
@@ -33,13 +31,35 @@ from .cache import DynamicCache, SequenceMask, StaticSequenceMask, cache_argumen
 from .sampling import SamplingParams, guide
 
 
-class Session(Protocol):
-    vocab_size: int
-    batch_size: int
+class Session:
+    """Base class of sessions: the protocol and the capabilities' defaults.
 
-    def step(self, tokens: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor: ...
+    vocab_size: the width V of the distributions a step returns.
+    batch_size: B, rows of the prompt (set by ``prefill``).
+    params:     the SamplingParams its distributions are processed with.
+    ragged:     rows may keep holes after a commit (positions come from the sequence mask).
+                False where positions follow the cache length (the loop then commits every
+                row to the shortest accepted length, which is still exact).
+    greedy:     its distributions are one-hot (temperature 0).
+    """
 
-    def commit(self, keep: int, valid: torch.Tensor) -> None: ...
+    vocab_size: int = 0
+    batch_size: int = 0
+    params: SamplingParams = SamplingParams()
+    ragged: bool = True
+
+    @property
+    def greedy(self) -> bool:
+        return self.params.greedy
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **prompt) -> None:
+        raise NotImplementedError
+
+    def step(self, tokens: torch.Tensor, valid: torch.Tensor | None = None):
+        raise NotImplementedError
+
+    def commit(self, keep: int, valid: torch.Tensor) -> None:
+        raise NotImplementedError
 
 
 def output_vocab_size(model) -> int:
@@ -101,7 +121,7 @@ def release_graphs(model=None) -> None:
         _STATIC.pop(model, None)
 
 
-class CausalLMSession:
+class CausalLMSession(Session):
     """A transformers causal LM, its cache and its sequence mask.
 
     model:          a causal LM returning ``.logits`` [B, n, V].
@@ -366,23 +386,25 @@ class CausalLMSession:
                                f"length {expected}")
 
 
-class PaddedSession:
+class PaddedSession(Session):
     """A draft session whose vocabulary is a prefix of the target's (padded target
     vocabularies, e.g. llava-1.5-hf's 32064 over a 32000-id draft): probabilities are padded
     with zeros up to the target's size, so the draft never proposes the extra ids; if the
     target emits one, the draft reads ``fallback_id`` in its place (drafts are proposals, so
     this costs acceptance, never correctness)."""
 
-    def __init__(self, session, vocab_size: int, fallback_id: int = 0):
+    def __init__(self, session: Session, vocab_size: int, fallback_id: int = 0):
         if session.vocab_size > vocab_size:
             raise ValueError(f"draft vocabulary ({session.vocab_size}) is larger than the "
                              f"target's ({vocab_size}): accepted a prefix of the target's")
         self.inner = session
         self.vocab_size = vocab_size
         self.fallback_id = fallback_id
+        self.params = session.params
 
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+    @property
+    def batch_size(self) -> int:
+        return self.inner.batch_size
 
     def prefill(self, *args, **kwargs):
         return self.inner.prefill(*args, **kwargs)

@@ -173,6 +173,24 @@ class StepStats:
                 if i < n:
                     self.accepted_by_position[i] += 1
 
+    def record_residuals(self, proposals: list[int], fallbacks: list[int],
+                         active: list[bool]) -> None:
+        """Add one step's residual draws (continuous rules): per row, the proposals drawn at
+        a rejection and whether the draw hit its bound (a fallback)."""
+        for n, fb, on in zip(proposals, fallbacks, active):
+            if on and n:
+                self.extra["rejections"] = self.extra.get("rejections", 0) + 1
+                self.extra["residual_proposals"] = self.extra.get("residual_proposals", 0) + n
+                self.extra["residual_fallbacks"] = self.extra.get("residual_fallbacks", 0) + fb
+
+    def add_phases(self, draft: float, verify: float, accept: float, elapsed: float) -> None:
+        """Add one step's seconds per phase (disjoint intervals); ``elapsed``: since the
+        loop started (the total adds the prefill)."""
+        self.seconds_draft += draft
+        self.seconds_verify += verify
+        self.seconds_accept += accept
+        self.seconds_total = elapsed + self.seconds_prefill
+
     def as_dict(self) -> dict:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__
                if k != "extra" and not k.startswith("row_")}

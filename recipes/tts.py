@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def comparison(plain, spec, method, path):
     """Plain decoding and the method at the same seed, one spectrogram per text."""
-    from modalities.speech.pipeline import spectrogram_grid
+    from modalities.speech.audio import spectrogram_grid
 
     return spectrogram_grid({"plain": plain.waveforms, method: spec.waveforms}, plain.sample_rate,
                             path)

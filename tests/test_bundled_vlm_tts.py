@@ -4,12 +4,10 @@ bounded distortion."""
 
 from __future__ import annotations
 
-import json
 import os
 import random
 
 import pytest
-import torch
 
 from modalities import shapes_world as sw
 

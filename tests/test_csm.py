@@ -217,6 +217,6 @@ def test_incremental_depth_walk_matches_teacher_forced_conditionals():
     h = torch.randn(5, 1, model.config.hidden_size)
     fd = FrameDistribution(model, h, SamplingParams(temperature=1.0))
     with torch.no_grad():
-        frame, probs = fd[:, 0].sample_with_probs(torch.Generator().manual_seed(0))
+        frame, probs = fd[:, 0].draw(torch.Generator().manual_seed(0))
         forced = fd.along(frame[:, None])[:, 0]
     assert torch.allclose(probs, forced, atol=1e-5)

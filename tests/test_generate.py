@@ -251,19 +251,19 @@ def test_distribution_check_fails_for_a_broken_residual(flat_pair):
 
 def _plain_events(target, ids, mask, n, stops, seed, pipeline, static):
     """Plain decoding through the loop directly; returns the events and the target steps run."""
-    from mmspec.generate import _prepare
-    from mmspec.loop import stream
+    from mmspec.generate import _setup
+    from mmspec.loop import Stops, stream
 
-    am, tgt, drafter, rule, gen, _ = _prepare(target, None, ids, mask, "exact", 4, n, 1.0, None,
-                                              None, None, seed, None, static_cache=static)
-    tgt.prefill(ids, am)
-    drafter.begin(ids, am, vocab_size=tgt.vocab_size)
+    run, prompt = _setup(target, None, ids, mask, "exact", 4, n, mmspec.SamplingParams(), seed,
+                         None, None, mmspec.Engine.from_switches(static_cache=static))
+    run.prefill(prompt)
+    tgt = run.target
     calls = []
     step = tgt.step
     tgt.step = lambda *a, **kw: calls.append(1) or step(*a, **kw)
     events = [(ev.new_tokens, ev.finished, ev.stats.steps)
-              for ev in stream(tgt, drafter, rule, ids[:, -1], max_new_tokens=n,
-                               stop_token_ids=stops, generator=gen, pipeline=pipeline)]
+              for ev in stream(tgt, run.drafter, run.rule, ids[:, -1], max_new_tokens=n,
+                               stops=Stops(stops), generator=run.generator, pipeline=pipeline)]
     return events, len(calls)
 
 
@@ -355,9 +355,13 @@ def test_pipeline_argument_is_checked(pair, ragged_prompts):
     ids, mask = ragged_prompts
     with pytest.raises(ValueError, match="pipeline=1"):
         mmspec.generate(target, draft, ids, attention_mask=mask, pipeline=1)
-    with pytest.raises(ValueError, match="pipeline=True builds its own drafter"):
+    with pytest.raises(ValueError, match="pipeline=True: accepted only with a drafter whose"):
         mmspec.generate(target, None, ids, attention_mask=mask, pipeline=True,
-                        drafter=mmspec.NoDraft())
+                        drafter=mmspec.Jacobi(window=3))
+    # A host-free drafter given by the user pipelines: plain decoding's tokens.
+    kw = dict(attention_mask=mask, temperature=0, max_new_tokens=6)
+    piped = mmspec.generate(target, None, ids, pipeline=True, drafter=mmspec.NoDraft(), **kw)
+    assert torch.equal(piped.sequences, mmspec.generate(target, None, ids, **kw).sequences)
 
 
 def test_static_sequence_mask_follows_the_dynamic_one():
@@ -400,16 +404,21 @@ def test_static_sequence_mask_follows_the_dynamic_one():
 
 
 def test_adapters_queue_drafts_where_positions_allow():
-    """queues_drafts: the adapters' one decision of ModelDrafter(host_free=...)."""
-    from mmspec.generate import queues_drafts
+    """Engine.plan: the one decision of ModelDrafter(host_free=...) for every front door."""
+    from mmspec import Engine
 
-    assert queues_drafts(None, True, True, 100, [128, None])            # captured: the default
-    assert not queues_drafts(None, False, True, 100, [128])             # eager: synchronised
-    assert not queues_drafts(None, "inductor", True, 100, [128])
-    assert not queues_drafts(None, True, True, 100, [128], profile=True)
-    assert not queues_drafts(False, True, True, 100, [128])
-    assert queues_drafts(True, False, True, 100, [None])                 # asked for
-    assert not queues_drafts(None, True, True, 129, [128])              # K drafts past the end
-    assert not queues_drafts(True, True, False, 999, [128])             # no draft model
+    def queues(pipeline, compile, draft_model, positions, limits, profile=False):
+        engine = Engine.from_switches(compile, None, pipeline, profile)
+        return engine.plan(max_new_tokens=1, num_draft_tokens=4, draft_model=draft_model,
+                           positions=positions, limits=limits).queue_drafts
+
+    assert queues(None, True, True, 100, [128, None])            # captured: the default
+    assert not queues(None, False, True, 100, [128])             # eager: synchronised
+    assert not queues(None, "inductor", True, 100, [128])
+    assert not queues(None, True, True, 100, [128], profile=True)
+    assert not queues(False, True, True, 100, [128])
+    assert queues(True, False, True, 100, [None])                 # asked for
+    assert not queues(None, True, True, 129, [128])              # K drafts past the end
+    assert not queues(True, True, False, 999, [128])             # no draft model
     with pytest.raises(ValueError, match=r"max_position_embeddings=96 \(129 positions needed\)"):
-        queues_drafts(True, True, True, 129, [128, 96])
+        queues(True, True, True, 129, [128, 96])

@@ -111,7 +111,7 @@ def test_captured_steps_are_reused_by_the_next_call():
 def test_captured_speculative_decoding_is_pipelined_by_default():
     """compile=True queues speculative steps ahead (caches sized for K + 1 slots per step);
     pipeline=False, profile=True and "inductor" keep them synchronised."""
-    from mmspec.generate import static_length
+    from mmspec.engine import static_length
     from mmspec.session import _STATIC
 
     dev = torch.device("cuda")

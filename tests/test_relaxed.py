@@ -10,8 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mmspec
-from mmspec.acceptance import Annealed, CoarseGrained, Exact, Grouped, Lantern, Relaxed
-from conftest import tiny_llama
+from mmspec.acceptance import Annealed, CoarseGrained, Exact, Grouped, Lantern
 from stats_util import chi_square_pvalue
 
 V = 10

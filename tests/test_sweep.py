@@ -13,7 +13,7 @@ import pytest
 
 from eval import metrics
 from eval.sweep import main as sweep_main, read_rows
-from tiny_image import tiny_token_span, tiny_vq
+from tiny_image import tiny_vq
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -131,7 +131,7 @@ def test_bad_input():
         g.generate(im, "USER: <image> a ASSISTANT:", method="exact", max_new_tokens=105,
                    pipeline=True, num_draft_tokens=8)
     ens = VisionLanguageGenerator(target, proc, draft, "ensemble")
-    with pytest.raises(ValueError, match="pipeline=True: accepted with a text or image draft"):
+    with pytest.raises(ValueError, match="pipeline=True: accepted only with a drafter whose steps need no host"):
         ens.generate(im, "USER: <image> a ASSISTANT:", method="exact", pipeline=True)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="accepted a model on a CUDA device"):

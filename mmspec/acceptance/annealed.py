@@ -33,6 +33,7 @@ class Annealed(Relaxed):
     mu: float = 0.0
 
     name = "annealed"
+    exact_at = {"delta": 1.0, "nu": 0.0, "mu": 0.0}
 
     def __post_init__(self):
         if not (isinstance(self.delta, (int, float)) and math.isfinite(self.delta) and self.delta > 0):

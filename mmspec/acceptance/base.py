@@ -22,6 +22,8 @@ Rules never call a model, touch a cache or read a tokenizer.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..sampling import check_probs, sample
@@ -33,10 +35,40 @@ def _one_hot(x: torch.Tensor, v: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 class Rule:
-    """Base class of acceptance rules. Subclasses set ``lossless`` and ``name``."""
+    """Base class of acceptance rules. Subclasses set ``lossless``, ``name`` and ``event``
+    (what one drafted unit is: ``"token"`` an id, ``"frame"`` a tuple of codebook ids,
+    ``"vector"`` a continuous token)."""
 
     lossless: bool = False
     name: str = "rule"
+    event: str = "token"
+    exact_at: dict | None = None      # relaxed rules: the parameters where they equal Exact
+
+    # -- built from a method's parameters (``mmspec.registry``) ----------------------------
+    @classmethod
+    def param_names(cls) -> tuple[str, ...]:
+        """The parameters ``from_params`` reads: the dataclass fields a user may set."""
+        if not dataclasses.is_dataclass(cls):
+            return ()
+        return tuple(f.name for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_"))
+
+    @classmethod
+    def from_params(cls, params: dict, context) -> "Rule":
+        """The rule for a method's parameters; a table the rule needs (``embeddings``) comes
+        from ``context.embeddings`` when the user gave none."""
+        kw = dict(params)
+        if "embeddings" in cls.param_names() and kw.get("embeddings") is None:
+            field = {f.name: f for f in dataclasses.fields(cls)}["embeddings"]
+            required = field.default is dataclasses.MISSING
+            if context.embeddings is None and required:
+                raise ValueError(f"rule {cls.name!r} needs an embedding table (a codebook or "
+                                 "token embeddings): this target gives none")
+            kw["embeddings"] = context.embeddings
+        return cls(**kw)
+
+    def for_target(self, greedy: bool) -> "Rule":
+        """The rule to verify a target with (``greedy``: its distributions are one-hot)."""
+        return self
 
     # -- what a subclass provides ------------------------------------------------------
     def accept_prob(self, x: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None) -> torch.Tensor:

@@ -40,6 +40,7 @@ class CoarseGrained(Rule):
     lossless = False
     group_lossless = True
     name = "pcg"
+    exact_at = {"theta": 1.0}
 
     def __post_init__(self):
         check_table(self.embeddings)

@@ -38,6 +38,7 @@ class ContinuousExact(Rule):
     max_proposals: int = 100
     lossless = True
     name = "continuous"
+    event = "vector"
 
     def __post_init__(self):
         if not isinstance(self.max_proposals, int) or self.max_proposals < 1:

@@ -34,6 +34,11 @@ class Exact(Rule):
     def residual(self, x, p, q, pos):
         return _residual(p, self.dense_q(x, q, p))
 
+    def for_target(self, greedy: bool) -> Rule:
+        # A greedy target's p is one-hot, where exact verification is the argmax chain for any
+        # q: the same tokens without the generic rule's draws, residuals and sampling.
+        return Greedy() if greedy else self
+
 
 @dataclass(frozen=True, repr=False)
 class Greedy(Rule):

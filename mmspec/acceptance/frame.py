@@ -37,6 +37,7 @@ class Frame(Rule):
 
     rules: tuple = field(default_factory=lambda: (Exact(),))
     name = "frame"
+    event = "frame"
 
     def __post_init__(self):
         rules = tuple(self.rules) if isinstance(self.rules, (list, tuple)) else (self.rules,)

@@ -40,6 +40,7 @@ class Grouped(Relaxed):
     _unit: torch.Tensor | None = field(default=None, init=False)
 
     name = "gsd"
+    exact_at = {"group_size": 1}
 
     def __post_init__(self):
         if not isinstance(self.group_size, int) or self.group_size < 1:

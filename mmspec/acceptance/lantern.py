@@ -45,6 +45,17 @@ class Lantern(Relaxed):
     _index: torch.Tensor = field(default=None, init=False)
 
     name = "lantern"
+    exact_at = {"delta": 0.0}
+
+    @classmethod
+    def from_params(cls, params, context):
+        """Method defaults: k = min(1000, V - 1); ``lam`` alone is LANTERN++."""
+        kw = dict(params)
+        if "lam" in kw:
+            kw.setdefault("delta", None)
+        if "k" not in kw and context.embeddings is not None and kw.get("embeddings") is None:
+            kw["k"] = min(1000, context.embeddings.shape[0] - 1)
+        return super().from_params(kw, context)
 
     def __post_init__(self):
         check_table(self.embeddings)

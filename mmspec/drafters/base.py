@@ -1,40 +1,77 @@
-"""The drafter interface: two methods, like Hugging Face's candidate generators.
+"""The drafter interface: three methods, like Hugging Face's candidate generators, and the
+capabilities every drafter declares.
 
     begin(input_ids [B, P], attention_mask [B, P], vocab_size=V, **prompt)   once, first
     propose(last [B], k_max, active [B] bool) -> Draft          up to k_max tokens per row
-    observe(out: VerifyOutput, target_probs [B, K+1, V], num_accepted: list[int])
+    observe(out: VerifyOutput, target_probs [B, K+1, V], num_accepted: list[int] | None)
 
 ``last`` holds each row's last emitted token (fed to the target first in this step, not yet
 in any cache); ``active`` is False for rows that already finished (they ride along as
-padding and must not advance). ``observe`` sees the outcome of the step (and the host copy of the accepted
-counts, read at the loop's one synchronisation) so the drafter can roll back its own state
+padding and must not advance). ``observe`` sees the outcome of the step (and the host copy of
+the accepted counts, read at the loop's one synchronisation; None for host-free drafters,
+whose steps are queued before the counts are read) so the drafter can roll back its own state
 or, for Jacobi drafters, keep the target's samples as its next drafts.
+
+Capabilities (class attributes, read by the engine and the runner, never probed):
+
+- ``num_tokens``: K, drafts per step (0: plain decoding).
+- ``host_free``: no step needs a host value of the previous one, so the loop may queue step
+  t + 1 before reading step t (``mmspec.engine``).
+- ``needs_model``: drafts with a draft model (a method builds it from the draft's session).
+- ``generator``: the ``torch.Generator`` its draws use (the runner sets the call's).
+
+Methods name drafters by string (``mmspec.registry``); each class builds itself from the
+method's parameters with ``from_params`` and says how many drafts per step it will make with
+``width`` (so static caches are sized before anything is built).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Mapping
 
 import torch
 
 from ..types import Draft, VerifyOutput
 
 
-class Drafter(Protocol):
+class Drafter:
+    """Base class of drafters: the interface and the capabilities' defaults."""
+
+    num_tokens: int = 0
+    host_free: bool = False
+    needs_model: bool = False
+    generator: torch.Generator | None = None
+    param_names: tuple[str, ...] = ()          # method parameters ``from_params`` reads
+
+    @classmethod
+    def width(cls, params: Mapping, context) -> int:
+        """Drafts per step that ``from_params(params, context)`` will make."""
+        return 0
+
+    @classmethod
+    def from_params(cls, params: Mapping, context) -> "Drafter":
+        """The drafter a method builds (``context``: ``mmspec.registry.MethodContext``)."""
+        raise NotImplementedError(f"{cls.__name__} is not built from method parameters")
+
     def begin(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
-              vocab_size: int, **prompt) -> None: ...
+              vocab_size: int | None = None, **prompt) -> None:
+        raise NotImplementedError
 
-    def propose(self, last: torch.Tensor, k_max: int, active: torch.Tensor | None = None) -> Draft: ...
+    def propose(self, last: torch.Tensor, k_max: int, active: torch.Tensor | None = None) -> Draft:
+        raise NotImplementedError
 
-    def observe(self, out: VerifyOutput, target_probs: torch.Tensor,
-                num_accepted: list[int]) -> None: ...
+    def observe(self, out: VerifyOutput, target_probs, num_accepted: list[int] | None) -> None:
+        raise NotImplementedError
 
 
-class NoDraft:
+class NoDraft(Drafter):
     """Plain decoding: no draft tokens, one target token per step (the baseline)."""
 
-    num_tokens = 0
     host_free = True     # no step needs a host value of the previous one: the loop pipelines
+
+    @classmethod
+    def from_params(cls, params, context) -> "NoDraft":
+        return cls()
 
     def begin(self, input_ids, attention_mask, vocab_size=None, **prompt) -> None:
         pass

@@ -40,6 +40,7 @@ import torch
 
 from ..sampling import residual, sample
 from ..types import Draft
+from .base import Drafter
 
 INITS = ("uniform", "repeat_horizon", "sample_horizon", "repeat_vertical", "sample_vertical")
 COUPLINGS = ("none", "maximal", "gumbel")
@@ -56,7 +57,7 @@ def _one_hot(x: torch.Tensor, v: int, dtype) -> torch.Tensor:
     return torch.zeros(*x.shape, v, dtype=dtype, device=x.device).scatter_(-1, x[..., None], 1.0)
 
 
-class Jacobi:
+class Jacobi(Drafter):
     """``Jacobi(window=16, init="uniform", coupling="none", init_range=None, grid_width=None,
     span_length=None)`` -- a drafter usable wherever a drafter is.
 
@@ -70,6 +71,8 @@ class Jacobi:
                  delay pattern's parallel heads): every id of a frame is a draft of its own
                  with its own q, coupled per codebook; uniform initialisation only.
     """
+
+    param_names = ("window", "init", "coupling", "init_range", "grid_width")
 
     def __init__(self, window: int = 16, init: str = "uniform", coupling: str = "none",
                  init_range: tuple[int, int] | None = None, grid_width: int | None = None,
@@ -100,6 +103,16 @@ class Jacobi:
         self.init_range, self.grid_width = init_range, grid_width
         self.generator = generator
         self.num_tokens = window
+
+    @classmethod
+    def width(cls, params, context) -> int:
+        return params.get("window", context.jacobi.get("window", 16))
+
+    @classmethod
+    def from_params(cls, params, context) -> "Jacobi":
+        """The adapter's settings (``context.jacobi``: span, grid, id range), then the
+        method's (``coupling`` of ``sjd-maximal`` ...), then the user's."""
+        return cls(**{**context.jacobi, **params})
 
     # -- state ----------------------------------------------------------------------------
     def begin(self, input_ids, attention_mask, vocab_size: int | None = None, **prompt) -> None:

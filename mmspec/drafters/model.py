@@ -3,41 +3,42 @@
 Each step the draft feeds its pending tokens, then samples K tokens one forward at a time
 (processed exactly as the target: same SamplingParams), recording q_1..q_K. After the target
 verifies, the draft's cache keeps the slots of the tokens that were accepted and drops the
-rest (holes for rows that accepted fewer). Sessions of continuous models return densities
-(``log_prob``/``sample``/``stack``) instead of probability tensors; tokens are then vectors.
-Sessions of depth-decoder models return frame distributions with ``sample_with_probs``: the
-drafted frame and the draft's conditionals along it. The K-th draft token is sampled but never fed; if
-a row accepts all K it is fed, with the new last token, at the start of the next step.
+rest (holes for rows that accepted fewer). Whatever the session returns (probabilities,
+densities over vectors, frame distributions) is drawn from through ``mmspec.distributions``.
+The K-th draft token is sampled but never fed; if a row accepts all K it is fed, with the new
+last token, at the start of the next step.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..sampling import sample
+from .. import distributions
+from ..checks import check_count
 from ..session import Session
 from ..types import Draft
+from .base import Drafter
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """Draft with a ``Session`` (usually ``CausalLMSession`` over a small causal LM).
 
     session:    the draft model's session (prefilled by ``begin`` with the prompt).
     num_tokens: K, drafts per step (>= 1).
-    generator:  the torch.Generator used for draft sampling (the loop sets its own).
+    generator:  the torch.Generator used for draft sampling (the runner sets the call's).
     host_free:  keep every slot fed in a step (rejected drafts become holes) and always feed
                 the K-th draft back as a (possibly masked) first input, so that ``observe``
                 needs no host value: the loop then queues step t + 1 before reading step t.
-                It drafts K every step; caches need K + 1 slots per step (``static_length``
-                with ``holes``).
+                It drafts K every step; caches need K + 1 slots per step (``Plan.holes``).
     """
+
+    needs_model = True
+    param_names = ("num_draft_tokens",)
 
     def __init__(self, session: Session, num_tokens: int = 4, generator=None,
                  host_free: bool = False):
-        if not isinstance(num_tokens, int) or num_tokens < 1:
-            raise ValueError(f"num_draft_tokens={num_tokens!r}: accepted an integer >= 1")
         self.session = session
-        self.num_tokens = num_tokens
+        self.num_tokens = check_count("num_draft_tokens", num_tokens)
         self.generator = generator
         self.host_free = bool(host_free)
         # Committed tokens not yet in the draft's cache ([B, P] ids and 0/1 validity).
@@ -45,6 +46,18 @@ class ModelDrafter:
         self._backlog_valid: torch.Tensor | None = None
         self._fed = 0
         self._k = 0
+
+    @classmethod
+    def width(cls, params, context) -> int:
+        return check_count("num_draft_tokens", params.get("num_draft_tokens", 4))
+
+    @classmethod
+    def from_params(cls, params, context) -> "ModelDrafter":
+        if context.draft_session is None:
+            raise ValueError("a draft-model method needs a draft model: pass draft=... or use a "
+                             "Jacobi method ('sjd', 'sjd-maximal')")
+        return cls(context.draft_session(), cls.width(params, context),
+                   host_free=context.queue_drafts)
 
     def begin(self, input_ids, attention_mask, vocab_size=None, **prompt) -> None:
         self.session.prefill(input_ids, attention_mask, **prompt)
@@ -71,22 +84,16 @@ class ModelDrafter:
         self._fed = feed.shape[1]
         self._fed_valid = valid
         self._on = on
-        params = getattr(self.session, "params", None)
-        greedy = params is not None and params.greedy     # one-hot q: its argmax, no race
+        greedy = self.session.greedy            # one-hot q: its argmax, no race
         tokens, probs = [], []
         for i in range(k):
-            q = self.session.step(feed, valid)[:, -1]                      # [B, V] or densities
-            if hasattr(q, "sample_with_probs"):    # autoregressive frames (a depth decoder)
-                x, q = q.sample_with_probs(self.generator)                 # [B, C], [B, C, V]
-            else:
-                x = (q.sample(self.generator) if hasattr(q, "log_prob")
-                     else q.argmax(-1) if greedy else sample(q, self.generator))
+            q = self.session.step(feed, valid)[:, -1]          # [B, V], densities or frames
+            x, q = distributions.draw(q, self.generator, greedy)
             tokens.append(x)
             probs.append(q)
             if i < k - 1:
                 feed, valid = x[:, None], on[:, None]
-        stack = type(probs[0]).stack if hasattr(probs[0], "log_prob") else torch.stack
-        return Draft(tokens=torch.stack(tokens, 1), probs=stack(probs, 1))
+        return Draft(tokens=torch.stack(tokens, 1), probs=distributions.stack(probs))
 
     def observe(self, out, target_probs, num_accepted) -> None:
         k = self._k

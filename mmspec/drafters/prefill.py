@@ -11,9 +11,10 @@ no drafts samples the target's distribution.
 from __future__ import annotations
 
 from ..types import Draft
+from .base import Drafter
 
 
-class Prefilled:
+class Prefilled(Drafter):
     """``Prefilled(inner, num_tokens)``: the first ``num_tokens`` steps draft nothing."""
 
     def __init__(self, inner, num_tokens: int):
@@ -29,12 +30,11 @@ class Prefilled:
 
     @property
     def generator(self):
-        return getattr(self.inner, "generator", None)
+        return self.inner.generator
 
     @generator.setter
     def generator(self, value) -> None:
-        if hasattr(self.inner, "generator"):
-            self.inner.generator = value
+        self.inner.generator = value
 
     def begin(self, input_ids, attention_mask, vocab_size=None, **prompt) -> None:
         self._steps = 0

@@ -9,20 +9,18 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from dataclasses import dataclass
 
 import torch
 from PIL import Image
-from tqdm.auto import tqdm
 
-from mmspec.drafters import ModelDrafter
-from mmspec.generate import check_engine
-from mmspec.loop import stream
-from mmspec.registry import build_method
-from mmspec.sampling import SamplingParams, make_generator
+from mmspec.checks import check_count, check_guidance_scale, check_positions, guided
+from mmspec.engine import Engine
+from mmspec.registry import MethodContext, parse_method
+from mmspec.runner import prepare
+from mmspec.sampling import SamplingParams
 from mmspec.types import StepStats
 
 from .adapters import (Emu3Adapter, ImageAdapter, JanusAdapter, LlamaGenAdapter,
@@ -79,6 +77,29 @@ class TextToImage:
         return cls(t, d, defaults)
 
     # -- generation ---------------------------------------------------------------------------
+    def _rows(self, prompt, class_labels, num_images_per_prompt, negative_prompt):
+        """(prompt rows, negative rows or None), one per image, checked."""
+        if self.target.class_conditional:
+            prompts = _as_prompt_list(prompt if class_labels is None else class_labels, True)
+        else:
+            prompts = _as_prompt_list(prompt)
+        if not prompts:
+            raise ValueError("prompt: accepted at least one prompt (got an empty list)")
+        if any(isinstance(p, str) and not p.strip() for p in prompts):
+            raise ValueError("prompt: accepted non-empty strings")
+        check_count("num_images_per_prompt", num_images_per_prompt)
+        negative = None
+        if negative_prompt is not None:
+            negative = _as_prompt_list(negative_prompt)
+            if len(negative) == 1 and len(prompts) > 1:
+                negative = negative * len(prompts)
+            if len(negative) != len(prompts):
+                raise ValueError(f"negative_prompt has {len(negative)} entries for {len(prompts)} "
+                                 "prompts: accepted one, or one per prompt")
+        rows = [p for p in prompts for _ in range(num_images_per_prompt)]
+        neg = None if negative is None else [n for n in negative for _ in range(num_images_per_prompt)]
+        return rows, neg
+
     @torch.inference_mode()
     def __call__(self, prompt=None, *, class_labels=None, num_images_per_prompt: int = 1,
                  guidance_scale: float | None = None, negative_prompt=None,
@@ -88,100 +109,44 @@ class TextToImage:
                  **method_params) -> ImageOutput:
         tgt = self.target
         # 1. Inputs, checked before any model runs.
-        if tgt.class_conditional:
-            prompts = _as_prompt_list(prompt if class_labels is None else class_labels, True)
-        else:
-            prompts = _as_prompt_list(prompt)
-        if not prompts:
-            raise ValueError("prompt: accepted at least one prompt (got an empty list)")
-        if any(isinstance(p, str) and not p.strip() for p in prompts):
-            raise ValueError("prompt: accepted non-empty strings")
-        if not isinstance(num_images_per_prompt, int) or num_images_per_prompt < 1:
-            raise ValueError(f"num_images_per_prompt={num_images_per_prompt!r}: accepted an "
-                             "integer >= 1")
-        if guidance_scale is None:
-            guidance_scale = self.defaults.get("guidance_scale")
-        if guidance_scale is not None and not (isinstance(guidance_scale, (int, float))
-                                               and math.isfinite(guidance_scale)
-                                               and guidance_scale >= 0):
-            raise ValueError(f"guidance_scale={guidance_scale!r}: accepted a finite float >= 0")
-        if top_k is None:
-            top_k = self.defaults.get("top_k")
+        rows, neg_rows = self._rows(prompt, class_labels, num_images_per_prompt, negative_prompt)
+        g = guided(check_guidance_scale(self.defaults.get("guidance_scale") if guidance_scale
+                                        is None else guidance_scale))
+        top_k = self.defaults.get("top_k") if top_k is None else top_k
         if top_k is not None and top_k > tgt.vocab_size:
             raise ValueError(f"top_k={top_k}: accepted at most the codebook size {tgt.vocab_size}")
-        check_engine(compile, None, None, tgt.model)
-        negative = None
-        if negative_prompt is not None:
-            negative = _as_prompt_list(negative_prompt)
-            if len(negative) == 1 and len(prompts) > 1:
-                negative = negative * len(prompts)
-            if len(negative) != len(prompts):
-                raise ValueError(f"negative_prompt has {len(negative)} entries for {len(prompts)} "
-                                 "prompts: accepted one, or one per prompt")
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-        guided = guidance_scale is not None and guidance_scale != 1.0
-        g_scale = guidance_scale if guided else None
-        rows = [p for p in prompts for _ in range(num_images_per_prompt)]
-        neg_rows = None if negative is None else [n for n in negative for _ in range(num_images_per_prompt)]
-        batch = tgt.prompt_batch(rows, neg_rows, guided)
-        limit = tgt.max_positions()
-        width = batch["input_ids"].shape[1]
-        if limit is not None and width + tgt.num_tokens > limit:
-            raise ValueError(f"prompt of {width} tokens + {tgt.num_tokens} image tokens exceeds "
-                             f"the model's max_position_embeddings={limit}")
+        engine = Engine.from_switches(compile, None, None, profile).check(tgt.model)
+        spec = parse_method(method, method_params, has_draft=self.draft is not None)
+        batch = tgt.prompt_batch(rows, neg_rows, g is not None)
+        width, n = batch["input_ids"].shape[1], tgt.num_tokens
+        check_positions("image tokens", n, width, tgt.max_positions(), "model")
 
-        # 2. Method: a drafter and a rule; static caches and CUDA graphs when compile=True.
-        # With a draft model the steps are queued ahead, as in ``mmspec.generate`` (rejected
-        # draft slots kept as holes; K drafts every step, so positions may run K past the end).
-        engine, host_free = {}, False
-        if compile:
-            from mmspec.generate import queues_drafts, static_length
-            from mmspec.registry import parse_method
+        # 2. The plan, the sessions, the drafter and the rule. With a draft model under
+        # compile=True the steps are queued ahead (rejected drafts kept as holes).
+        k = spec.num_draft_tokens(tgt.jacobi_defaults)
+        plan = engine.plan(max_new_tokens=n, num_draft_tokens=k, draft_model=spec.uses_draft_model,
+                           positions=width + n + k, limits=[tgt.max_positions()])
+        session = tgt.session(params, g, **plan.cache(width, len(rows)))
+        dbatch = self.draft.prompt_batch(rows, neg_rows, g is not None) if spec.uses_draft_model else None
+        context = MethodContext(
+            draft_session=None if dbatch is None else lambda: self.draft.session(
+                params, g, **plan.cache(dbatch["input_ids"].shape[1], len(rows))),
+            embeddings=tgt.codebook_embeddings(), jacobi=tgt.jacobi_defaults,
+            queue_drafts=plan.queue_drafts)
+        drafter, rule = spec.build(context)
+        run = prepare(session, drafter, rule, plan=plan, seed=seed, device=tgt.device)
 
-            uses_draft = parse_method(method, self.draft is not None)[0] == "draft"
-            k = (int(method_params.get("num_draft_tokens", 4)) if uses_draft else
-                 max(int(method_params.get("window", 16)), int(method_params.get("num_draft_tokens", 4))))
-            host_free = queues_drafts(None, compile, uses_draft, width + tgt.num_tokens + k,
-                                      [limit], profile)
-            engine = dict(static_len=static_length(width, len(rows), tgt.num_tokens, k, host_free),
-                          compile=True)
-        draft_session = None
-        if self.draft is not None:
-            draft_session = lambda: self.draft.session(params, g_scale, **engine)  # noqa: E731
-        drafter, rule = build_method(method, method_params, draft_session=draft_session,
-                                     embeddings=tgt.codebook_embeddings(),
-                                     jacobi_defaults=tgt.jacobi_defaults, host_free=host_free)
-        generator = make_generator(seed, tgt.device)
-        if hasattr(drafter, "generator"):
-            drafter.generator = generator
-
-        # 3. Prefill target and drafter.
-        stats = StepStats()
+        # 3. Prefill and the loop (a progress bar over the slowest row's tokens).
         t0 = time.perf_counter()
-        session = tgt.session(params, g_scale, **engine)
-        session.prefill(**batch)
-        if isinstance(drafter, ModelDrafter):
-            dbatch = self.draft.prompt_batch(rows, neg_rows, guided)
-        else:
-            dbatch = batch
-        drafter.begin(vocab_size=session.vocab_size, **dbatch)
-        stats.seconds_prefill = time.perf_counter() - t0
+        run.prefill(batch, dbatch)
+        res = run.collect(batch["input_ids"][:, -1], progress=method if progress else None)
 
-        # 4. The loop, with a progress bar over the slowest row's tokens.
-        n = tgt.num_tokens
-        tokens = [[] for _ in rows]
-        bar = tqdm(total=n, desc=f"{method}", disable=None if progress else True, leave=False,
-                   unit="tok")
-        for ev in stream(session, drafter, rule, batch["input_ids"][:, -1], max_new_tokens=n,
-                         generator=generator, stats=stats, profile=profile):
-            for i, new in enumerate(ev.new_tokens):
-                tokens[i].extend(new)
-            bar.update(min(len(t) for t in tokens) - bar.n)
-        bar.close()
-        ids = torch.tensor(tokens, dtype=torch.long, device=tgt.device)
+        # 4. Decode.
+        ids = torch.tensor(res.tokens, dtype=torch.long, device=tgt.device)
         seconds = time.perf_counter() - t0
         images = to_pil(tgt.decode(ids)) if decode else []
-        return ImageOutput(images=images, tokens=ids, stats=stats, seconds=seconds)
+        return ImageOutput(images=images, tokens=ids, stats=run.stats, seconds=seconds)
 
 
 # -- loading ---------------------------------------------------------------------------------

@@ -1,10 +1,19 @@
-"""Codec-token speech: delay-pattern multi-codebook targets (MusicGen layout), the
-``TextToSpeech`` pipeline, and the delay pattern itself."""
+"""Codec-token speech: the ``TextToSpeech`` pipeline, the layouts it serves (delay pattern,
+single codebook, depth decoder), codecs, and audio outputs.
 
-from .delay import DelayPatternSession, apply_delay, undo_delay
-from .pipeline import (AudioOutput, DelayPatternAdapter, EncodecCodec, SingleCodebookAdapter,
-                       DecoderWithTextEncoder, TextToSpeech, TransformersCodec, codec_for)
+Files: ``pipeline.py`` (TextToSpeech), ``adapters.py`` (the layouts), ``delay.py`` (the delay
+pattern and its session), ``csm.py`` (depth decoders), ``codec.py`` (codecs), ``bundled.py``
+(loading), ``audio.py`` (WAV files and spectrograms). Imports point one way:
+pipeline -> bundled -> csm -> adapters -> delay, codec.
+"""
 
-__all__ = ["TextToSpeech", "AudioOutput", "DelayPatternAdapter", "SingleCodebookAdapter",
-           "EncodecCodec", "TransformersCodec", "codec_for", "DecoderWithTextEncoder",
-           "DelayPatternSession", "apply_delay", "undo_delay"]
+from .adapters import CodecAdapter, DelayPatternAdapter, SingleCodebookAdapter
+from .audio import AudioOutput, save_spectrogram, spectrogram_grid
+from .codec import EncodecCodec, TransformersCodec, codec_for
+from .delay import DecoderWithTextEncoder, DelayPatternSession, apply_delay, undo_delay
+from .pipeline import TextToSpeech
+
+__all__ = ["TextToSpeech", "AudioOutput", "CodecAdapter", "DelayPatternAdapter",
+           "SingleCodebookAdapter", "EncodecCodec", "TransformersCodec", "codec_for",
+           "DecoderWithTextEncoder", "DelayPatternSession", "apply_delay", "undo_delay",
+           "save_spectrogram", "spectrogram_grid"]

@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import os
 
-from .pipeline import DelayPatternAdapter, EncodecCodec, SingleCodebookAdapter
+from .adapters import CodecAdapter, DelayPatternAdapter
+from .codec import EncodecCodec, load_codec
+from .csm import CsmAdapter
 
 
 class CharTokenizer:
@@ -24,9 +26,7 @@ class CharTokenizer:
 
 
 def load_speech_adapter(spec, **load_kwargs):
-    from .csm import CsmAdapter
-
-    if isinstance(spec, (DelayPatternAdapter, SingleCodebookAdapter, CsmAdapter)):
+    if isinstance(spec, CodecAdapter):
         return spec, {}
     if not isinstance(spec, (str, os.PathLike)):
         if type(spec).__name__ == "MusicgenForConditionalGeneration":
@@ -41,8 +41,6 @@ def load_speech_adapter(spec, **load_kwargs):
             meta = json.load(f)
         from transformers import MusicgenForConditionalGeneration
 
-        from .codec import load_codec
-
         model = MusicgenForConditionalGeneration.from_pretrained(path, **load_kwargs).eval()
         codec = load_codec(os.path.normpath(os.path.join(path, meta["codec"])))
         codec.to(next(model.parameters()).device)
@@ -55,8 +53,6 @@ def load_speech_adapter(spec, **load_kwargs):
     cfg = AutoConfig.from_pretrained(path, **load_kwargs)
     if cfg.model_type == "csm":
         from transformers import CsmForConditionalGeneration
-
-        from .csm import CsmAdapter
 
         model = CsmForConditionalGeneration.from_pretrained(path, **load_kwargs).eval()
         try:

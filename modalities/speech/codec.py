@@ -1,6 +1,11 @@
 """Codecs: codec frames [B, N, C] <-> audio.
 
-- ``EncodecCodec`` (pipeline.py): transformers' EncodecModel (MusicGen's audio encoder).
+Every codec has ``decode(frames [B, N, C]) -> [B, samples]``, ``sample_rate`` and
+``codebook_size``.
+
+- ``EncodecCodec``: transformers' EncodecModel (MusicGen's audio encoder).
+- ``TransformersCodec``: transformers' DacModel, MimiModel (CSM's codec) and Xcodec2Model
+  (Llasa's); ``codec_for`` picks the wrapper for a codec model.
 - ``MelRVQCodec``: the bundled codec trained here: log-mel frames (16 kHz, hop 256, 80
   bins) quantised by a residual VQ of C codebooks fitted with k-means on spoken shapes-world
   captions; decoding sums the codewords back to a log-mel frame and inverts it with
@@ -130,6 +135,67 @@ def load_codec(folder: str):
         return MelRVQCodec.load(folder)
     from transformers import EncodecModel
 
-    from .pipeline import EncodecCodec
-
     return EncodecCodec(EncodecModel.from_pretrained(folder).eval())
+
+
+class EncodecCodec:
+    """transformers' EncodecModel behind the codec surface (e.g. MusicGen's audio encoder)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.sample_rate = int(model.config.sampling_rate)
+        self.codebook_size = int(model.config.codebook_size)
+
+    def to(self, device):
+        self.model.to(device)
+        return self
+
+    def decode(self, frames: torch.Tensor) -> np.ndarray:
+        codes = frames.permute(0, 2, 1)[None]                          # [1, B, C, N]
+        audio = self.model.decode(codes, [None]).audio_values           # [B, 1, samples]
+        return audio[:, 0].float().cpu().numpy()
+
+
+class TransformersCodec:
+    """A transformers neural codec behind the codec surface: ``DacModel``, ``MimiModel``
+    (residual codebooks, ``audio_codes`` [B, C, N]) or ``Xcodec2Model`` (Llasa's codec: one
+    FSQ codebook of prod(quantization_levels) ids, [B, 1, N]); ``EncodecModel`` goes through
+    ``EncodecCodec``. ``decode(frames [B, N, C]) -> [B, samples]`` float32 at
+    ``sample_rate``; ``codebook_size`` ids per codebook."""
+
+    def __init__(self, model):
+        cfg = model.config
+        self.model = model
+        rate = getattr(cfg, "sampling_rate", None) or getattr(cfg, "sample_rate", None)
+        if rate is None:
+            raise ValueError(f"{type(model).__name__}: its config names no sampling rate")
+        self.sample_rate = int(rate)
+        levels = getattr(cfg, "quantization_levels", None)       # X-codec2: one FSQ codebook
+        self.codebook_size = (int(np.prod(levels)) if getattr(cfg, "codebook_size", None) is None
+                              and levels else int(cfg.codebook_size))
+
+    def to(self, device):
+        self.model.to(device)
+        return self
+
+    @torch.no_grad()
+    def decode(self, frames: torch.Tensor) -> np.ndarray:
+        if frames.dim() != 3:
+            raise ValueError(f"frames must be [B, N, C] codes, got {tuple(frames.shape)}")
+        codes = frames.permute(0, 2, 1).to(next(self.model.parameters()).device)   # [B, C, N]
+        out = self.model.decode(audio_codes=codes)
+        audio = out.audio_values if hasattr(out, "audio_values") else out[0]
+        if audio.dim() == 3:                                                     # [B, 1, samples]
+            audio = audio[:, 0]
+        return audio.float().cpu().numpy()
+
+
+def codec_for(model):
+    """The codec surface for a transformers codec model (Encodec, DAC, Mimi, X-codec2). X-codec
+    (version 1) is not wired: untested here."""
+    name = type(model).__name__
+    if name == "EncodecModel":
+        return EncodecCodec(model)
+    if name in ("DacModel", "MimiModel", "Xcodec2Model"):
+        return TransformersCodec(model)
+    raise ValueError(f"codec {name}: accepted EncodecModel, DacModel, MimiModel or Xcodec2Model")

@@ -6,8 +6,8 @@ depth decoder that reads the backbone's hidden state and the frame's earlier cod
 hidden states plus the model, so that the ``DepthFrame`` rule can ask for each codebook's
 conditional along a drafted frame (``along``, one depth-decoder forward for every frame at
 once) and for fresh codebooks given a prefix (``complete``, one incremental depth-decoder
-step per codebook on its own cache), and a draft can sample a frame with its conditionals
-(``sample_with_probs``, the same walk).
+step per codebook on its own cache), and a draft can draw a frame with its conditionals
+(``draw``, the same walk: ``mmspec.distributions``).
 Lossless with the exact rule (see ``mmspec.acceptance.DepthFrame``).
 """
 
@@ -16,13 +16,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from mmspec.acceptance import DepthFrame
+from mmspec.distributions import Distribution
+from mmspec.loop import Stops
 from mmspec.sampling import SamplingParams, sample
 from mmspec.session import CausalLMSession
 
-from .pipeline import CodecAdapter, TransformersCodec
+from .adapters import CodecAdapter
+from .codec import TransformersCodec
 
 
-class FrameDistribution:
+class FrameDistribution(Distribution):
     """Autoregressive frame distributions at batch positions ``batch_shape`` ([B, n] or [B])."""
 
     def __init__(self, model, hidden: torch.Tensor, params: SamplingParams):
@@ -86,10 +90,10 @@ class FrameDistribution:
         h = self.h[rows, pos] if self.h.dim() == 3 else self.h
         return self._walk(h, frame, first_free, generator)[0]
 
-    def sample_with_probs(self, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def draw(self, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Batch [B]: a frame [B, C] and the conditionals it was drawn from [B, C, V]."""
         if self.h.dim() != 2:
-            raise ValueError("sample_with_probs draws one frame per row: index a position first")
+            raise ValueError("draw takes one frame per row: index a position first")
         b = self.h.shape[0]
         zeros = torch.zeros(b, dtype=torch.long, device=self.h.device)
         return self._walk(self.h, torch.zeros(b, self.codebooks, dtype=torch.long,
@@ -137,34 +141,50 @@ class CsmAdapter(CodecAdapter):
     ``max_frames``.
     """
 
-    depth = True
+    frame_rule = DepthFrame
 
     def __init__(self, model, codec=None, tokenizer=None, max_frames: int = 128):
         cfg = model.config
         self.model, self.tokenizer, self.max_frames = model, tokenizer, max_frames
         self.codebooks = int(cfg.num_codebooks)
         self.vocab_size = int(cfg.vocab_size)
-        self.eos = None                   # frames end by an all-eos frame, trimmed afterwards
-        self.frame_eos = cfg.codebook_eos_token_id
+        self.frame_eos = cfg.codebook_eos_token_id     # a frame of these ends the row
         pad = cfg.pad_token_id
         self.pad_id = pad if pad is not None and 0 <= pad < cfg.text_vocab_size else 0
         self.codec = codec if codec is not None else TransformersCodec(model.codec_model)
 
-    def session(self, params, guidance_scale, num_frames=None, **engine):
+    def session(self, params, guidance_scale, num_frames=None, **cache):
         if guidance_scale is not None:
             raise ValueError("guidance_scale: CSM has no unconditional branch; accepted None")
-        return CsmSession(self.model, params, **engine)
+        return CsmSession(self.model, params, **cache)
+
+    def check_method(self, method) -> None:
+        if not method.uses_draft_model and method.drafter != "plain":
+            raise ValueError(f"method={method.spec!r}: depth-decoder targets draft with a model or "
+                             "plain decoding (Jacobi windows over depth-decoder frames are not "
+                             "supported: their drafts need the conditionals along each frame)")
+
+    def first_tokens(self, batch) -> torch.Tensor:
+        """Zeros: the first step feeds the prompt's last text token (the session knows it)."""
+        b = batch["input_ids"].shape[0]
+        return torch.zeros((b, self.codebooks), dtype=torch.long, device=self.device)
+
+    def stops(self) -> Stops:
+        return Stops((self.frame_eos,), on="all")
 
     def codebook_embeddings(self, c: int) -> torch.Tensor:
         table = self.model.backbone_model.embed_tokens.embed_audio_tokens.weight.detach().float()
         return table[c * self.vocab_size:(c + 1) * self.vocab_size]
 
-    def frames_of(self, row: list) -> torch.Tensor:
+    def codes(self, row: list, frames: int) -> torch.Tensor:
         """Generated frames of one row up to (excluding) its first end-of-audio frame."""
         codes = torch.tensor(row, dtype=torch.long).view(-1, self.codebooks)
         end = (codes == self.frame_eos).all(1)
         n = int(end.nonzero()[0]) if bool(end.any()) else len(codes)
         return codes[:n]
+
+    def teacher_forcing(self, batch, codes):
+        raise ValueError("code_nll: not available for depth-decoder models (CSM)")
 
     def decode(self, frames: torch.Tensor) -> np.ndarray:
         with torch.no_grad():

@@ -7,15 +7,17 @@ head from the same prefix, so a step is one event with factorised p = prod_c p_c
 ``Frame`` rule verifies it exactly. Steps where codebook c is outside its frames (t < c, or
 t >= N + c after the last frame N - 1) are forced to the pad token (end-of-speech token for
 models that stop on their own) by the adapter's logits mask, as part of the target
-distribution. ``apply_delay`` / ``undo_delay`` convert between frames and the delayed stream.
+distribution. ``apply_delay`` / ``undo_delay`` convert between frames and the delayed stream;
+``DecoderWithTextEncoder`` calls a decoder-only MusicGen with a separate text encoder.
 """
 
 from __future__ import annotations
 
 import torch
 
-from mmspec.cache import crop
+from mmspec.cache import cache_argument, crop
 from mmspec.sampling import SamplingParams, guide
+from mmspec.session import Session
 
 
 def apply_delay(frames: torch.Tensor, pad: int) -> torch.Tensor:
@@ -36,7 +38,7 @@ def undo_delay(stream: torch.Tensor, frames: int) -> torch.Tensor:
     return torch.stack([stream[:, k:k + frames, k] for k in range(c)], -1)
 
 
-class DelayPatternSession:
+class DelayPatternSession(Session):
     """MusicgenForConditionalGeneration-style model: text encoder + multi-codebook decoder.
 
     The decoder's positions follow its cache length (sinusoidal embeddings take no position
@@ -142,3 +144,26 @@ class DelayPatternSession:
             kept_first = torch.where(fed_steps[:, :keep] < self.length, first[:, :keep], 1 << 30)
             self.eos_step = torch.minimum(self.eos_step, kept_first.min(1).values)
         self._since = 0
+
+
+class DecoderWithTextEncoder(torch.nn.Module):
+    """A ``MusicgenForCausalLM`` (the delay-pattern decoder alone) and a separate text encoder,
+    called the way ``MusicgenForConditionalGeneration`` is: the encoder states (projected by
+    ``enc_to_dec_proj`` when given, zeroed on padding) feed the decoder's cross-attention."""
+
+    def __init__(self, decoder, text_encoder, enc_to_dec_proj=None):
+        super().__init__()
+        self.decoder, self.text_encoder, self.enc_to_dec_proj = decoder, text_encoder, enc_to_dec_proj
+        self.generation_config = decoder.generation_config
+        self._cache_arg = cache_argument(decoder)
+
+    def forward(self, encoder_outputs=None, attention_mask=None, decoder_input_ids=None,
+                decoder_attention_mask=None, cache=None, use_cache=None, **kw):
+        h = encoder_outputs[0]
+        if self.enc_to_dec_proj is not None:
+            h = self.enc_to_dec_proj(h)
+        if attention_mask is not None:
+            h = h * attention_mask[..., None]
+        return self.decoder(input_ids=decoder_input_ids, attention_mask=decoder_attention_mask,
+                            encoder_hidden_states=h, encoder_attention_mask=attention_mask,
+                            use_cache=use_cache, **{self._cache_arg: cache})

@@ -23,16 +23,19 @@ Drafts (``draft_mode``):
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
 import torch
 
+from mmspec.checks import check_count, check_positions
 from mmspec.drafters.ensemble import EnsembleDrafter
-from mmspec.loop import stream
-from mmspec.generate import check_engine, queues_drafts, static_length
-from mmspec.registry import build_method, parse_method
-from mmspec.sampling import SamplingParams, make_generator
+from mmspec.engine import Engine
+from mmspec.loop import Stops
+from mmspec.registry import MethodContext, parse_method
+from mmspec.runner import prepare
+from mmspec.sampling import SamplingParams
 from mmspec.session import CausalLMSession, PaddedSession, max_positions, output_vocab_size
 from mmspec.types import StepStats
 
@@ -157,32 +160,56 @@ class VisionLanguageGenerator:
         return dict(input_ids=ids.to(dev), attention_mask=mask.to(dev))
 
     # -- generation -------------------------------------------------------------------------------
-    def _drafter_and_batch(self, uses_draft, num, params, batch, images, prompts, captions,
-                           engine):
-        """(drafter factory or EnsembleDrafter or None, the draft's prompt batch); ``engine``
-        maps a draft prompt batch to the session's static-cache settings."""
+    def _method(self, spec, plan, params, batch, images, prompts, captions):
+        """(drafter, rule, the draft's prompt or None) for a parsed method."""
         vt = output_vocab_size(self.target)
-        mode = self.draft_mode
-        if uses_draft and mode == "ensemble":
-            pieces = [self.encode(images, prompts, self.draft_processor)]
-            pieces.append(self.text_only(pieces[0]))
-            if captions is not None:
-                pieces.append(self.text_only(self.encode(
-                    images, [f"{c} {p}" if isinstance(p, str) else p for c, p in zip(captions, prompts)],
-                    self.draft_processor)))
-            ids, mask = _stack([(p["input_ids"], p["attention_mask"]) for p in pieces],
-                               self.processor.tokenizer.pad_token_id or 0)
-            extra = {k: v for k, v in pieces[0].items() if k not in ("input_ids", "attention_mask")}
-            session = PaddedSession(CausalLMSession(self.draft, params, **engine(ids)), vt)
-            drafter = EnsembleDrafter(session, len(pieces), num)
-            return drafter, dict(input_ids=ids, attention_mask=mask, **extra)
-        if uses_draft:
-            dbatch = (self.encode(images, prompts, self.draft_processor) if mode == "image"
-                      else self.text_only(batch))
-            session = PaddedSession(CausalLMSession(self.draft, params,
-                                                    **engine(dbatch["input_ids"])), vt)
-            return lambda: session, dbatch
-        return None, batch
+        context = MethodContext(embeddings=self.target.get_input_embeddings().weight.detach(),
+                                queue_drafts=plan.queue_drafts)
+        if not spec.uses_draft_model:
+            return spec.build_drafter(context), spec.build_rule(context), None
+        if self.draft_mode == "ensemble":
+            dbatch = self._ensemble_batch(images, prompts, captions)
+            session = CausalLMSession(self.draft, params,
+                                      **plan.cache(*dbatch["input_ids"].shape[::-1]))
+            drafter = EnsembleDrafter(PaddedSession(session, vt), dbatch["modes"],
+                                      spec.num_draft_tokens())
+            dbatch = {k: v for k, v in dbatch.items() if k != "modes"}
+            return drafter, spec.build_rule(context), dbatch
+        dbatch = (self.encode(images, prompts, self.draft_processor) if self.draft_mode == "image"
+                  else self.text_only(batch))
+        cache = plan.cache(*dbatch["input_ids"].shape[::-1])
+        context = dataclasses.replace(context, draft_session=lambda: PaddedSession(
+            CausalLMSession(self.draft, params, **cache), vt))
+        drafter, rule = spec.build(context)
+        return drafter, rule, dbatch
+
+    def _ensemble_batch(self, images, prompts, captions) -> dict:
+        """The ensemble's draft prompts: image + text, text only (and text + caption) blocks,
+        stacked as one batch; ``modes``: the number of blocks."""
+        pieces = [self.encode(images, prompts, self.draft_processor)]
+        pieces.append(self.text_only(pieces[0]))
+        if captions is not None:
+            pieces.append(self.text_only(self.encode(
+                images, [f"{c} {p}" if isinstance(p, str) else p for c, p in zip(captions, prompts)],
+                self.draft_processor)))
+        ids, mask = _stack([(p["input_ids"], p["attention_mask"]) for p in pieces],
+                           self.processor.tokenizer.pad_token_id or 0)
+        extra = {k: v for k, v in pieces[0].items() if k not in ("input_ids", "attention_mask")}
+        return dict(input_ids=ids, attention_mask=mask, modes=len(pieces), **extra)
+
+    @staticmethod
+    def _pairs(images, prompt_or_messages) -> tuple[list, list]:
+        if not isinstance(prompt_or_messages, (list, tuple)) or (
+                prompt_or_messages and isinstance(prompt_or_messages[0], dict)):
+            return [images], [prompt_or_messages]
+        prompts = list(prompt_or_messages)
+        images = list(images) if isinstance(images, (list, tuple)) else [images] * len(prompts)
+        if not prompts:
+            raise ValueError("prompt_or_messages: accepted at least one prompt")
+        if len(images) != len(prompts):
+            raise ValueError(f"image count mismatch: {len(images)} image entries for "
+                             f"{len(prompts)} prompts")
+        return images, prompts
 
     @torch.inference_mode()
     def generate(self, images, prompt_or_messages, *, method: str = "plain",
@@ -201,88 +228,45 @@ class VisionLanguageGenerator:
                       as holes); None: on with ``compile=True`` and a text or image draft
                       (not with the ensemble, whose mixture weights are read every step).
         """
-        if not isinstance(prompt_or_messages, (list, tuple)) or (
-                prompt_or_messages and isinstance(prompt_or_messages[0], dict)):
-            prompts, images = [prompt_or_messages], [images]
-        else:
-            prompts = list(prompt_or_messages)
-            images = list(images) if isinstance(images, (list, tuple)) else [images] * len(prompts)
-        if not prompts:
-            raise ValueError("prompt_or_messages: accepted at least one prompt")
-        if len(images) != len(prompts):
-            raise ValueError(f"image count mismatch: {len(images)} image entries for "
-                             f"{len(prompts)} prompts")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={max_new_tokens!r}: accepted an integer >= 1")
-        static = check_engine(compile, static_cache, pipeline, self.target)
-        uses_draft = parse_method(method, self.draft is not None)[0] == "draft"
-        mparams = dict(method_params)
-        # K for a draft model (ignored by plain decoding and Jacobi, as in mmspec.generate).
-        num = mparams.get("num_draft_tokens", 4) if uses_draft else mparams.pop("num_draft_tokens", 4)
-        if not isinstance(num, int) or num < 1:
-            raise ValueError(f"num_draft_tokens={num!r}: accepted an integer >= 1")
-        if pipeline and (not uses_draft or self.draft_mode == "ensemble") and method != "plain":
-            raise ValueError(f"pipeline=True: accepted with a text or image draft model or "
-                             f"method='plain' (method={method!r}, draft_mode={self.draft_mode!r})")
+        # 1. Inputs, checked before any model runs.
+        images, prompts = self._pairs(images, prompt_or_messages)
+        check_count("max_new_tokens", max_new_tokens)
+        engine = Engine.from_switches(compile, static_cache, pipeline).check(self.target)
+        spec = parse_method(method, method_params, has_draft=self.draft is not None)
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
         batch = self.encode(images, prompts)
-        width = batch["input_ids"].shape[1]
-        limit = max_positions(self.target)
-        if limit is not None and width + max_new_tokens > limit:
-            raise ValueError(f"max_new_tokens={max_new_tokens} with a {width}-token prompt (image "
-                             f"tokens included) exceeds the target's max_position_embeddings="
-                             f"{limit}: accepted max_new_tokens <= {limit - width}")
-        # Draft steps queued ahead where every draft position fits the models' positions.
-        host_free = queues_drafts(pipeline, compile, uses_draft and self.draft_mode != "ensemble",
-                                  width + max_new_tokens + num,
-                                  [limit, uses_draft and max_positions(self.draft)])
+        width, limit = batch["input_ids"].shape[1], max_positions(self.target)
+        check_positions("max_new_tokens", max_new_tokens, width, limit,
+                        prompt=" (image tokens included)")
 
-        def engine(ids, k=num, holes=host_free):
-            if not static:
-                return {}
-            return dict(static_len=static_length(ids.shape[1], ids.shape[0], max_new_tokens, k,
-                                                 holes), compile=compile)
-
-        drafter_or_factory, dbatch = self._drafter_and_batch(uses_draft, num, params, batch,
-                                                             images, prompts, captions, engine)
-        emb = self.target.get_input_embeddings().weight.detach()
-        if isinstance(drafter_or_factory, EnsembleDrafter):
-            _, rule = build_method(method if method != "plain" else "exact", mparams,
-                                   draft_session=lambda: None, embeddings=emb)
-            drafter = drafter_or_factory
-        else:
-            drafter, rule = build_method(method, mparams, draft_session=drafter_or_factory,
-                                         embeddings=emb, jacobi_defaults={}, host_free=host_free)
-        gen = make_generator(seed, self.target.device)
-        if hasattr(drafter, "generator"):
-            drafter.generator = gen
-        target_engine = engine(batch["input_ids"], k=getattr(drafter, "num_tokens", 0))
-        it = self._run(batch, dbatch, drafter, rule, params, gen, max_new_tokens, target_engine,
-                       dict(fixed_k=bool(compile), pipeline=False if pipeline is False else None))
+        # 2. The plan (draft steps queued ahead where every draft position fits), the
+        # sessions, the drafter and the rule.
+        k = spec.num_draft_tokens()
+        queueable = spec.uses_draft_model and self.draft_mode != "ensemble"
+        plan = engine.plan(max_new_tokens=max_new_tokens, num_draft_tokens=k,
+                           draft_model=queueable, positions=width + max_new_tokens + k,
+                           limits=[limit, max_positions(self.draft) if queueable else None])
+        drafter, rule, dbatch = self._method(spec, plan, params, batch, images, prompts, captions)
+        session = CausalLMSession(self.target, params, **plan.cache(width, len(prompts)))
+        run = prepare(session, drafter, rule, plan=plan, seed=seed, device=self.target.device)
+        it = self._run(run, batch, dbatch)
         return _in_inference_mode(it) if stream else self._collect(it)
 
-    def _run(self, batch, dbatch, drafter, rule, params, gen, max_new_tokens, engine, loop):
+    def _run(self, run, batch, dbatch):
         t0 = time.perf_counter()
-        session = CausalLMSession(self.target, params, **engine)
-        extra = {k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask")}
-        session.prefill(batch["input_ids"], batch["attention_mask"], **extra)
-        drafter.begin(vocab_size=session.vocab_size, **dbatch)
-        stats = StepStats()
-        stats.seconds_prefill = time.perf_counter() - t0
+        run.prefill(batch, dbatch)
         tok = self.processor.tokenizer
         eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
         rows = [[] for _ in range(batch["input_ids"].shape[0])]
         shown = [""] * len(rows)
-        for ev in stream(session, drafter, rule, batch["input_ids"][:, -1],
-                         max_new_tokens=max_new_tokens, stop_token_ids=set(eos),
-                         generator=gen, stats=stats, **loop):
+        for ev in run.stream(batch["input_ids"][:, -1], stops=Stops(eos)):
             pieces = []
             for i, new in enumerate(ev.new_tokens):
                 rows[i].extend(new)
                 text = tok.decode([t for t in rows[i] if t not in eos], skip_special_tokens=True)
                 pieces.append(text[len(shown[i]):])
                 shown[i] = text
-            yield pieces, rows, stats, time.perf_counter() - t0
+            yield pieces, rows, run.stats, time.perf_counter() - t0
 
     def _collect(self, it) -> VLMOutput:
         pieces = rows = stats = None

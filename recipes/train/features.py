@@ -11,7 +11,6 @@ import os
 import random
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm

@@ -21,7 +21,6 @@ import os
 import random
 import time
 
-import numpy as np
 import torch
 
 from modalities import shapes_world as sw

@@ -15,7 +15,6 @@ import math
 import os
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from diffusers import VQModel

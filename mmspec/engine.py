@@ -1,0 +1,162 @@
+"""How a call runs on the device: the ``Engine`` a user picks and the ``Plan`` it makes for
+one call. Every front door takes the same switches, turns them into an ``Engine`` once, and
+asks it for a ``Plan``; sessions, drafters and the loop read the plan, never the switches.
+
+Modes:
+    eager     dynamic caches (cropped on rollback), each step run op by op: the reference.
+    static    static, position-indexed caches: rollback moves a length, nothing is copied;
+              steps pass 4-D masks, so every step of one width has fixed shapes.
+    graphs    static caches, each step width captured once as a CUDA graph and replayed
+              (``compile=True``; CUDA only).
+    inductor  as graphs, each step fused by torch.compile before it is captured
+              (``compile="inductor"``; about a minute of compilation per width for a 7B model).
+
+Pipelining: the loop queues step t + 1 on the device before the host reads step t, so the
+device never waits for the host between steps. It needs a drafter whose steps need no host
+value of the previous one (``Drafter.host_free``): plain decoding, or a draft model that keeps
+rejected slots as holes (the plan's ``queue_drafts``; caches then need K + 1 slots per step,
+``holes``). ``pipeline=None`` pipelines plain decoding (unless ``profile``) and queues a draft
+model's steps under ``graphs`` (measured faster on an H100, docs/engine.md) where every draft
+position fits the models' positions; ``True`` asks for it, ``False`` turns both off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+MODES = ("eager", "static", "graphs", "inductor")
+
+
+@dataclass(frozen=True)
+class Engine:
+    """mode: one of MODES; pipeline: None (decide), True or False; profile: synchronise the
+    device between phases so the per-phase seconds are exact (costs speed)."""
+
+    mode: str = "eager"
+    pipeline: bool | None = None
+    profile: bool = False
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode={self.mode!r}: accepted one of {MODES}")
+        if self.pipeline is not None and not isinstance(self.pipeline, bool):
+            raise ValueError(f"pipeline={self.pipeline!r}: accepted None, True or False")
+        if not isinstance(self.profile, bool):
+            raise ValueError(f"profile={self.profile!r}: accepted True or False")
+
+    @classmethod
+    def from_switches(cls, compile=False, static_cache=None, pipeline=None,
+                      profile: bool = False) -> "Engine":
+        """The front doors' switches: ``compile`` (False, True: CUDA graphs, ``"inductor"``),
+        ``static_cache`` (None: = bool(compile)), ``pipeline`` and ``profile``."""
+        if isinstance(compile, Engine):
+            return compile
+        if compile not in (False, True, "inductor"):
+            raise ValueError(f"compile={compile!r}: accepted False, True or 'inductor'")
+        if static_cache not in (None, False, True):
+            raise ValueError(f"static_cache={static_cache!r}: accepted None, True or False")
+        if compile and static_cache is False:
+            raise ValueError("compile=True needs static_cache=True (fixed shapes)")
+        mode = ({True: "graphs", "inductor": "inductor"}.get(compile) if compile
+                else "static" if static_cache else "eager")
+        return cls(mode, pipeline, profile)
+
+    @property
+    def static(self) -> bool:
+        """Static, position-indexed caches."""
+        return self.mode != "eager"
+
+    @property
+    def captures(self) -> bool:
+        """Steps captured as CUDA graphs (K then stays fixed to the end: one width)."""
+        return self.mode in ("graphs", "inductor")
+
+    @property
+    def compile(self) -> bool | str:
+        """The sessions' ``compile`` argument."""
+        return {"graphs": True, "inductor": "inductor"}.get(self.mode, False)
+
+    def check(self, model) -> "Engine":
+        """Refuse what the model's device cannot do, before any work."""
+        if self.captures and next(model.parameters()).device.type != "cuda":
+            raise ValueError(f"compile={self.compile!r} captures CUDA graphs: accepted a model "
+                             "on a CUDA device")
+        return self
+
+    def plan(self, *, max_new_tokens: int, num_draft_tokens: int = 0, draft_model: bool = False,
+             holes: bool = False, positions: int | None = None,
+             limits: Sequence[int | None] = ()) -> "Plan":
+        """The plan of one call.
+
+        max_new_tokens:   events per row (the loop's budget).
+        num_draft_tokens: K, drafts per step (0: plain decoding).
+        draft_model:      K comes from a draft model whose steps may be queued ahead.
+        holes:            the drafter keeps rejected slots as holes whatever the plan (a
+                          ``ModelDrafter(host_free=True)`` given by the user).
+        positions:        the last position a queued step reaches (prompt + new + K);
+                          ``limits``: the models' max_position_embeddings (None: none).
+        """
+        limits = [m for m in limits if m is not None]
+        fits = positions is None or all(positions <= m for m in limits)
+        if self.pipeline and draft_model and not fits:
+            raise ValueError(f"pipeline=True: the last drafts would pass max_position_embeddings="
+                             f"{min(limits)} ({positions} positions needed): accepted fewer new "
+                             "tokens or drafts, or pipeline=None")
+        default = self.mode == "graphs" and not self.profile
+        queue = draft_model and fits and (default if self.pipeline is None else self.pipeline)
+        return Plan(self, max_new_tokens, num_draft_tokens, queue,
+                    num_draft_tokens > 0 and (queue or holes))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the engine decided for one call.
+
+    queue_drafts: a draft model's drafter keeps rejected slots as holes, so its steps can be
+                  queued ahead (``ModelDrafter(host_free=True)``).
+    holes:        every step keeps its K + 1 slots (static caches are sized for it).
+    """
+
+    engine: Engine
+    max_new_tokens: int
+    num_draft_tokens: int
+    queue_drafts: bool
+    holes: bool
+
+    @property
+    def fixed_k(self) -> bool:
+        """K never shrinks near the end: captured steps keep one width (tokens past the
+        budget are dropped; positions may run K past it)."""
+        return self.engine.captures
+
+    def static_len(self, prompt_len: int, batch: int) -> int | None:
+        """Slots of a static cache for a prompt of ``prompt_len`` (None: dynamic caches)."""
+        if not self.engine.static:
+            return None
+        return static_length(prompt_len, batch, self.max_new_tokens, self.num_draft_tokens,
+                             self.holes)
+
+    def cache(self, prompt_len: int, batch: int) -> dict:
+        """A session's cache arguments (``static_len``, ``compile``) for its prompt."""
+        if not self.engine.static:
+            return {}
+        return dict(static_len=self.static_len(prompt_len, batch), compile=self.engine.compile)
+
+    def pipelines(self, drafter) -> bool:
+        """Whether the loop queues each step before reading the last, for this drafter."""
+        if self.engine.pipeline is not None:
+            return self.engine.pipeline
+        return drafter.host_free and not self.engine.profile
+
+
+def static_length(prompt_len: int, batch: int, max_new_tokens: int, k: int,
+                  holes: bool = False) -> int:
+    """Slots a static cache needs: one row uses prompt + new + K + 1; ragged rows (or
+    ``holes``: every step keeps its K + 1 slots) leave at most K holes per step, bounded by
+    (K + 1) slots per generated token and one more step; rounded up to 64."""
+    if batch == 1 and not holes:
+        need = prompt_len + max_new_tokens + k + 1
+    else:
+        need = prompt_len + (k + 1) * (max_new_tokens + 1)
+    return -(-need // 64) * 64
