@@ -19,7 +19,7 @@ from collections import defaultdict
 import numpy as np
 
 from eval.metrics import bootstrap_ci, fid, fid_delta_ci, paired_delta_ci, token_tv_test
-from eval.sweep import read_rows
+from eval.results import read_rows
 
 
 def _label(r):

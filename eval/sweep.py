@@ -32,6 +32,7 @@ import sys
 import torch
 from tqdm.auto import tqdm
 
+from eval.results import read_rows
 from eval.tasks import TASKS, load_prompts
 
 
@@ -154,20 +155,6 @@ def units(methods, grid, seeds, n_prompts, batch):
 
 def unit_key(u: dict) -> str:
     return f"{u['method']}|{setting_id(u['params'])}|{u['seed']}|{u['chunk']}"
-
-
-def read_rows(path: str) -> list[dict]:
-    rows = []
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                line = line.strip()
-                if line:
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError:      # a line cut by an interruption
-                        pass
-    return rows
 
 
 def run_unit(task, u: dict, prompts: list, batch: int, profile: bool) -> list[dict]:

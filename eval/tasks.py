@@ -62,7 +62,7 @@ class ImageTask:
     # -- quality -------------------------------------------------------------------------------
     def features(self):
         if self._features is None:
-            from eval.features import ShapesFeatureNet
+            from modalities.shapes_features import ShapesFeatureNet
 
             self._features = ShapesFeatureNet.load(os.path.join(BUNDLED, "shapes-features"),
                                                    self.device)

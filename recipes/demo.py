@@ -146,7 +146,7 @@ def vlm_demo(n: int = 24, seed: int = 0):
 def tts_demo(out_dir: str, seed: int = 0):
     import numpy as np
 
-    from eval.metrics import mel_cepstral_distortion
+    from modalities.speech.metrics import mel_cepstral_distortion
     from modalities.speech import TextToSpeech
     from recipes.train.speech_data import reference
     from recipes.tts import comparison

@@ -76,7 +76,7 @@ def test_model_cards_and_sizes():
 
 
 def test_bundled_feature_net_reads_scenes():
-    from eval.features import ShapesFeatureNet, split_logits, targets
+    from modalities.shapes_features import ShapesFeatureNet, split_logits, targets
     from recipes.train.data import to_tensor
 
     import numpy as np

@@ -66,6 +66,11 @@ class Rule:
             kw["embeddings"] = context.embeddings
         return cls(**kw)
 
+    def reference(self, p: torch.Tensor) -> torch.Tensor:
+        """What a lossless rule's emitted tokens are distributed as, for target p [..., V]:
+        p itself (``Greedy``: the argmax, as greedy decoding of the target)."""
+        return p
+
     def for_target(self, greedy: bool) -> "Rule":
         """The rule to verify a target with (``greedy``: its distributions are one-hot)."""
         return self

@@ -52,6 +52,9 @@ class Greedy(Rule):
     def accept_prob(self, x, p, q):
         return (x == p.argmax(-1)).to(p.dtype)
 
+    def reference(self, p):
+        return torch.zeros_like(p).scatter_(-1, p.argmax(-1, keepdim=True), 1.0)
+
     def residual(self, x, p, q, pos):
         return torch.zeros_like(p).scatter_(-1, p.argmax(-1, keepdim=True), 1.0)
 

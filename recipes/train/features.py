@@ -1,4 +1,4 @@
-"""Train the shapes-world feature network used for FID (eval/features.py).
+"""Train the shapes-world feature network used for FID (modalities/shapes_features.py).
 
     python -m recipes.train.features --steps 3000 --out samples/models/shapes-features
 """
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from eval.features import ShapesFeatureNet, split_logits, targets
+from modalities.shapes_features import ShapesFeatureNet, split_logits, targets
 from modalities import shapes_world as sw
 from recipes.train.data import HELD_OUT, count_params, device, render, to_tensor, write_card
 

@@ -90,7 +90,7 @@ def main(argv=None):
     ap.add_argument("--codebooks", type=int, default=4)
     ap.add_argument("--size", type=int, default=256)
     args = ap.parse_args(argv)
-    from eval.metrics import mel_cepstral_distortion
+    from modalities.speech.metrics import mel_cepstral_distortion
     from modalities.speech.codec import MelRVQCodec, fit_rvq
     from recipes.train.data import write_card
 

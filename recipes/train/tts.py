@@ -152,7 +152,7 @@ def evaluate(args):
     """MCD (DTW) against espeak-ng and duration ratio on held-out sentences; updates the card."""
     import random
 
-    from eval.metrics import mel_cepstral_distortion
+    from modalities.speech.metrics import mel_cepstral_distortion
     from modalities.speech import TextToSpeech
     from recipes.train.speech_data import HELD_OUT, reference, sentence
 

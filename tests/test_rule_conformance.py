@@ -1,0 +1,229 @@
+"""One conformance suite over every registered rule (``mmspec.rules()``): registering a rule
+puts it under test, built from its defaults as a method would build it (``from_params``).
+
+Token rules, composed exactly in float64 from their own ``accept_prob`` and ``residual`` over
+every draft token (real drafts and point masses, several positions):
+- lossless rules emit their declared reference (``Rule.reference``: p; Greedy: the argmax);
+- relaxed rules (``Relaxed``) stay within their declared ``tv_bound``;
+- group-lossless rules (PCG) emit the target's group distribution;
+- rules declaring ``exact_at`` give Exact's tokens bit for bit at those parameters;
+- ``__call__`` samples the analytic distribution (chi-square, Monte Carlo).
+Frame rules: the first emitted frame is distributed as the target's frame distribution
+(factorised for ``Frame``, autoregressive for ``DepthFrame``; Monte Carlo). Vector rules: the
+emitted latents follow the target density (Kolmogorov-Smirnov).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats as sstats
+
+import mmspec
+from mmspec.acceptance import DepthFrame, Exact, Relaxed
+from mmspec.densities import GaussianMixture
+from mmspec.distributions import Distribution
+from mmspec.registry import MethodContext
+from stats_util import chi_square_pvalue
+
+V = 16          # the rules' defaults fit (GSD groups of 14)
+RULES = {info.name: info for info in mmspec.rules()}
+TOKEN = sorted(n for n, i in RULES.items() if i.event == "token")
+FRAME = sorted(n for n, i in RULES.items() if i.event == "frame")
+VECTOR = sorted(n for n, i in RULES.items() if i.event == "vector")
+
+
+def case(seed: int, sharp: float = 2.0, zeros: bool = False):
+    g = torch.Generator().manual_seed(seed)
+    p = torch.softmax(sharp * torch.randn(V, generator=g, dtype=torch.float64), -1)
+    q = torch.softmax(sharp * torch.randn(V, generator=g, dtype=torch.float64), -1)
+    if zeros:
+        q[torch.randperm(V, generator=g)[: V // 3]] = 0
+        q /= q.sum()
+    return p, q, torch.randn(V, 3, generator=g, dtype=torch.float64)
+
+
+def build(name: str, emb: torch.Tensor, **params):
+    info = RULES[name]
+    return info.cls.from_params(params, MethodContext(embeddings=emb))
+
+
+def emitted(rule, p, q, pos: int = 0) -> torch.Tensor:
+    """Exact distribution of the token emitted at draft position ``pos`` (earlier drafts
+    accepted): every draft x weighted by q(x) (a point mass at argmin p when q is None),
+    accepted with the rule's accept_prob, else drawn from its residual."""
+    xs = torch.arange(V)
+    x = torch.zeros(V, pos + 1, dtype=torch.long)
+    x[:, pos] = xs
+    qq = None if q is None else q.expand(V, pos + 1, V)
+    a = rule.accept_prob(x, p.expand(V, pos + 1, V), qq)[:, pos]
+    res = rule.residual(xs, p.expand(V, V), None if q is None else q.expand(V, V),
+                        torch.full((V,), pos))
+    w = torch.zeros(V, dtype=torch.float64)
+    if q is None:
+        w[int(p.argmin())] = 1.0
+    else:
+        w = q
+    return (w * a) + ((w * (1 - a))[:, None] * res).sum(0)
+
+
+CASES = [dict(seed=s, sharp=sh, zeros=z) for s, sh, z in
+         [(0, 2.0, False), (1, 0.5, False), (2, 4.0, True), (3, 1.0, True)]]
+
+
+def check_guarantee(rule, p, q, pos: int) -> None:
+    """The declared guarantee of a token rule for target p and draft q (None: point mass)."""
+    o = emitted(rule, p, q, pos)
+    assert abs(float(o.sum()) - 1) < 1e-12 and float(o.min()) >= -1e-15
+    if rule.lossless:
+        assert float((o - rule.reference(p)).abs().max()) < 1e-12
+    elif isinstance(rule, Relaxed):
+        bound = float(rule.tv_bound(p[None], None if q is None else q[None], pos)[0])
+        assert 0.5 * float((o - p).abs().sum()) <= bound + 1e-12
+    else:
+        assert getattr(rule, "group_lossless", False), \
+            f"{rule.name}: declares neither lossless, a TV bound nor groups"
+        dense = q if q is not None else torch.zeros(V, dtype=torch.float64).index_fill_(
+            0, p.argmin(), 1.0)                       # the point mass emitted() drafts
+        assert float((emitted_groups(rule, p, dense) - rule.coarse(p[None])[0]).abs().max()) < 1e-12
+
+
+@pytest.mark.parametrize("name", TOKEN)
+@pytest.mark.parametrize("c", range(len(CASES)))
+@pytest.mark.parametrize("pos", [0, 2])
+@pytest.mark.parametrize("point_mass", [False, True])
+def test_token_rule_keeps_its_declared_guarantee(name, c, pos, point_mass):
+    p, q, emb = case(**CASES[c])
+    check_guarantee(build(name, emb), p, None if point_mass else q, pos)
+
+
+def emitted_groups(rule, p, q) -> torch.Tensor:
+    """A group rule's emitted group distribution, exactly: x ~ q, its owner group g uniform
+    among the groups holding x, g accepted with the rule's group probability, else a group
+    drawn from its coarse residual (the rule's group contract: groups, group_accept,
+    coarse_residual)."""
+    groups = rule.groups
+    member = torch.zeros(V, V, dtype=torch.bool)                           # member[g, t]
+    member[groups.rows, groups.cols] = True
+    ga = rule.group_accept(p[None], q[None])[0]
+    owner = member.double() * (q / groups.sizes.double())[None]            # [g, x]: q(x)/|S(x)|
+    out = owner.sum(1) * ga
+    return out + (owner.sum(1) * (1 - ga)).sum() * rule.coarse_residual(p[None], q[None])[0]
+
+
+def test_the_token_suite_covers_lossless_relaxed_and_group_rules():
+    kinds = {(RULES[n].lossless, issubclass(RULES[n].cls, Relaxed)) for n in TOKEN}
+    assert {(True, False), (False, True), (False, False)} <= kinds
+
+
+@pytest.mark.parametrize("name", [n for n in TOKEN if RULES[n].cls.exact_at])
+@pytest.mark.parametrize("point_mass", [False, True])
+def test_degenerate_settings_give_exact_bit_for_bit(name, point_mass):
+    g = torch.Generator().manual_seed(0)
+    b, k = 64, 5
+    p = torch.softmax(2 * torch.randn(b, k + 1, V, generator=g), -1)
+    q = torch.softmax(2 * torch.randn(b, k, V, generator=g), -1)
+    x = torch.multinomial(q.reshape(-1, V), 1, generator=g).reshape(b, k)
+    rule = build(name, torch.randn(V, 3, generator=g), **RULES[name].cls.exact_at)
+    qq = None if point_mass else q
+    want = Exact()(x, qq, p, torch.Generator().manual_seed(7))
+    got = rule(x, qq, p, torch.Generator().manual_seed(7))
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.num_accepted, want.num_accepted)
+
+
+@pytest.mark.parametrize("name", TOKEN)
+def test_token_rule_call_samples_its_analytic_distribution(name):
+    p, q, emb = case(11)
+    rule = build(name, emb)
+    want = emitted(rule, p, q)
+    n, g = 60_000, torch.Generator().manual_seed(1)
+    x = torch.multinomial(q, n, replacement=True, generator=g)[:, None]
+    out = rule(x, q.expand(n, 1, V), p.expand(n, 2, V), g)
+    counts = torch.bincount(out.tokens[:, 0], minlength=V).numpy().astype(float)
+    if float(want.max()) > 1 - 1e-12:          # a deterministic rule (greedy)
+        assert counts[int(want.argmax())] == n
+    else:
+        assert chi_square_pvalue(counts, want.numpy()) > 1e-4
+
+
+# -- frames -----------------------------------------------------------------------------------
+
+C, VF = 2, 4
+
+
+def _tables(seed: int):
+    """Autoregressive frame tables: t0 [V] for codebook 0, t1 [V, V] for codebook 1 given 0."""
+    g = torch.Generator().manual_seed(seed)
+    t0 = torch.softmax(torch.randn(VF, generator=g, dtype=torch.float64), -1)
+    t1 = torch.softmax(torch.randn(VF, VF, generator=g, dtype=torch.float64), -1)
+    return t0, t1
+
+
+class TabularFrames(Distribution):
+    """The same autoregressive frame distribution at every position of a [B, n] batch."""
+
+    def __init__(self, t0, t1, shape):
+        self.t0, self.t1, self.shape, self.codebooks = t0, t1, torch.Size(shape), C
+
+    @property
+    def batch_shape(self):
+        return self.shape
+
+    def along(self, x):                                                      # [B, k, C]
+        p0 = self.t0.expand(*x.shape[:2], VF)
+        return torch.stack([p0, self.t1[x[..., 0]]], 2)
+
+    def complete(self, pos, frame, first_free, generator=None):
+        frame = frame.clone()
+        x0 = torch.multinomial(self.t0.expand(len(frame), VF), 1, generator=generator)[:, 0]
+        frame[:, 0] = torch.where(first_free <= 0, x0, frame[:, 0])
+        x1 = torch.multinomial(self.t1[frame[:, 0]], 1, generator=generator)[:, 0]
+        frame[:, 1] = torch.where(first_free <= 1, x1, frame[:, 1])
+        return frame
+
+
+def _draft_frames(q0, q1, n, g):
+    x0 = torch.multinomial(q0.expand(n, VF), 1, generator=g)[:, 0]
+    x1 = torch.multinomial(q1[x0], 1, generator=g)[:, 0]
+    return torch.stack([x0, x1], -1), torch.stack([q0.expand(n, VF), q1[x0]], 1)
+
+
+@pytest.mark.parametrize("name", FRAME)
+def test_frame_rule_emits_the_target_frame_distribution(name):
+    cls, n, g = RULES[name].cls, 60_000, torch.Generator().manual_seed(0)
+    p0, p1 = _tables(1)
+    q0, q1 = _tables(2)
+    rule = cls.from_params({}, MethodContext())
+    if issubclass(cls, DepthFrame):           # codebook 1 depends on codebook 0
+        x, qx = _draft_frames(q0, q1, n, g)
+        target, joint = TabularFrames(p0, p1, (n, 2)), p0[:, None] * p1
+    else:                                     # parallel heads: independent codebooks
+        p1, q1 = p1[0].expand(VF, VF), q1[0].expand(VF, VF)
+        x, qx = _draft_frames(q0, q1, n, g)
+        target = torch.stack([p0.expand(n, 2, VF), p1[0].expand(n, 2, VF)], 2)
+        joint = p0[:, None] * p1[0][None]
+    out = rule(x[:, None], qx[:, None], target, g)
+    first = out.tokens[:, 0]
+    counts = np.bincount((first[:, 0] * VF + first[:, 1]).numpy(), minlength=VF * VF)
+    assert chi_square_pvalue(counts.astype(float), joint.reshape(-1).numpy()) > 1e-4
+
+
+# -- vectors ----------------------------------------------------------------------------------
+
+def _gaussian(mean, scale, *shape):
+    m = torch.full((*shape, 1, 1), float(mean), dtype=torch.float64)
+    return GaussianMixture(torch.zeros(*shape, 1, dtype=torch.float64), m,
+                           torch.full_like(m, math.log(scale)))
+
+
+@pytest.mark.parametrize("name", VECTOR)
+def test_vector_rule_emits_the_target_density(name):
+    rule = RULES[name].cls.from_params({}, MethodContext())
+    n, k, g = 20_000, 2, torch.Generator().manual_seed(0)
+    q = _gaussian(1.0, 1.5, n, k)
+    out = rule(q.sample(g), q, _gaussian(0.0, 1.0, n, k + 1), g)
+    first = out.tokens[:, 0, 0].numpy()
+    assert sstats.kstest(first, sstats.norm(0, 1).cdf).pvalue > 1e-4

@@ -1,0 +1,145 @@
+"""The spine's shape, asserted: imports point one way (eval -> recipes -> modalities ->
+mmspec) without circles, functions fit on a screen, the loop and the runner read declared
+capabilities instead of probing objects, and the wiring of a call exists once."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGES = ("mmspec", "modalities", "recipes", "eval")
+ORDER = {"mmspec": 0, "modalities": 1, "recipes": 2, "eval": 3}
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for p in (ROOT / pkg).rglob("*.py"):
+            parts = p.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: pathlib.Path) -> set[str]:
+    """Modules of this repository that ``name`` imports, at any depth (lazy imports too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                pkg = pkg[:len(pkg) - node.level + 1]
+                base = ".".join(pkg + ([base] if base else []))
+            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+        else:
+            continue
+        for t in targets:
+            while t and t not in MODULES:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
+
+
+def test_packages_import_one_way():
+    wrong = sorted((m, t) for m, ts in GRAPH.items() for t in ts
+                   if ORDER[t.split(".")[0]] > ORDER[m.split(".")[0]])
+    assert not wrong, f"imports against eval -> recipes -> modalities -> mmspec: {wrong}"
+
+
+def test_no_import_circles():
+    """No module reaches itself through imports (a package's __init__ re-exporting its own
+    modules is not a circle: edges into a package from inside it are left out)."""
+    def edges(m):
+        return [t for t in GRAPH[m] if not m.startswith(t + ".")]
+
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m):
+        state[m] = 1
+        stack.append(m)
+        for t in edges(m):
+            if state.get(t) == 1:
+                raise AssertionError(f"import circle: {' -> '.join(stack[stack.index(t):] + [t])}")
+            if t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(GRAPH):
+        if m not in state:
+            visit(m)
+
+
+def _functions(pkgs=("mmspec", "modalities")):
+    for pkg in pkgs:
+        for p in sorted((ROOT / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(p.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    yield p.relative_to(ROOT), node
+
+
+def test_functions_fit_on_a_screen():
+    long = [f"{p}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
+            for p, n in _functions() if n.end_lineno - n.lineno + 1 > 80]
+    assert not long, long
+
+
+def test_loop_drivers_are_short():
+    tree = ast.parse((ROOT / "mmspec" / "loop.py").read_text())
+    drivers = {n.name: n.end_lineno - n.lineno + 1 for n in tree.body
+               if isinstance(n, ast.FunctionDef) and n.name in ("_synchronised", "_pipelined")}
+    assert set(drivers) == {"_synchronised", "_pipelined"}
+    assert all(n < 40 for n in drivers.values()), drivers
+
+
+@pytest.mark.parametrize("module", ["loop", "runner", "engine"])
+def test_no_capability_probes_in_the_spine(module):
+    """Capabilities are declared on Drafter and Session; the spine never asks getattr/hasattr."""
+    tree = ast.parse((ROOT / "mmspec" / f"{module}.py").read_text())
+    probes = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call)
+              and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr")]
+    assert not probes, f"mmspec/{module}.py lines {probes}"
+
+
+def _calls(attr: str) -> set[str]:
+    """Files of mmspec/ and modalities/ that call ``<anything>.attr(...)`` or ``attr(...)``."""
+    where = set()
+    for p, fn in _functions():
+        for n in ast.walk(fn):
+            if isinstance(n, ast.Call):
+                f = n.func
+                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+                if name == attr:
+                    where.add(str(p))
+    return where
+
+
+def test_the_wiring_of_a_call_exists_once():
+    """Front doors go through the runner: only it starts drafters, times the prefill with new
+    stats and drains the loop."""
+    assert _calls("begin") <= {"mmspec/runner.py", "mmspec/drafters/prefill.py",
+                               "mmspec/drafters/ensemble.py"}
+    assert _calls("StepStats") <= {"mmspec/runner.py", "mmspec/loop.py"}
+    drivers = set()
+    for p, _ in _functions():
+        for n in ast.walk(ast.parse((ROOT / p).read_text())):
+            if not isinstance(n, ast.ImportFrom):
+                continue
+            names = {a.name for a in n.names}
+            if ((n.module or "").endswith("loop") and names & {"stream", "run", "Loop"}) or (
+                    n.module in (None, "mmspec") and "loop" in names):
+                drivers.add(str(p))
+    assert drivers == {"mmspec/runner.py"}, drivers
