@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import torch
 
-from modalities.padding import left_pad  # noqa: F401  (re-exported)
-
 from mmspec.sampling import SamplingParams
 from mmspec.session import CausalLMSession, TokenSpanSession
+from modalities.padding import left_pad  # noqa: F401  (re-exported)
+from modalities.registry import register_adapter
 
 
 def pad_together(rows: list[list[int]], other: list[list[int]], pad: int):
@@ -369,3 +369,9 @@ class LlamaGenAdapter(ImageAdapter):
     def decode(self, tokens):
         pix = self.vq.decode(tokens.to(self.vq.device), self.grid)
         return ((pix.float() + 1) / 2).clamp(0, 1)
+
+
+register_adapter("janus", "image", JanusAdapter, ("JanusForConditionalGeneration",))
+register_adapter("emu3", "image", Emu3Adapter, ("Emu3ForConditionalGeneration",))
+register_adapter("llamagen", "image", LlamaGenAdapter, ("LlamaGenForImageGeneration",))
+register_adapter("token-span", "image", TokenSpanAdapter, ("LlamaForCausalLM",))

@@ -142,6 +142,7 @@ class Attention(nn.Module):
         v = v.view(b, n, self.n_kv_head, self.head_dim).transpose(1, 2)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
+        k, v = k[:, :, :mask.shape[-1]], v[:, :, :mask.shape[-1]]   # a static cache's slots in use
         rep = self.n_head // self.n_kv_head
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -178,8 +179,9 @@ class Block(nn.Module):
 
 class LlamaGenForImageGeneration(PreTrainedModel):
     """LlamaGen's GPT. ``forward`` takes image-token ids and/or ready embeddings (conditioning
-    tokens come from ``condition_embeddings``), a 2-D attention mask over every cache slot,
-    position ids into the (cls + grid) rotary table, and a transformers cache."""
+    tokens come from ``condition_embeddings``), a 2-D attention mask over every cache slot (or
+    the 4-D mask of a static cache's slots in use, bool or additive), position ids into the
+    (cls + grid) rotary table, and a transformers cache."""
 
     config_class = LlamaGenConfig
     base_model_prefix = "llamagen"
@@ -240,14 +242,8 @@ class LlamaGenForImageGeneration(PreTrainedModel):
         if position_ids is None:
             position_ids = torch.arange(past, past + n, device=h.device)[None].expand(b, -1)
         rope = self.rope.to(h.device)[position_ids]          # IndexError past the grid
-        total = past + n
-        if attention_mask is None:
-            attention_mask = torch.ones(b, total, dtype=torch.long, device=h.device)
-        slots = torch.arange(total, device=h.device)
-        causal = slots[None, :] <= (past + torch.arange(n, device=h.device))[:, None]   # [n, L]
-        mask = causal[None] & attention_mask[:, None, :].bool()
-        mask |= (slots[None, None, :] == (past + torch.arange(n, device=h.device))[None, :, None])
-        mask = mask[:, None]                                                             # [B,1,n,L]
+        mask = (attention_mask if attention_mask is not None and attention_mask.dim() == 4
+                else _causal_mask(attention_mask, b, n, past, h.device))                 # [B,1,n,L]
         for layer in self.layers:
             h = layer(h, rope, mask, cache)
         logits = self.output(self.norm(h)).float()
@@ -256,6 +252,18 @@ class LlamaGenForImageGeneration(PreTrainedModel):
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
                                    ignore_index=-100)
         return CausalLMOutputWithPast(loss=loss, logits=logits)
+
+
+def _causal_mask(attention_mask, b: int, n: int, past: int, device) -> torch.Tensor:
+    """[B, 1, n, past + n] bool from a 2-D mask over every slot (None: all real)."""
+    total = past + n
+    if attention_mask is None:
+        attention_mask = torch.ones(b, total, dtype=torch.long, device=device)
+    slots = torch.arange(total, device=device)
+    causal = slots[None, :] <= (past + torch.arange(n, device=device))[:, None]          # [n, L]
+    mask = causal[None] & attention_mask[:, None, :].bool()
+    mask |= (slots[None, None, :] == (past + torch.arange(n, device=device))[None, :, None])
+    return mask[:, None]
 
 
 def load_llamagen_state_dict(model: LlamaGenForImageGeneration, state_dict_or_path) -> None:

@@ -28,6 +28,7 @@ import torch
 from mmspec.acceptance import Frame
 from mmspec.loop import Stops
 from mmspec.session import TokenSpanSession, max_positions
+from modalities.registry import register_adapter
 
 from .delay import DecoderWithTextEncoder, DelayPatternSession, apply_delay, undo_delay
 
@@ -277,3 +278,8 @@ class SingleCodebookAdapter(CodecAdapter):
     def decode(self, frames):
         with torch.no_grad():
             return self.codec.decode(frames)
+
+
+register_adapter("delay-pattern", "speech", DelayPatternAdapter,
+                 ("MusicgenForConditionalGeneration", "MusicgenForCausalLM"))
+register_adapter("single-codebook", "speech", SingleCodebookAdapter, ("LlamaForCausalLM",))

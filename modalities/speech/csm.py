@@ -21,6 +21,7 @@ from mmspec.distributions import Distribution
 from mmspec.loop import Stops
 from mmspec.sampling import SamplingParams, sample
 from mmspec.session import CausalLMSession
+from modalities.registry import register_adapter
 
 from .adapters import CodecAdapter
 from .codec import TransformersCodec
@@ -189,3 +190,6 @@ class CsmAdapter(CodecAdapter):
     def decode(self, frames: torch.Tensor) -> np.ndarray:
         with torch.no_grad():
             return self.codec.decode(frames)
+
+
+register_adapter("csm", "speech", CsmAdapter, ("CsmForConditionalGeneration",))

@@ -39,6 +39,8 @@ from mmspec.sampling import SamplingParams
 from mmspec.session import CausalLMSession, PaddedSession, max_positions, output_vocab_size
 from mmspec.types import StepStats
 
+from modalities.registry import register_adapter
+
 
 @dataclass
 class VLMOutput:
@@ -294,3 +296,8 @@ def _stack(pairs, pad):
     ids = torch.cat([torch.nn.functional.pad(i, (width - i.shape[1], 0), value=pad) for i, _ in pairs])
     mask = torch.cat([torch.nn.functional.pad(m, (width - m.shape[1], 0), value=0) for _, m in pairs])
     return ids, mask
+
+
+register_adapter("llava", "vlm", VisionLanguageGenerator, ("LlavaForConditionalGeneration",))
+register_adapter("llava-next", "vlm", VisionLanguageGenerator,
+                 ("LlavaNextForConditionalGeneration",))

@@ -1,0 +1,34 @@
+"""The adapters mmspec ships, by name: which model classes each serves, and what the adapter
+conformance suite (tests/test_adapter_conformance.py) runs over. Each adapter module
+registers its adapters where they are defined; a newly registered adapter fails the suite
+until it has a tiny-model case there, so registering an adapter puts it under test."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_ADAPTERS: dict[str, "AdapterInfo"] = {}
+MODALITIES = ("image", "vlm", "speech")
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    """name; modality (``"image"``: TextToImage, ``"vlm"``: VisionLanguageGenerator,
+    ``"speech"``: TextToSpeech); the adapter class; the model classes it serves (names)."""
+
+    name: str
+    modality: str
+    adapter: type
+    models: tuple[str, ...] = ()
+
+
+def register_adapter(name: str, modality: str, adapter: type, models=()) -> None:
+    if modality not in MODALITIES:
+        raise ValueError(f"modality={modality!r}: accepted one of {MODALITIES}")
+    _ADAPTERS[name] = AdapterInfo(name, modality, adapter, tuple(models))
+
+
+def adapters(modality: str | None = None) -> list[AdapterInfo]:
+    """Every registered adapter (of one modality), by name (``import modalities`` registers
+    the shipped ones)."""
+    return [a for _, a in sorted(_ADAPTERS.items()) if modality in (None, a.modality)]
