@@ -5,7 +5,7 @@
 
 Prints one JSON line per setting and a table. Ratios come from one run (same batch, same
 prompts, best of --repeats). Nothing here is asserted; tests never time anything.
-The analytic bound next to each measured ratio is METHODS.md section 1:
+The analytic bound next to each measured ratio is docs/METHODS.md section 1:
 (1 - a^(K+1)) / ((1 - a)(K c + 1)) with a the measured acceptance and c the measured
 draft/target cost ratio of one forward.
 """

@@ -99,7 +99,7 @@ def token_tv_test(a: list[list[int]], b: list[list[int]], vocab: int, permutatio
 def analytic_speedup(tokens_per_step: float, t_plain_step: float, t_step: float) -> float:
     """Speedup bound from measured tokens per step and measured per-step costs: a method step
     (draft + verify) of cost t_step emits tokens_per_step tokens where plain decoding emits one
-    per t_plain_step. For a draft model this is METHODS.md's (1 - a^(K+1)) / ((1 - a)(K c + 1))
+    per t_plain_step. For a draft model this is docs/METHODS.md's (1 - a^(K+1)) / ((1 - a)(K c + 1))
     with the measured acceptance and cost ratio."""
     if t_step <= 0:
         return float("nan")
@@ -107,7 +107,7 @@ def analytic_speedup(tokens_per_step: float, t_plain_step: float, t_step: float)
 
 
 def leviathan_bound(alpha: float, k: int, c: float) -> float:
-    """(1 - a^(K+1)) / ((1 - a)(K c + 1)) (METHODS.md section 1)."""
+    """(1 - a^(K+1)) / ((1 - a)(K c + 1)) (docs/METHODS.md section 1)."""
     if alpha >= 1:
         return (k + 1) / (k * c + 1)
     return (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * c + 1))

@@ -5,7 +5,7 @@ for the same prompts and seed, measured in the same run. Its analytic bound uses
 own measurements: (plain prefill + plain steps x plain cost per step) / (method prefill +
 method steps x method cost per step),
 where a method's cost per step is its measured draft + verify time per step (tokens per step
-and the cost ratio, METHODS.md section 1); efficiency = measured / bound is what the engine
+and the cost ratio, docs/METHODS.md section 1); efficiency = measured / bound is what the engine
 loses outside the models' forwards.
 """
 

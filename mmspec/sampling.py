@@ -1,7 +1,7 @@
 """Logits -> processed probabilities, residuals, and sampling without host synchronisation.
 
 Draft and target go through the same processing (``SamplingParams.probs``), so that "lossless"
-means lossless with respect to the processed target distribution (METHODS.md section 1):
+means lossless with respect to the processed target distribution (docs/METHODS.md section 1):
 guidance first (on logits, ``u + s (c - u)``), then temperature, then top-k, top-p and min-p.
 Temperature 0 means greedy: the processed distribution is one-hot at the argmax (ties go to
 the lowest id, as ``torch.argmax``), so every rule of this package reduces to greedy

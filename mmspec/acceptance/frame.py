@@ -2,7 +2,7 @@
 
 A delay-pattern decoder (MusicGen, Parler, Dia) emits one C-tuple per step from C heads that
 are independent given the prefix: p(frame) = prod_c p_c, and a draft of the same pattern has
-q(frame) = prod_c q_c. METHODS.md section 7: verify codebook by codebook with a scalar rule:
+q(frame) = prod_c q_c. docs/METHODS.md section 7: verify codebook by codebook with a scalar rule:
 codebook c is kept with that rule's acceptance probability (independent uniforms); the frame
 is accepted when every codebook is; at the first rejected codebook c* of the first rejected
 frame, y_{c*} is drawn from the rule's residual, codebooks before c* keep the draft, and

@@ -1,6 +1,6 @@
 """Pre-filling: the first tokens come from the target alone, then a drafter takes over.
 
-CSpD (METHODS.md section 5) lets the target emit the first fraction of an image's tokens by
+CSpD (docs/METHODS.md section 5) lets the target emit the first fraction of an image's tokens by
 itself: early tokens set the layout and are where a small draft is least reliable. While
 pre-filling, ``Prefilled`` asks its inner drafter for zero tokens (a model drafter queues the
 target's tokens and feeds them all at once when drafting starts), so each of those steps is
