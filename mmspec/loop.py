@@ -188,7 +188,9 @@ class Loop:
         self.b, self.device = b, dev
         self.rows = Rows(first_tokens, torch.zeros(b, dtype=torch.long, device=dev),
                          torch.ones(b, dtype=torch.bool, device=dev))
-        self.pending: Commit | None = None
+        self.pending: Commit | None = None             # the target's deferred rollback
+        # Host copies per row: events produced, events the queued steps will have produced
+        # (pipelined), rows ended.
         self.produced, self.planned, self.finished = [0] * b, [0] * b, [False] * b
         self._stop_ids = torch.tensor(stops.ids, dtype=torch.long, device=dev)
         self._zeros = torch.zeros(b, dtype=torch.long, device=dev)   # constants of every step
