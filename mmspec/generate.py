@@ -144,7 +144,8 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
              seed: int | None = None, stop_token_ids=None, pad_token_id: int | None = None,
              drafter=None, guidance_scale: float | None = None, uncond_input_ids=None,
              uncond_attention_mask=None, compile: bool = False, static_cache: bool | None = None,
-             pipeline: bool | None = None, profile: bool = False) -> GenerateOutput:
+             pipeline: bool | None = None, profile: bool = False,
+             engine: Engine | None = None) -> GenerateOutput:
     """Speculative decoding of ``target`` with ``draft`` (or plain decoding if both ``draft``
     and ``drafter`` are None).
 
@@ -166,8 +167,7 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
                     step with torch.compile first (coordinate-descent tuned; about 55 s of
                     compilation per width for a 7B model, once per process). The eager path
                     is the reference and gives identical tokens under greedy decoding in
-                    float32. K stays fixed to the end (one width). An ``Engine`` may be
-                    passed here instead of the three switches.
+                    float32. K stays fixed to the end (one width).
     static_cache:   static, position-indexed caches without compiling (default: = compile).
                     Static caches and captured steps are kept for the next call with the same
                     rows and cache length (``mmspec.release_graphs(model)`` frees them).
@@ -179,12 +179,14 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
                     H100 at batch 1 and 16, docs/engine.md; not with ``"inductor"``, whose
                     steps attend over the whole cache, nor eagerly or with ``profile``);
                     False: neither. Same tokens either way.
+    engine:         an ``mmspec.Engine`` instead of compile, static_cache, pipeline and profile
+                    (docs/engine.md).
 
     Rows keep independent accepted lengths (ragged, docs/DESIGN.md); each row stops at its own
     stop token or after max_new_tokens. Returns GenerateOutput(sequences [B, P + T],
     num_generated [B], prompt_length, stats).
     """
-    engine = Engine.from_switches(compile, static_cache, pipeline, profile)
+    engine = Engine.from_switches(compile, static_cache, pipeline, profile, engine)
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     guidance = Guidance.from_arguments(guidance_scale, uncond_input_ids, uncond_attention_mask)
     run, prompt = _setup(target, draft, input_ids, attention_mask, rule, num_draft_tokens,

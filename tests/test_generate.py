@@ -422,3 +422,22 @@ def test_adapters_queue_drafts_where_positions_allow():
     assert not queues(True, True, False, 999, [128])             # no draft model
     with pytest.raises(ValueError, match=r"max_position_embeddings=96 \(129 positions needed\)"):
         queues(True, True, True, 129, [128, 96])
+
+
+def test_an_engine_object_stands_for_the_switches(pair, ragged_prompts):
+    from mmspec import Engine
+
+    target, draft = pair
+    ids, mask = ragged_prompts
+    kw = dict(attention_mask=mask, temperature=0, max_new_tokens=9, num_draft_tokens=3)
+    ref = mmspec.generate(target, draft, ids, static_cache=True, pipeline=True, **kw)
+    got = mmspec.generate(target, draft, ids, engine=Engine("static", pipeline=True), **kw)
+    assert torch.equal(ref.sequences, got.sequences)
+    assert Engine.from_switches(static_cache=True, pipeline=False) == Engine("static", False)
+    assert Engine.from_switches(compile="inductor").compile == "inductor"
+    with pytest.raises(ValueError, match="engine: accepted an Engine, given instead of"):
+        mmspec.generate(target, draft, ids, engine=Engine("static"), static_cache=True, **kw)
+    with pytest.raises(ValueError, match="mode='fast'"):
+        Engine("fast")
+    with pytest.raises(ValueError, match="accepted a model on a CUDA device"):
+        mmspec.generate(target, draft, ids, engine=Engine("graphs"), **kw)

@@ -107,10 +107,10 @@ class TextToImage:
                  top_p: float | None = None, seed: int | None = None, progress: bool = True,
                  decode: bool = True, profile: bool = False, compile: bool | str = False,
                  static_cache: bool | None = None, pipeline: bool | None = None,
-                 **method_params) -> ImageOutput:
-        """compile / static_cache / pipeline / profile: as in ``mmspec.generate`` (static
-        caches, steps captured as CUDA graphs, draft steps queued ahead); the eager path is
-        the reference and gives the same tokens under greedy decoding."""
+                 engine: Engine | None = None, **method_params) -> ImageOutput:
+        """compile / static_cache / pipeline / profile, or ``engine``: as in ``mmspec.generate``
+        (static caches, steps captured as CUDA graphs, draft steps queued ahead); the eager
+        path is the reference and gives the same tokens under greedy decoding."""
         tgt = self.target
         # 1. Inputs, checked before any model runs.
         rows, neg_rows = self._rows(prompt, class_labels, num_images_per_prompt, negative_prompt)
@@ -120,7 +120,8 @@ class TextToImage:
         if top_k is not None and top_k > tgt.vocab_size:
             raise ValueError(f"top_k={top_k}: accepted at most the codebook size {tgt.vocab_size}")
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-        engine = Engine.from_switches(compile, static_cache, pipeline, profile).check(tgt.model)
+        engine = Engine.from_switches(compile, static_cache, pipeline, profile,
+                                      engine).check(tgt.model)
         spec = parse_method(method, method_params, has_draft=self.draft is not None)
         batch = tgt.prompt_batch(rows, neg_rows, g is not None)
         width, n = batch["input_ids"].shape[1], tgt.num_tokens

@@ -78,8 +78,8 @@ class TextToSpeech:
                  guidance_scale: float | None = None, max_frames: int | None = None,
                  progress: bool = True, decode: bool = True, compile: bool | str = False,
                  static_cache: bool | None = None, pipeline: bool | None = None,
-                 **method_params) -> AudioOutput:
-        """compile / static_cache / pipeline: as in ``mmspec.generate`` (static caches, steps
+                 engine: Engine | None = None, **method_params) -> AudioOutput:
+        """compile / static_cache / pipeline, or ``engine``: as in ``mmspec.generate`` (static caches, steps
         captured as CUDA graphs, draft steps queued ahead), for single-codebook and CSM targets
         (CSM: the backbone's steps; the depth decoder runs eagerly). Delay-pattern models
         (MusicGen) decode eagerly on a dynamic cache."""
@@ -91,8 +91,8 @@ class TextToSpeech:
         top_k = self.defaults.get("top_k") if top_k is None else top_k
         frames = check_count("max_frames", tgt.max_frames if max_frames is None else max_frames)
         params = SamplingParams(temperature=temperature, top_k=top_k)
-        engine = tgt.check_engine(Engine.from_switches(compile, static_cache, pipeline)
-                                  .check(tgt.model))
+        engine = tgt.check_engine(Engine.from_switches(compile, static_cache, pipeline,
+                                                       engine=engine).check(tgt.model))
         spec = parse_method(method, method_params, has_draft=self.draft is not None)
         tgt.check_method(spec)
         batch = tgt.prompt(texts, g is not None)

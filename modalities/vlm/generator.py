@@ -218,7 +218,7 @@ class VisionLanguageGenerator:
                  max_new_tokens: int = 64, temperature: float = 1.0, top_p: float | None = None,
                  top_k: int | None = None, seed: int | None = None, stream: bool = False,
                  captions=None, compile: bool | str = False, static_cache: bool | None = None,
-                 pipeline: bool | None = None, **method_params):
+                 pipeline: bool | None = None, engine: Engine | None = None, **method_params):
         """One image (or None, or a list) per prompt; a single pair may be given unwrapped.
 
         compile:      static caches for target and draft, and their decoding steps captured
@@ -229,11 +229,13 @@ class VisionLanguageGenerator:
         pipeline:     draft-model steps queued before the last is read (rejected drafts kept
                       as holes); None: on with ``compile=True`` and a text or image draft
                       (not with the ensemble, whose mixture weights are read every step).
+        engine:       an ``mmspec.Engine`` instead of the three switches (docs/engine.md).
         """
         # 1. Inputs, checked before any model runs.
         images, prompts = self._pairs(images, prompt_or_messages)
         check_count("max_new_tokens", max_new_tokens)
-        engine = Engine.from_switches(compile, static_cache, pipeline).check(self.target)
+        engine = Engine.from_switches(compile, static_cache, pipeline,
+                                      engine=engine).check(self.target)
         spec = parse_method(method, method_params, has_draft=self.draft is not None)
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
         batch = self.encode(images, prompts)
