@@ -139,13 +139,13 @@ def _default_stops(target) -> list[int]:
 
 @torch.inference_mode()
 def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="exact",
-             num_draft_tokens: int = 4, max_new_tokens: int = 64, temperature: float = 1.0,
+             num_draft_tokens: int = 4, max_new_tokens: int = 64, temperature: float | None = None,
              top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
              seed: int | None = None, stop_token_ids=None, pad_token_id: int | None = None,
              drafter=None, guidance_scale: float | None = None, uncond_input_ids=None,
              uncond_attention_mask=None, compile: bool = False, static_cache: bool | None = None,
              pipeline: bool | None = None, profile: bool = False,
-             engine: Engine | None = None) -> GenerateOutput:
+             engine: Engine | None = None, generation_config=None) -> GenerateOutput:
     """Speculative decoding of ``target`` with ``draft`` (or plain decoding if both ``draft``
     and ``drafter`` are None).
 
@@ -154,7 +154,11 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
     rule:           a rule name (``"exact"``, ``"greedy"``, the relaxed rules) or a Rule.
     num_draft_tokens: K, drafts per step (>= 1).
     temperature, top_k, top_p, min_p: processing applied to target and draft alike;
-                    temperature 0 is greedy decoding.
+                    temperature 0 is greedy decoding (default: temperature 1, no
+                    truncation; ``model.generate`` differs, see ``generation_config``).
+    generation_config: a transformers GenerationConfig, or ``"model"`` for the target's own:
+                    its sampling settings (greedy unless do_sample; top-k 50 when unset, as
+                    transformers) under any of the four arguments above that are given.
     seed:           seeds a torch.Generator on the prompt's device (None: global RNG).
     stop_token_ids: ids that end a row (default: the target's eos_token_id).
     drafter:        a drafter object instead of ``draft`` (``Jacobi``, ensembles ...); a
@@ -187,7 +191,8 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
     num_generated [B], prompt_length, stats).
     """
     engine = Engine.from_switches(compile, static_cache, pipeline, profile, engine)
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    sampling = sampling_params(target, generation_config, temperature=temperature, top_k=top_k,
+                               top_p=top_p, min_p=min_p)
     guidance = Guidance.from_arguments(guidance_scale, uncond_input_ids, uncond_attention_mask)
     run, prompt = _setup(target, draft, input_ids, attention_mask, rule, num_draft_tokens,
                          max_new_tokens, sampling, seed, drafter, guidance, engine)
@@ -195,6 +200,20 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
     run.prefill(prompt)
     res = run.collect(input_ids[:, -1], stops=stops)
     return _output(input_ids, res.tokens, run.stats, _pad_id(target, pad_token_id))
+
+
+def sampling_params(model, generation_config, **given) -> SamplingParams:
+    """The call's processing: the given arguments over ``generation_config`` (``"model"``:
+    the model's own), or over mmspec's defaults (temperature 1, no truncation)."""
+    if generation_config is None:
+        given["temperature"] = 1.0 if given["temperature"] is None else given["temperature"]
+        return SamplingParams(**given)
+    if isinstance(generation_config, str):
+        if generation_config != "model":
+            raise ValueError(f"generation_config={generation_config!r}: accepted a "
+                             "GenerationConfig, 'model' or None")
+        generation_config = model.generation_config
+    return SamplingParams.from_generation_config(generation_config, **given)
 
 
 def _pad_id(target, pad_token_id: int | None) -> int:

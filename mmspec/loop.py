@@ -62,22 +62,24 @@ class LoopResult:
 class Stops:
     """Ids that end a row. For events of several ids, ``on="last"`` stops on a stop id in the
     event's last id (a delay pattern's last codebook ends last), ``on="all"`` when every id
-    of the event is one (CSM's end-of-audio frame)."""
+    of the event is one, ``on="all-but-last"`` when every id but the last is one (CSM's
+    end-of-audio frame, as transformers' CSM generation stops)."""
 
     ids: tuple[int, ...] = ()
     on: str = "last"
 
     def __post_init__(self):
-        if self.on not in ("last", "all"):
-            raise ValueError(f"stop_on={self.on!r}: accepted 'last' or 'all'")
+        if self.on not in ("last", "all", "all-but-last"):
+            raise ValueError(f"stop_on={self.on!r}: accepted 'last', 'all' or 'all-but-last'")
         object.__setattr__(self, "ids", tuple(sorted({int(i) for i in self.ids})))
 
     def cut(self, tokens: torch.Tensor, emitted: torch.Tensor, ids: torch.Tensor):
         """tokens [B, K+1, *event], emitted [B], ids: ``self.ids`` on the device ->
         (done [B]: a stop among the emitted, count [B]: emitted up to the first stop)."""
         cols = torch.arange(tokens.shape[1], device=tokens.device)
-        if tokens.dim() > 2 and self.on == "all":
-            hit = torch.isin(tokens.flatten(2), ids).all(-1)
+        if tokens.dim() > 2 and self.on != "last":
+            ids_ = tokens.flatten(2) if self.on == "all" else tokens.flatten(2)[..., :-1]
+            hit = torch.isin(ids_, ids).all(-1)
         else:
             hit = torch.isin(tokens.flatten(2)[..., -1] if tokens.dim() > 2 else tokens, ids)
         hit = hit & (cols[None] < emitted[:, None])

@@ -6,6 +6,11 @@ guidance first (on logits, ``u + s (c - u)``), then temperature, then top-k, top
 Temperature 0 means greedy: the processed distribution is one-hot at the argmax (ties go to
 the lowest id, as ``torch.argmax``), so every rule of this package reduces to greedy
 verification and plain sampling reduces to greedy decoding.
+
+Defaults differ from ``model.generate``'s: mmspec samples at temperature 1 with no
+truncation unless told, while transformers 5 decodes greedily unless ``do_sample`` and, when
+sampling, fills an unset top-k with 50. ``SamplingParams.from_generation_config`` (the front
+doors' ``generation_config=``) gives a GenerationConfig's processing exactly.
 """
 
 from __future__ import annotations
@@ -52,14 +57,33 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @classmethod
+    def from_generation_config(cls, config, **given) -> "SamplingParams":
+        """The processing ``model.generate`` applies for a transformers GenerationConfig:
+        greedy unless ``do_sample``; else its temperature (unset: 1), top-k (unset: 50, as
+        transformers fills it; 0: off), top-p (1: off) and min-p. ``given`` values that are
+        not None win (the caller's explicit arguments)."""
+        if not config.do_sample:
+            values = dict(temperature=0.0)
+        else:
+            top_k = 50 if config.top_k is None else (config.top_k or None)
+            top_p = None if config.top_p in (None, 1.0) else config.top_p
+            values = dict(temperature=1.0 if config.temperature is None else config.temperature,
+                          top_k=top_k, top_p=top_p, min_p=config.min_p)
+        values.update({k: v for k, v in given.items() if v is not None})
+        return cls(**values)
+
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """[..., V] logits -> [..., V] float32 (or float64 if given) probabilities."""
         return process_logits(logits, self)
 
 
 def guide(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
-    """Classifier-free guidance on logits: ``u + s (c - u)`` (s = 1 returns ``cond``)."""
-    return uncond + scale * (cond - uncond)
+    """Classifier-free guidance on logits: ``u + s (c - u)`` (s = 1 returns ``cond``). An id
+    masked (-inf) in either branch stays masked, where the formula would give NaN
+    (-inf - -inf) or an unbounded logit."""
+    out = uncond + scale * (cond - uncond)
+    return torch.where(torch.isneginf(cond) | torch.isneginf(uncond), float("-inf"), out)
 
 
 def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -32,3 +32,11 @@ def adapters(modality: str | None = None) -> list[AdapterInfo]:
     """Every registered adapter (of one modality), by name (``import modalities`` registers
     the shipped ones)."""
     return [a for _, a in sorted(_ADAPTERS.items()) if modality in (None, a.modality)]
+
+
+def generation_defaults(model) -> dict:
+    """A model's own generation settings that a pipeline uses when the call gives none:
+    ``guidance_scale`` from its generation config (MusicGen's released checkpoints: 3.0;
+    None or 1 means no guidance)."""
+    scale = getattr(getattr(model, "generation_config", None), "guidance_scale", None)
+    return {} if scale is None else {"guidance_scale": float(scale)}

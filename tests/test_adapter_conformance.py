@@ -4,7 +4,10 @@ on tiny float32 models built from configs, greedy decoding:
 - speculative decoding (a draft model and Jacobi) gives plain decoding's tokens;
 - static caches give the dynamic caches' tokens (or are refused with a clear error before
   any work, where the layout cannot roll a static cache back);
-- each row of a batch gives the tokens it gives alone (left padding, ragged rows).
+- each row of a batch gives the tokens it gives alone (left padding, ragged rows);
+- where transformers can generate with the model (LLaVA, LLaVA-NeXT, MusicGen, CSM), plain
+  greedy decoding gives the model's own ``generate`` tokens, on configs in transformers'
+  own layouts (MusicGen's pad id = vocabulary size; CSM's stop rule).
 
 Every registered adapter needs a case below: registering one without a case fails
 ``test_every_registered_adapter_has_a_case``.
@@ -28,6 +31,7 @@ class Case:
     run: Callable[[str, list[int], bool], list]
     methods: tuple[str, ...]
     static: bool = True          # static caches supported (else refused before any work)
+    own: Callable[[int], list] | None = None    # row -> [the model's own greedy generate]
 
 
 def _image(name: str) -> Case:
@@ -35,6 +39,13 @@ def _image(name: str) -> Case:
     from tiny_image import tiny_vq
 
     pipe, prompts = PIPES[name](tiny_vq())
+    if name == "emu3":            # a vocabulary map naming some codes, as transformers' tester
+        from modalities.image import Emu3Adapter, TextToImage
+        from tiny_image import tiny_emu3
+
+        codes = [0, 2, 3, 5, 7, 8, 11, 13, 17, 19, 23]
+        pipe = TextToImage(Emu3Adapter(tiny_emu3(codes=codes), 2, 3),
+                           Emu3Adapter(tiny_emu3(seed=1, hidden=16, layers=1, codes=codes), 2, 3))
 
     def run(method, rows, static):
         return pipe([prompts[i] for i in rows], method=method, temperature=0, seed=0,
@@ -54,23 +65,46 @@ def _vlm(kind: str) -> Case:
         return gen.generate([ims[i] for i in rows], [prompts[i] for i in rows], method=method,
                             temperature=0, max_new_tokens=10, seed=0,
                             static_cache=static).token_ids
-    return Case(run, ("exact", "sjd"))
+
+    def own(i):
+        batch = gen.encode([ims[i]], [prompts[i]])
+        out = target.generate(**batch, do_sample=False, max_new_tokens=10)
+        return [out[0, batch["input_ids"].shape[1]:].tolist()]
+    return Case(run, ("exact", "sjd"), own=own)
 
 
-def _speech(tts, texts, methods, static=True, frames=8) -> Case:
+def _speech(tts, texts, methods, static=True, frames=8, own=None) -> Case:
     def run(method, rows, static_):
         out = tts([texts[i] for i in rows], method=method, temperature=0, max_frames=frames,
                   progress=False, decode=False, static_cache=static_)
         return [c.tolist() for c in out.codes]
-    return Case(run, methods, static)
+    return Case(run, methods, static, own)
+
+
+TEXTS = [[3, 4, 5, 6, 7], [8, 9]]
 
 
 def _delay_pattern() -> Case:
+    """transformers' layout: the pad / start id equals the vocabulary size (one past the
+    logits), as MusicgenDecoderConfig's defaults and the released checkpoints."""
     from modalities.speech import TextToSpeech
     from tiny_speech import tiny_musicgen
 
-    tts = TextToSpeech.from_pretrained(tiny_musicgen(), tiny_musicgen(seed=1, hidden=8, layers=1))
-    return _speech(tts, [[3, 4, 5, 6, 7], [8, 9]], ("exact", "sjd"), static=False)
+    target = tiny_musicgen(pad_outside=True)
+    tts = TextToSpeech.from_pretrained(target, tiny_musicgen(seed=1, hidden=8, layers=1,
+                                                             pad_outside=True))
+
+    def own(i):                   # MusicGen's generate decodes its codes: read them there
+        seen, decode = [], target.audio_encoder.decode
+        target.audio_encoder.decode = lambda codes, *a, **k: seen.append(codes) or decode(codes, *a, **k)
+        try:
+            ids = torch.tensor([TEXTS[i]])
+            target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                            max_new_tokens=8 + 1)
+        finally:
+            target.audio_encoder.decode = decode
+        return [seen[0][0, 0, :, :8].T.tolist()]
+    return _speech(tts, TEXTS, ("exact", "sjd"), static=False, own=own)
 
 
 def _single_codebook() -> Case:
@@ -93,8 +127,19 @@ def _csm() -> Case:
     with torch.no_grad():                      # a perturbed copy: acceptance in (0, 1)
         for prm in draft.parameters():
             prm.add_(0.3 * torch.randn_like(prm) * prm.abs().mean())
-    tts = TextToSpeech(CsmAdapter(target, max_frames=8), CsmAdapter(draft, max_frames=8))
-    return _speech(tts, [[4, 5, 6, 7, 8], [9, 10]], ("exact",))
+    # An end-of-audio id these weights emit in every codebook but the last after 8 frames of
+    # the first text and never for the second: rows end by the model's own rule.
+    target.config.codebook_eos_token_id = draft.config.codebook_eos_token_id = 7
+    texts = [[4, 5, 6, 7, 8], [9, 10]]
+    tts = TextToSpeech(CsmAdapter(target, max_frames=10), CsmAdapter(draft, max_frames=10))
+
+    def own(i):                   # transformers' sequence ends with its end frame
+        ids = torch.tensor([texts[i]])
+        out = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                              do_sample=False, max_new_tokens=10, output_audio=False)[0]
+        ended = bool((out[-1, :-1] == 7).all())
+        return [out[:-1].tolist() if ended else out.tolist()]
+    return _speech(tts, texts, ("exact",), frames=10, own=own)
 
 
 CASES = {
@@ -138,3 +183,23 @@ def test_batch_rows_equal_their_single_row_runs(case):
     for method in ("plain", case.methods[0]):
         both = case.run(method, [0, 1], False)
         assert both == case.run(method, [0], False) + case.run(method, [1], False), method
+
+
+OWN = ["llava", "llava-next", "delay-pattern", "csm"]
+
+
+@pytest.mark.parametrize("name", OWN)
+def test_plain_greedy_equals_the_models_own_generate(name):
+    case = CASES[name]()
+    for i in (0, 1):
+        assert case.run("plain", [i], False) == case.own(i), i
+
+
+def test_readme_lists_every_supported_model_class():
+    import pathlib
+
+    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme[readme.index("### Supported models"):readme.index("### The loop in one")]
+    for info in adapters():
+        assert f"`{info.name}`" in table, info.name
+        assert all(f"`{m}`" in table for m in info.models), info.models

@@ -441,3 +441,26 @@ def test_an_engine_object_stands_for_the_switches(pair, ragged_prompts):
         Engine("fast")
     with pytest.raises(ValueError, match="accepted a model on a CUDA device"):
         mmspec.generate(target, draft, ids, engine=Engine("graphs"), **kw)
+
+
+def test_generation_config_gives_model_generate_processing(pair):
+    from transformers import GenerationConfig
+
+    from mmspec import SamplingParams
+
+    sp = SamplingParams.from_generation_config
+    assert sp(GenerationConfig()) == SamplingParams(temperature=0.0)               # greedy
+    assert sp(GenerationConfig(do_sample=True)) == SamplingParams(top_k=50)        # transformers' fill
+    assert sp(GenerationConfig(do_sample=True, top_k=0, top_p=0.9, temperature=0.7)) == \
+        SamplingParams(temperature=0.7, top_p=0.9)
+    assert sp(GenerationConfig(do_sample=True), top_k=5) == SamplingParams(top_k=5)  # given wins
+    target, draft = pair
+    ids = torch.tensor([[1, 2, 3]])
+    own = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                          max_new_tokens=8, pad_token_id=0)
+    for d in (None, draft):
+        out = mmspec.generate(target, d, ids, max_new_tokens=8, generation_config="model",
+                              stop_token_ids=[])
+        assert torch.equal(out.sequences, own)
+    with pytest.raises(ValueError, match="generation_config='fast'"):
+        mmspec.generate(target, None, ids, generation_config="fast")

@@ -245,3 +245,18 @@ def test_recipe_runs_end_to_end_on_a_saved_tiny_model(tmp_path, vq, capsys):
     with pytest.raises(ValueError, match="not in the model's vocabulary"):
         text_to_image.main(["unknown words", "--model", str(tmp_path / "t"), "--no-progress",
                             "--out", str(out)])
+
+
+def test_emu3_partial_vocabulary_maps_generate_the_named_codes():
+    """A map that names some VQ codes (transformers' tester configurations): the generator
+    draws only those codes, which the VQ decodes; a map naming codes past the codebook is
+    refused with them named."""
+    codes = [0, 2, 3, 5, 7, 8, 11, 13, 17, 19, 23]
+    adapter = Emu3Adapter(tiny_emu3(codes=codes), 2, 3)
+    assert adapter.vocab_size == len(codes) + 1                      # + the end-of-row id
+    out = TextToImage(adapter)([[1, 5, 6, 42, 44]], method="sjd", progress=False, seed=0)
+    assert set(adapter.image_tokens(out.tokens).flatten().tolist()) <= set(codes)
+    assert out.images[0].size == (6, 4)
+    assert adapter.codebook_embeddings().shape[0] == adapter.vocab_size
+    with pytest.raises(ValueError, match=r"visual tokens \[30\] for a VQ codebook of 24 codes"):
+        Emu3Adapter(tiny_emu3(codes=[0, 30]), 2, 3)

@@ -293,3 +293,27 @@ def test_musicgen_for_causal_lm_with_a_text_encoder_equals_the_full_model(delay_
     assert all(torch.equal(x, y) for x, y in zip(a.codes, c.codes))
     with pytest.raises(ValueError, match="text_encoder="):
         DelayPatternAdapter(t.decoder, EncodecCodec(t.audio_encoder))
+
+
+def test_guidance_defaults_to_the_models_generation_config():
+    from modalities.speech.bundled import load_speech_adapter
+
+    m = tiny_musicgen(pad_outside=True)
+    assert m.generation_config.guidance_scale is None
+    assert load_speech_adapter(m)[1] == {}                          # no guidance unless set
+    m.generation_config.guidance_scale = 3.0                        # released checkpoints
+    assert load_speech_adapter(m)[1] == {"guidance_scale": 3.0}
+    tts = TextToSpeech.from_pretrained(m)                           # pad id past the logits
+    out = tts(TEXTS, temperature=1.0, seed=0, max_frames=6, progress=False)
+    assert all(c.shape == (6, 2) and int(c.max()) < 16 for c in out.codes)
+
+
+def test_guidance_keeps_masked_logits_masked():
+    from mmspec.sampling import guide
+
+    inf = float("inf")
+    c = torch.tensor([1.0, -inf, 0.5, -inf])
+    u = torch.tensor([0.0, -inf, -inf, 2.0])
+    g = guide(c, u, 3.0)
+    assert g[0] == 3.0 and torch.isneginf(g[1:]).all()            # no NaN from -inf - -inf
+    assert torch.equal(guide(c, c, 0.0)[:1], c[:1])

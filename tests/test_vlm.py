@@ -187,3 +187,35 @@ def test_recipe_runs_on_a_saved_tiny_model(tmp_path, capsys):
     assert res["spec"].token_ids == res["plain"].token_ids
     out = capsys.readouterr().out
     assert "tokens/step" in out and "identical to plain: True" in out
+
+
+REFUSED = [("PaliGemmaForConditionalGeneration", "prefix-LM"),
+           ("Gemma3ForConditionalGeneration", "bidirectional attention"),
+           ("Qwen2VLForConditionalGeneration", "M-RoPE"),
+           ("Qwen2_5_VLForConditionalGeneration", "M-RoPE"),
+           ("Qwen3VLForConditionalGeneration", "M-RoPE"),
+           ("Qwen3VLMoeForConditionalGeneration", "M-RoPE"),
+           ("Qwen3_5ForConditionalGeneration", "M-RoPE"),
+           ("LlavaOnevisionForConditionalGeneration", "does not implement"),
+           ("Gemma3nForConditionalGeneration", "does not implement")]
+
+
+@pytest.mark.parametrize("name,why", REFUSED)
+def test_unsupported_vlm_classes_are_refused_with_the_reason(name, why):
+    """The class with its default config, on the meta device (no weights): refused before
+    any work, as target and as an image draft."""
+    import transformers
+
+    from modalities.vlm.generator import supported_classes
+
+    cls = getattr(transformers, name)
+    with torch.device("meta"):
+        model = cls(cls.config_class())
+    with pytest.raises(ValueError, match=rf"target {name} .*{why}.*accepted "
+                                         r"LlavaForConditionalGeneration"):
+        VisionLanguageGenerator(model, tiny_processor())
+    target, _, proc = _models("llava")
+    with pytest.raises(ValueError, match=rf"draft {name} .*{why}"):
+        VisionLanguageGenerator(target, proc, model, "image")
+    assert supported_classes() == ["LlavaForConditionalGeneration",
+                                   "LlavaNextForConditionalGeneration"]

@@ -27,8 +27,10 @@ def tiny_janus(seed: int = 0, codebook: int = 32, text_vocab: int = 64, hidden: 
 
 
 def tiny_emu3(seed: int = 0, codebook: int = 24, text_words: int = 40, hidden: int = 32,
-              layers: int = 2) -> Emu3ForConditionalGeneration:
-    """An Emu3 whose vocabulary holds text ids, specials and one id per visual token."""
+              layers: int = 2, codes=None) -> Emu3ForConditionalGeneration:
+    """An Emu3 whose vocabulary holds text ids, specials and one id per visual token;
+    ``codes``: the VQ codes its vocabulary names (default all; a partial map as in
+    transformers' own Emu3 tester configurations)."""
     torch.manual_seed(seed)
     vocab = {f"w{i}": i for i in range(text_words)}
     nxt = text_words
@@ -36,7 +38,7 @@ def tiny_emu3(seed: int = 0, codebook: int = 24, text_words: int = 40, hidden: i
                  "<|image token|>", "<image>"):
         vocab[name] = nxt
         nxt += 1
-    for i in range(codebook):
+    for i in (range(codebook) if codes is None else codes):
         vocab[f"<|visual token {i:06d}|>"] = nxt
         nxt += 1
     cfg = Emu3Config(

@@ -6,7 +6,10 @@ import torch
 
 
 def tiny_musicgen(seed: int = 0, hidden: int = 16, layers: int = 2, codebooks: int = 2,
-                  codebook_size: int = 16):
+                  codebook_size: int = 16, pad_outside: bool = False):
+    """``pad_outside``: transformers' own MusicGen layout (``MusicgenDecoderConfig``'s
+    defaults and the released checkpoints): vocab_size = codebook size and the pad / start id
+    equal to it, one past the logits; else the pad id is the last logit (vocab = size + 1)."""
     from transformers import MusicgenConfig, MusicgenForConditionalGeneration
 
     torch.manual_seed(seed)
@@ -15,7 +18,7 @@ def tiny_musicgen(seed: int = 0, hidden: int = 16, layers: int = 2, codebooks: i
     enc = dict(model_type="encodec", target_bandwidths=[8.0], sampling_rate=16000,
                audio_channels=1, num_filters=4, num_residual_layers=1, upsampling_ratios=[4, 4],
                hidden_size=8, codebook_size=codebook_size, codebook_dim=8, num_lstm_layers=1)
-    dec = dict(model_type="musicgen_decoder", vocab_size=codebook_size + 1,
+    dec = dict(model_type="musicgen_decoder", vocab_size=codebook_size + (0 if pad_outside else 1),
                max_position_embeddings=256, num_hidden_layers=layers, ffn_dim=2 * hidden,
                num_attention_heads=2, hidden_size=hidden, num_codebooks=codebooks,
                pad_token_id=codebook_size, bos_token_id=codebook_size,

@@ -111,10 +111,12 @@ class TokenSpanAdapter(ImageAdapter):
     """
 
     def __init__(self, model, image_ids, grid, vq, *, prefix=(), suffix=(), pad_id=0,
-                 tokenizer=None, eol_id: int | None = None):
+                 tokenizer=None, eol_id: int | None = None, codes=None):
         super().__init__(model, grid if eol_id is None else (grid[0], grid[1] + 1), len(image_ids))
         self.image_grid = tuple(grid)
         self.image_ids = torch.as_tensor(image_ids, dtype=torch.long)
+        # The VQ code of each compact id (default: compact id i is code i).
+        self.codes = None if codes is None else torch.as_tensor(codes, dtype=torch.long)
         self.eol_id = eol_id
         ids = self.image_ids if eol_id is None else torch.cat([self.image_ids, torch.tensor([eol_id])])
         self.to_vocab = ids
@@ -155,6 +157,8 @@ class TokenSpanAdapter(ImageAdapter):
 
     def codebook_embeddings(self):
         cb = self.vq.codebook.detach().float()
+        if self.codes is not None:
+            cb = cb[self.codes.to(cb.device)]
         if self.eol_id is None:
             return cb
         far = cb.abs().max() * 1e3 + 1.0            # the EOL id is nobody's neighbour
@@ -162,10 +166,10 @@ class TokenSpanAdapter(ImageAdapter):
 
     def image_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """[B, N] generated compact ids -> [B, h * w] codebook ids (EOL column removed)."""
-        if self.eol_id is None:
-            return tokens
-        return tokens.view(tokens.shape[0], self.grid[0], self.grid[1])[..., :-1].reshape(
-            tokens.shape[0], -1)
+        if self.eol_id is not None:
+            tokens = tokens.view(tokens.shape[0], self.grid[0], self.grid[1])[..., :-1].reshape(
+                tokens.shape[0], -1)
+        return tokens if self.codes is None else self.codes.to(tokens.device)[tokens]
 
     def decode(self, tokens):
         pix = self.vq.decode(self.image_tokens(tokens).to(self.vq.device), self.image_grid)
@@ -194,14 +198,22 @@ class Emu3VQ:
 class Emu3Adapter(TokenSpanAdapter):
     """Emu3ForConditionalGeneration: visual tokens live in the text vocabulary; each row of
     ``width`` tokens ends with the EOL token (forced by the adapter's logits mask); the
-    negative prompt is the unconditional branch. Prompts are id lists that already hold Emu3's
-    image prompt (``<|image start|>{h}*{w}<|image token|>``), or strings with a processor."""
+    negative prompt is the unconditional branch. A vocabulary map that names only some VQ
+    codes (transformers' test configurations) generates those codes only. Prompts are id
+    lists that already hold Emu3's image prompt (``<|image start|>{h}*{w}<|image token|>``),
+    or strings with a processor."""
 
     def __init__(self, model, height: int, width: int, processor=None, pad_id: int = 0):
         vm = model.vocabulary_mapping
-        image_ids = [vm.img2bpe[i] for i in range(len(vm.img2bpe))]
-        super().__init__(model, image_ids, (height, width), Emu3VQ(model), pad_id=pad_id,
-                         eol_id=vm.eol_token_id)
+        codes = sorted(vm.img2bpe)      # the VQ codes the vocabulary names (maybe not all)
+        size = int(model.config.vq_config.codebook_size)
+        if not codes or codes[-1] >= size:
+            bad = [c for c in codes if c >= size][:8] or "none"
+            raise ValueError(f"Emu3 vocabulary map: visual tokens {bad} for a VQ codebook of "
+                             f"{size} codes: accepted a map naming codes in [0, {size - 1}]")
+        super().__init__(model, [vm.img2bpe[c] for c in codes], (height, width), Emu3VQ(model),
+                         pad_id=pad_id, eol_id=vm.eol_token_id,
+                         codes=None if codes == list(range(size)) else codes)
         self.processor = processor
 
     def _encode(self, prompt):

@@ -23,6 +23,8 @@ from mmspec.runner import prepare
 from mmspec.sampling import SamplingParams
 from mmspec.types import StepStats
 
+from modalities.registry import generation_defaults
+
 from .adapters import (Emu3Adapter, ImageAdapter, JanusAdapter, LlamaGenAdapter,
                        TokenSpanAdapter)
 
@@ -179,7 +181,7 @@ def load_adapter(spec, **load_kwargs) -> tuple[ImageAdapter, dict]:
     if not isinstance(spec, (str, os.PathLike)):
         name = type(spec).__name__
         if name == "JanusForConditionalGeneration":
-            return JanusAdapter(spec), {}
+            return JanusAdapter(spec), generation_defaults(spec)
         if name == "LlamaGenForImageGeneration":
             raise ValueError("a LlamaGen model needs its VQ tokenizer: pass "
                              "LlamaGenAdapter(model, VQTokenizer(...))")
@@ -196,14 +198,14 @@ def load_adapter(spec, **load_kwargs) -> tuple[ImageAdapter, dict]:
     if cfg.model_type == "janus":
         from transformers import JanusForConditionalGeneration
 
-        return JanusAdapter(JanusForConditionalGeneration.from_pretrained(path, **load_kwargs).eval(),
-                            processor), {"guidance_scale": 5.0}
+        model = JanusForConditionalGeneration.from_pretrained(path, **load_kwargs).eval()
+        return JanusAdapter(model, processor), generation_defaults(model)
     if cfg.model_type == "emu3":
         from transformers import Emu3ForConditionalGeneration
 
         model = Emu3ForConditionalGeneration.from_pretrained(path, **load_kwargs).eval()
         side = int(load_kwargs.pop("image_grid", 90)) if "image_grid" in load_kwargs else 90
-        return Emu3Adapter(model, side, side, processor), {"guidance_scale": 3.0}
+        return Emu3Adapter(model, side, side, processor), generation_defaults(model)
     raise ValueError(f"{path}: model_type {cfg.model_type!r} is not an image-token target "
                      "mmspec knows (janus, emu3, mmspec_llamagen, or a folder with "
                      "mmspec_image.json)")

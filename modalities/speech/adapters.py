@@ -30,7 +30,8 @@ from mmspec.loop import Stops
 from mmspec.session import TokenSpanSession, max_positions
 from modalities.registry import register_adapter
 
-from .delay import DecoderWithTextEncoder, DelayPatternSession, apply_delay, undo_delay
+from .delay import (DecoderWithTextEncoder, DelayPatternSession, apply_delay, event_width,
+                    undo_delay)
 
 
 class CodecAdapter:
@@ -152,10 +153,10 @@ class DelayPatternAdapter(CodecAdapter):
         self.tokenizer = tokenizer
         dcfg = model.decoder.config
         self.codebooks = int(model.decoder.num_codebooks)
-        self.vocab_size = int(dcfg.vocab_size)
         self.pad = dcfg.pad_token_id if pad_token_id is None else pad_token_id
         self.start = getattr(model.generation_config, "decoder_start_token_id", None) or self.pad
         self.eos = eos_token_id
+        self.vocab_size = event_width(int(dcfg.vocab_size), self.pad, self.eos)   # ids per codebook
         self.max_frames = max_frames
         self.frames_per_char = frames_per_char
 
@@ -212,6 +213,7 @@ class DelayPatternAdapter(CodecAdapter):
         return torch.cat([start, delayed[:-1]]), delayed, (t >= k) & (t < k + frames.shape[0])
 
     def codebook_embeddings(self, c: int) -> torch.Tensor:
+        """[vocab_size, d]: codebook c's input embeddings (MusicGen embeds its pad id too)."""
         emb = self.model.decoder.get_input_embeddings()
         table = emb[c] if isinstance(emb, torch.nn.ModuleList) else emb
         return table.weight.detach().float()[: self.vocab_size]

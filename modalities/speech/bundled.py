@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 
+from modalities.registry import generation_defaults
+
 from .adapters import CodecAdapter, DelayPatternAdapter
 from .codec import EncodecCodec, load_codec
 from .csm import CsmAdapter
@@ -30,7 +32,7 @@ def load_speech_adapter(spec, **load_kwargs):
         return spec, {}
     if not isinstance(spec, (str, os.PathLike)):
         if type(spec).__name__ == "MusicgenForConditionalGeneration":
-            return DelayPatternAdapter(spec, EncodecCodec(spec.audio_encoder)), {"guidance_scale": 3.0}
+            return DelayPatternAdapter(spec, EncodecCodec(spec.audio_encoder)), generation_defaults(spec)
         if type(spec).__name__ == "CsmForConditionalGeneration":
             return CsmAdapter(spec), {}
         raise ValueError(f"cannot build a speech adapter from {type(spec).__name__}")
@@ -68,4 +70,4 @@ def load_speech_adapter(spec, **load_kwargs):
         tok = AutoProcessor.from_pretrained(path).tokenizer
     except Exception:  # no tokenizer files next to the weights
         tok = None
-    return DelayPatternAdapter(model, EncodecCodec(model.audio_encoder), tok), {"guidance_scale": 3.0}
+    return DelayPatternAdapter(model, EncodecCodec(model.audio_encoder), tok), generation_defaults(model)

@@ -138,8 +138,8 @@ class CsmAdapter(CodecAdapter):
     Prompts are text ids (lists of ints, or strings through ``tokenizer``/processor, e.g.
     ``"[0]Hello there."`` with CSM's processor); frames are decoded by the model's own codec
     (Mimi) unless ``codec`` is given. Each row stops at its first end-of-audio frame (every
-    codebook = ``codebook_eos_token_id``, as transformers' CSM generation) or after
-    ``max_frames``.
+    codebook but the last = ``codebook_eos_token_id``, transformers' CSM stopping rule) or
+    after ``max_frames``; the returned codes end before that frame.
     """
 
     frame_rule = DepthFrame
@@ -171,16 +171,18 @@ class CsmAdapter(CodecAdapter):
         return torch.zeros((b, self.codebooks), dtype=torch.long, device=self.device)
 
     def stops(self) -> Stops:
-        return Stops((self.frame_eos,), on="all")
+        """A row ends with a frame whose codebooks but the last are end-of-audio (the model's
+        own rule: transformers' CSM generation)."""
+        return Stops((self.frame_eos,), on="all-but-last")
 
     def codebook_embeddings(self, c: int) -> torch.Tensor:
         table = self.model.backbone_model.embed_tokens.embed_audio_tokens.weight.detach().float()
         return table[c * self.vocab_size:(c + 1) * self.vocab_size]
 
     def codes(self, row: list, frames: int) -> torch.Tensor:
-        """Generated frames of one row up to (excluding) its first end-of-audio frame."""
+        """Generated frames of one row up to (excluding) its end-of-audio frame."""
         codes = torch.tensor(row, dtype=torch.long).view(-1, self.codebooks)
-        end = (codes == self.frame_eos).all(1)
+        end = (codes[:, :-1] == self.frame_eos).all(1)
         n = int(end.nonzero()[0]) if bool(end.any()) else len(codes)
         return codes[:n]
 

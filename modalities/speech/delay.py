@@ -7,13 +7,15 @@ head from the same prefix, so a step is one event with factorised p = prod_c p_c
 ``Frame`` rule verifies it exactly. Steps where codebook c is outside its frames (t < c, or
 t >= N + c after the last frame N - 1) are forced to the pad token (end-of-speech token for
 models that stop on their own) by the adapter's logits mask, as part of the target
-distribution. ``apply_delay`` / ``undo_delay`` convert between frames and the delayed stream;
+distribution; where the pad id lies past the logits (transformers' layout: pad id = vocab
+size), the distributions get one more column for it. ``apply_delay`` / ``undo_delay`` convert between frames and the delayed stream;
 ``DecoderWithTextEncoder`` calls a decoder-only MusicGen with a separate text encoder.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from mmspec.cache import cache_argument, crop
 from mmspec.sampling import SamplingParams, guide
@@ -38,6 +40,13 @@ def undo_delay(stream: torch.Tensor, frames: int) -> torch.Tensor:
     return torch.stack([stream[:, k:k + frames, k] for k in range(c)], -1)
 
 
+def event_width(logits: int, pad: int, eos: int | None) -> int:
+    """Ids a codebook's distribution covers: the logits, and the pad / end-of-speech ids the
+    pattern forces, which transformers' MusicGen layout puts one past the logits
+    (vocab_size = codebook size = pad id)."""
+    return max(logits, pad + 1, -1 if eos is None else eos + 1)
+
+
 class DelayPatternSession(Session):
     """MusicgenForConditionalGeneration-style model: text encoder + multi-codebook decoder.
 
@@ -59,7 +68,8 @@ class DelayPatternSession(Session):
         self.params = params
         self.guidance_scale = guidance_scale
         self.codebooks = int(model.decoder.num_codebooks)
-        self.vocab_size = int(model.decoder.config.vocab_size)
+        self.logit_width = int(model.decoder.config.vocab_size)
+        self.vocab_size = event_width(self.logit_width, pad_token_id, eos_token_id)
         self.num_frames = num_frames
         self.pad = pad_token_id
         self.eos = eos_token_id
@@ -99,6 +109,8 @@ class DelayPatternSession(Session):
                                                            device=tokens.device),
                          cache=self.cache, use_cache=True)
         logits = out.logits.view(r, c, n, -1).permute(0, 2, 1, 3)              # [R, n, C, V]
+        if self.vocab_size > self.logit_width:     # the pad id is past the logits (MusicGen)
+            logits = F.pad(logits, (0, self.vocab_size - self.logit_width), value=float("-inf"))
         if self.guided:
             logits = guide(logits[:b], logits[b:], self.guidance_scale)
         # Step of each prediction and the end-of-speech step seen so far in the prefix.

@@ -8,7 +8,9 @@
 Targets: LlavaForConditionalGeneration and LlavaNextForConditionalGeneration (anyres:
 ``image_sizes`` and per-image token counts come from the processor) through transformers'
 Auto classes and processors (chat templates). Image features are computed once, in the
-prefill; verification passes carry no pixels.
+prefill; verification passes carry no pixels. Other VLM classes are refused up front with
+the reason (``check_supported``): prefix-LM attention (PaliGemma, Gemma 3), 3-D rotary
+positions (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5), or not implemented.
 
 Drafts (``draft_mode``):
 - ``"text"``: a causal LM that never sees the image: the prompt's text with the image
@@ -32,14 +34,14 @@ import torch
 from mmspec.checks import check_count, check_positions
 from mmspec.drafters.ensemble import EnsembleDrafter
 from mmspec.engine import Engine
+from mmspec.generate import sampling_params
 from mmspec.loop import Stops
 from mmspec.registry import MethodContext, parse_method
 from mmspec.runner import prepare
-from mmspec.sampling import SamplingParams
 from mmspec.session import CausalLMSession, PaddedSession, max_positions, output_vocab_size
 from mmspec.types import StepStats
 
-from modalities.registry import register_adapter
+from modalities.registry import adapters, register_adapter
 
 
 @dataclass
@@ -54,6 +56,31 @@ def _is_vlm(model) -> bool:
     return hasattr(model.config, "vision_config")
 
 
+# Model families mmspec does not implement yet, and why its loop would give other tokens.
+_REFUSED = {
+    "paligemma": "prefix-LM: the image and prompt attend to each other bidirectionally, and a "
+                 "causal verification of the last prompt token would leave that prefix",
+    "gemma3": "bidirectional attention within each image's tokens (prefix-LM style)",
+    **dict.fromkeys(("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5",
+                     "qwen3_5_moe"),
+                    "3-D rotary positions (M-RoPE) that mmspec does not yet plan per step"),
+}
+
+
+def supported_classes() -> list[str]:
+    """The vision-language model classes VisionLanguageGenerator implements."""
+    return sorted(m for a in adapters("vlm") for m in a.models)
+
+
+def check_supported(model, role: str) -> None:
+    """Refuse, before any work and with the reason, a VLM class mmspec does not implement."""
+    name, kind = type(model).__name__, getattr(model.config, "model_type", None)
+    if name in supported_classes():
+        return
+    why = _REFUSED.get(kind, "a class VisionLanguageGenerator does not implement")
+    raise ValueError(f"{role} {name} ({kind}): {why}; accepted {', '.join(supported_classes())}")
+
+
 class VisionLanguageGenerator:
     """target: a LLaVA-family model; processor: its processor (tokenizer, image processor,
     chat template); draft: a causal LM (text draft) or a VLM (image / ensemble draft)."""
@@ -62,6 +89,7 @@ class VisionLanguageGenerator:
                  draft_processor=None):
         if not _is_vlm(target):
             raise ValueError("target must be a vision-language model (a config with vision_config)")
+        check_supported(target, "target")
         self.target, self.processor, self.draft = target, processor, draft
         self.draft_processor = draft_processor or processor
         if draft is not None:
@@ -70,6 +98,8 @@ class VisionLanguageGenerator:
                 raise ValueError(f"draft_mode={draft_mode!r}: accepted 'text', 'image' or 'ensemble'")
             if draft_mode in ("image", "ensemble") and not _is_vlm(draft):
                 raise ValueError(f"draft_mode={draft_mode!r} needs a vision-language draft")
+            if draft_mode != "text":
+                check_supported(draft, "draft")
             vt, vd = output_vocab_size(target), output_vocab_size(draft)
             if vd > vt:
                 raise ValueError(f"vocabulary mismatch: the draft has {vd} ids, the target {vt}: "
@@ -215,10 +245,11 @@ class VisionLanguageGenerator:
 
     @torch.inference_mode()
     def generate(self, images, prompt_or_messages, *, method: str = "plain",
-                 max_new_tokens: int = 64, temperature: float = 1.0, top_p: float | None = None,
-                 top_k: int | None = None, seed: int | None = None, stream: bool = False,
-                 captions=None, compile: bool | str = False, static_cache: bool | None = None,
-                 pipeline: bool | None = None, engine: Engine | None = None, **method_params):
+                 max_new_tokens: int = 64, temperature: float | None = None,
+                 top_p: float | None = None, top_k: int | None = None, seed: int | None = None,
+                 stream: bool = False, captions=None, compile: bool | str = False,
+                 static_cache: bool | None = None, pipeline: bool | None = None,
+                 engine: Engine | None = None, generation_config=None, **method_params):
         """One image (or None, or a list) per prompt; a single pair may be given unwrapped.
 
         compile:      static caches for target and draft, and their decoding steps captured
@@ -230,6 +261,9 @@ class VisionLanguageGenerator:
                       as holes); None: on with ``compile=True`` and a text or image draft
                       (not with the ensemble, whose mixture weights are read every step).
         engine:       an ``mmspec.Engine`` instead of the three switches (docs/engine.md).
+        temperature, top_p, top_k: default temperature 1 without truncation; or
+        generation_config: a GenerationConfig or ``"model"`` (the target's own), as in
+                      ``mmspec.generate``.
         """
         # 1. Inputs, checked before any model runs.
         images, prompts = self._pairs(images, prompt_or_messages)
@@ -237,7 +271,8 @@ class VisionLanguageGenerator:
         engine = Engine.from_switches(compile, static_cache, pipeline,
                                       engine=engine).check(self.target)
         spec = parse_method(method, method_params, has_draft=self.draft is not None)
-        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+        params = sampling_params(self.target, generation_config, temperature=temperature,
+                                 top_p=top_p, top_k=top_k)
         batch = self.encode(images, prompts)
         width, limit = batch["input_ids"].shape[1], max_positions(self.target)
         check_positions("max_new_tokens", max_new_tokens, width, limit,
