@@ -138,10 +138,11 @@ def write_report(out_dir: str, task, prompts, options: dict) -> dict:
         task.visual(first, os.path.join(out_dir, "comparison.png"))
         plots.append("comparison.png")
     qm = [m for m in getattr(task, "quality_metrics", ()) if any(m in s for s in summary)]
+    run = options.get("run") or {}
+    settings = "; ".join(f"{k} {v}" for k, v in run.items() if k != "modality")
     lines = [f"# {task.modality} sweep", "",
              f"{len(rows)} rows; {len(prompts)} prompts; seeds {options.get('seeds')}; "
-             f"batch {options.get('batch')}; model {options.get('model') or 'bundled'}; "
-             f"device {options.get('device') or ('cuda' if _cuda() else 'cpu')}.", "",
+             f"methods {options.get('methods')}; {settings or 'settings not recorded'}.", "",
              "Medians over prompt chunks (speedup, bound, efficiency) and prompts (tokens per "
              "step, acceptance), interquartile range in brackets; quality deltas are against "
              "plain decoding at the same prompts and seeds, with 95% bootstrap intervals.", ""]

@@ -24,8 +24,10 @@ and the main process merges and writes the report.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import json
+import math
 import os
 import sys
 
@@ -34,16 +36,27 @@ from tqdm.auto import tqdm
 
 from eval.results import read_rows
 from eval.tasks import TASKS, load_prompts
+from mmspec.checks import check_count
+from mmspec.registry import parse_method
 
 
 def parse_seeds(text: str) -> list[int]:
+    """``"0-3"``, ``"0,5"``, ``"0-2,7"`` -> seeds; anything else raises naming --seeds."""
     out = []
-    for part in str(text).split(","):
-        if "-" in part:
-            a, b = part.split("-")
-            out.extend(range(int(a), int(b) + 1))
-        elif part.strip():
-            out.append(int(part))
+    try:
+        for part in str(text).split(","):
+            if "-" in part.strip()[1:]:
+                a, b = (int(x) for x in part.split("-"))
+                if b < a:
+                    raise ValueError
+                out.extend(range(a, b + 1))
+            elif part.strip():
+                out.append(int(part))
+    except ValueError:
+        raise ValueError(f"--seeds {text!r}: accepted integers and ascending ranges, e.g. 0-3 "
+                         "or 0,5") from None
+    if not out:
+        raise ValueError(f"--seeds {text!r}: accepted at least one seed")
     return out
 
 
@@ -106,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--temperature", type=float, default=None)
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--overwrite", action="store_true",
+                    help="start afresh in an --out made with other options (its rows are "
+                         "deleted); without it such a run is refused")
     ap.add_argument("--no-report", action="store_true")
     ap.add_argument("--deterministic", action="store_true",
                     help="deterministic GPU kernels where available (CUBLAS_WORKSPACE_CONFIG, "
@@ -205,25 +221,104 @@ def set_deterministic() -> None:
             getattr(torch.backends.cuda, name)(False)
 
 
+def check_options(args) -> list[str]:
+    """Every option checked before any model loads; returns the methods (plain first)."""
+    if args.num_prompts is not None:
+        check_count("--num-prompts", args.num_prompts)
+    check_count("--batch", args.batch)
+    parse_seeds(args.seeds)
+    for name in ("temperature", "guidance"):
+        v = getattr(args, name)
+        if v is not None and not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"--{name} {v!r}: accepted a finite number >= 0")
+    methods = [m.strip() for m in str(args.methods).split(",") if m.strip()]
+    if not methods:
+        raise ValueError(f"--methods {args.methods!r}: accepted one or more method names")
+    return methods if "plain" in methods else ["plain"] + methods   # the baseline
+
+
+def check_methods(methods: list[str], grid: dict, has_draft: bool) -> None:
+    """Every method and setting parsed (unknown names and parameters raise) before any unit."""
+    for m in grid:
+        if m not in methods:
+            raise ValueError(f"--param for {m!r}, which is not among --methods {methods}")
+    for method in methods:
+        for params in settings(method, grid):
+            parse_method(method, params, has_draft=has_draft)
+
+
+def _model_identity(path) -> str | None:
+    if path is None:
+        return None
+    path = os.path.abspath(str(path))
+    if not os.path.isdir(path):
+        return path
+    size = sum(os.path.getsize(os.path.join(path, f)) for f in sorted(os.listdir(path))
+               if f.endswith(".safetensors"))
+    return f"{path} ({size} bytes of weights)"
+
+
+def run_identity(args, task, prompts: list) -> dict:
+    """Every option that changes the rows besides a unit's method, setting and seed: what an
+    --out is made with (run.json), and what its report states."""
+    digest = hashlib.sha1("\n".join(map(str, prompts)).encode()).hexdigest()[:12]
+    return dict(modality=args.modality, model=_model_identity(task.model_path),
+                draft=_model_identity(task.draft_path), prompts=f"{len(prompts)} ({digest})",
+                batch=args.batch, temperature=args.temperature, guidance=args.guidance,
+                dtype=task.dtype, device=str(task.device),
+                deterministic=bool(args.deterministic))
+
+
+def claim_out(out: str, identity: dict, overwrite: bool) -> None:
+    """Refuse an --out whose rows were made with other options (naming them); --overwrite
+    starts afresh. Records the options in run.json."""
+    results, record = os.path.join(out, "results.jsonl"), os.path.join(out, "run.json")
+    if os.path.exists(results) and not overwrite:
+        old = json.load(open(record)) if os.path.exists(record) else None
+        if old is None:
+            raise ValueError(f"--out {out}: holds results with no record of the options they "
+                             "were made with; accepted another --out, or --overwrite")
+        diff = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in identity.items() if old.get(k) != v]
+        if diff:
+            raise ValueError(f"--out {out}: its rows were made with other options "
+                             f"({'; '.join(diff)}); accepted the same options, another --out, "
+                             "or --overwrite")
+    if overwrite:
+        for f in os.listdir(out) if os.path.isdir(out) else []:
+            if f.startswith("results") and f.endswith(".jsonl"):
+                os.remove(os.path.join(out, f))
+    os.makedirs(out, exist_ok=True)
+    with open(record, "w") as f:
+        json.dump(identity, f, indent=1)
+
+
+def repair_tail(path: str) -> None:
+    """Drop a last line cut by an interrupted write (it would glue onto the next row)."""
+    if not os.path.exists(path):
+        return
+    with open(path, "rb+") as f:
+        data = f.read()
+        end = data.rfind(b"\n") + 1
+        if end < len(data):
+            f.truncate(end)
+            print(f"{path}: discarded a torn last line ({len(data) - end} bytes, an "
+                  "interrupted write); its unit runs again", file=sys.stderr)
+
+
 def main(argv=None) -> str:
     args = resolve(argv)
+    methods = check_options(args)
+    grid = parse_params(args.param)
+    seeds = parse_seeds(args.seeds)
     if getattr(args, "deterministic", False):
         set_deterministic()
     from accelerate import PartialState
 
     state = PartialState()
     task_cls = TASKS[args.modality]
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    grid = parse_params(args.param)
-    seeds = parse_seeds(args.seeds)
     prompts = load_prompts(args.prompts, task_cls, args.num_prompts)
     if not prompts:
         raise ValueError("no prompts: accepted a non-empty --prompts file")
-    if "plain" not in methods:
-        methods = ["plain"] + methods           # the baseline every delta is measured against
-    for m in grid:
-        if m not in methods:
-            raise ValueError(f"--param for {m!r}, which is not among --methods {methods}")
     device = args.device
     if device is None and torch.cuda.is_available():
         device = f"cuda:{state.local_process_index}"
@@ -233,11 +328,31 @@ def main(argv=None) -> str:
     if args.temperature is not None:
         gen["temperature"] = args.temperature
     task = task_cls(args.model, args.draft, device=device, **gen)
-    os.makedirs(args.out, exist_ok=True)
+    check_methods(methods, grid, task.has_draft)
+    identity = run_identity(args, task, prompts)
+    if state.is_main_process:
+        claim_out(args.out, identity, args.overwrite)
+    state.wait_for_everyone()
     main_file = os.path.join(args.out, "results.jsonl")
     my_file = main_file if state.num_processes == 1 else os.path.join(
         args.out, f"results.rank{state.process_index}.jsonl")
     work = list(units(methods, grid, seeds, len(prompts), args.batch))
+    _run_units(task, work, prompts, args, state, main_file, my_file, device)
+    state.wait_for_everyone()
+    if state.is_main_process:
+        _merge(args, state, work, main_file)
+        if not args.no_report:
+            from eval.report import write_report
+
+            write_report(args.out, task, prompts, dict(vars(args), run=identity))
+    state.wait_for_everyone()
+    return main_file
+
+
+def _run_units(task, work, prompts, args, state, main_file, my_file, device) -> None:
+    """The units this process owns that are not on disk yet, appended a line per row."""
+    for path in {main_file, my_file}:
+        repair_tail(path)
     # A unit is done when all its rows are on disk (an interruption can cut one in half).
     seen: dict[str, set] = {}
     for r in read_rows(main_file) + (read_rows(my_file) if my_file != main_file else []):
@@ -250,30 +365,30 @@ def main(argv=None) -> str:
     with open(my_file, "a") as f:
         for u in tqdm(todo, desc=f"sweep[{state.process_index}]", disable=not state.is_local_main_process):
             for row in run_unit(task, u, prompts, args.batch, profile):
-                f.write(json.dumps(row) + "\n")
+                f.write(json.dumps(row) + "\n")     # one write per row: a cut leaves one torn line
             f.flush()
-    state.wait_for_everyone()
-    if state.is_main_process:    # merge (several processes) and de-duplicate (resumed units)
-        merged = {(r["key"], r["prompt_index"]): r for r in read_rows(main_file)}
-        ranks = [os.path.join(args.out, f"results.rank{k}.jsonl") for k in range(state.num_processes)]
-        for path in ranks if state.num_processes > 1 else []:
-            for r in read_rows(path):
-                merged[(r["key"], r["prompt_index"])] = r
-        order = {unit_key(u): i for i, u in enumerate(work)}
-        rows = sorted(merged.values(), key=lambda r: (order.get(r["key"], 1e9), r["prompt_index"]))
-        with open(main_file, "w") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
-        for path in ranks if state.num_processes > 1 else []:
-            if os.path.exists(path):
-                os.remove(path)
-        if not args.no_report:
-            from eval.report import write_report
 
-            write_report(args.out, task, prompts, vars(args))
-    state.wait_for_everyone()
-    return main_file
+
+def _merge(args, state, work, main_file) -> None:
+    """Merge the processes' files (several processes) and de-duplicate (resumed units)."""
+    merged = {(r["key"], r["prompt_index"]): r for r in read_rows(main_file)}
+    ranks = [os.path.join(args.out, f"results.rank{k}.jsonl") for k in range(state.num_processes)]
+    for path in ranks if state.num_processes > 1 else []:
+        for r in read_rows(path):
+            merged[(r["key"], r["prompt_index"])] = r
+    order = {unit_key(u): i for i, u in enumerate(work)}
+    rows = sorted(merged.values(), key=lambda r: (order.get(r["key"], 1e9), r["prompt_index"]))
+    with open(main_file, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    for path in ranks if state.num_processes > 1 else []:
+        if os.path.exists(path):
+            os.remove(path)
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() else 1)
+    try:
+        main()
+    except ValueError as e:          # bad options: one line, not a traceback
+        print(f"eval.sweep: error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -16,6 +16,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUNDLED = os.path.join(ROOT, "samples", "models")
 
 
+def resolve_models(cls, model, draft) -> tuple[str, str | None]:
+    """The model and draft a task loads: the bundled pair by default (a draft only beside the
+    bundled model unless one is given)."""
+    model = model or cls.default_model
+    if draft is None and model == cls.default_model:
+        draft = cls.default_draft
+    return model, (draft or None)
+
+
+def _dtype(model) -> str:
+    return str(next(model.parameters()).dtype).replace("torch.", "")
+
+
 class ImageTask:
     """Text-to-image (or class-to-image) with ``modalities.image.TextToImage``.
 
@@ -33,10 +46,9 @@ class ImageTask:
     def __init__(self, model=None, draft=None, device=None, **gen):
         from modalities.image import TextToImage
 
-        model = model or self.default_model
-        if draft is None and model == self.default_model:
-            draft = self.default_draft
-        self.pipe = TextToImage.from_pretrained(model, draft=draft or None)
+        model, draft = self.model_path, self.draft_path = resolve_models(type(self), model, draft)
+        self.pipe = TextToImage.from_pretrained(model, draft=draft)
+        self.has_draft, self.dtype = draft is not None, _dtype(self.pipe.target.model)
         self.device = torch.device(device) if device else self.pipe.target.device
         if self.device != self.pipe.target.device:
             self.pipe.target.model.to(self.device)
@@ -144,11 +156,11 @@ class VLMTask:
                  **gen):
         from modalities.vlm import VisionLanguageGenerator
 
-        model = model or self.default_model
-        if draft is None and model == self.default_model:
-            draft = self.default_draft
+        model, draft = self.model_path, self.draft_path = resolve_models(type(self), model, draft)
         self.gen_obj = VisionLanguageGenerator.from_pretrained(
-            model, draft=draft or None, draft_mode=draft_mode or ("image" if draft else None))
+            model, draft=draft, draft_mode=draft_mode or ("image" if draft else None))
+        self.has_draft, self.dtype = draft is not None, _dtype(self.gen_obj.target)
+        self.device = torch.device(device) if device else self.gen_obj.target.device
         if device is not None:
             self.gen_obj.target.to(device)
             if self.gen_obj.draft is not None:
@@ -255,10 +267,10 @@ class SpeechTask:
     def __init__(self, model=None, draft=None, device=None, **gen):
         from modalities.speech import TextToSpeech
 
-        model = model or self.default_model
-        if draft is None and model == self.default_model:
-            draft = self.default_draft
-        self.tts = TextToSpeech.from_pretrained(model, draft=draft or None)
+        model, draft = self.model_path, self.draft_path = resolve_models(type(self), model, draft)
+        self.tts = TextToSpeech.from_pretrained(model, draft=draft)
+        self.has_draft, self.dtype = draft is not None, _dtype(self.tts.target.model)
+        self.device = torch.device(device) if device else self.tts.target.device
         if device is not None:
             self.tts.target.model.to(device)
             if self.tts.draft is not None:

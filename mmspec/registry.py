@@ -203,6 +203,8 @@ def parse_method(spec: str, params: Mapping | None = None, *, has_draft: bool) -
         params = {**preset, **params}
     if drafter not in _DRAFTERS:
         raise ValueError(f"method={spec!r}: unknown drafter {drafter!r}, accepted {sorted(_DRAFTERS)}")
+    if rule not in _RULES and "+" not in spec:
+        raise ValueError(f"method={spec!r}: accepted one of {', '.join(method_names())}")
     if rule not in _RULES:
         raise ValueError(f"method={spec!r}: unknown rule {rule!r}, accepted {sorted(_RULES)} or "
                          f"{sorted(_RULE_ALIASES)}")

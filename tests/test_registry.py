@@ -88,3 +88,9 @@ def test_a_drafter_passed_as_the_draft_is_taken_as_the_drafter(pair):
         mmspec.generate(target, mmspec.Jacobi(window=4), ids, drafter=mmspec.NoDraft(), **kw)
     with pytest.raises(ValueError, match="a draft model goes in draft="):
         mmspec.generate(target, None, ids, drafter=target, **kw)
+
+
+def test_an_unknown_method_lists_the_methods():
+    with pytest.raises(ValueError, match=r"method='sjd-max': accepted one of plain, exact, draft, "
+                                         r"sjd, .*lantern\+\+, <drafter>\+<rule>"):
+        parse_method("sjd-max", has_draft=True)

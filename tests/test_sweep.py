@@ -71,7 +71,7 @@ def test_sweep_runs_end_to_end_and_writes_report(tiny_models, tmp_path):
     assert "| exact |" in report and "pass" in report and "relaxed" in report
 
 
-def test_sweep_resumes_without_duplicating_rows(tiny_models, tmp_path):
+def test_sweep_resumes_without_duplicating_rows(tiny_models, tmp_path, capsys):
     out = tmp_path / "sweep"
     sweep_main(_args(tiny_models, out, extra=["--no-report"]))
     full = read_rows(out / "results.jsonl")
@@ -79,7 +79,9 @@ def test_sweep_resumes_without_duplicating_rows(tiny_models, tmp_path):
     # interrupted: the last unit lost (one of its rows written, then a cut line)
     (out / "results.jsonl").write_text("\n".join(lines[:-2]) + "\n" + lines[-2][:40])
     sweep_main(_args(tiny_models, out, extra=["--no-report"]))
+    assert "discarded a torn last line" in capsys.readouterr().err
     again = read_rows(out / "results.jsonl")
+    assert len(again) == len(full)              # no row glued onto the torn line
     keys = [(r["key"], r["prompt_index"]) for r in again]
     assert sorted(set(keys)) == sorted((r["key"], r["prompt_index"]) for r in full)
     assert len(set(keys)) == len(keys)          # the partial unit was re-run, not duplicated
@@ -248,3 +250,46 @@ def test_methods_on_the_command_line_drop_the_configs_settings_of_other_methods(
     assert resolve(["--config", cfg, "--methods", "plain,lantern"]).param == ["lantern.delta=0.05,0.1,0.2"]
     # an explicit --param still has to name a chosen method (main refuses it otherwise)
     assert resolve(["--config", cfg, "--methods", "plain", "--param", "gsd.k=2"]).param == ["gsd.k=2"]
+
+
+def test_an_out_made_with_other_options_is_refused_and_the_report_states_them(tiny_models, tmp_path):
+    out = tmp_path / "sweep"
+    sweep_main(_args(tiny_models, out))
+    report = (out / "report.md").read_text()
+    assert "temperature None" in report and "guidance None" in report and "shapes-tiny" in report
+    with pytest.raises(ValueError, match=r"other options \(temperature None -> 0.5; "
+                                         r"guidance None -> 6.0\)"):
+        sweep_main(_args(tiny_models, out, extra=["--temperature", "0.5", "--guidance", "6"]))
+    with pytest.raises(ValueError, match=r"batch 2 -> 1"):
+        sweep_main(_args(tiny_models, out, extra=["--batch", "1"]))
+    sweep_main(_args(tiny_models, out, extra=["--temperature", "0.5", "--overwrite"]))
+    rows = read_rows(out / "results.jsonl")
+    assert len(rows) == 6 and "temperature 0.5" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("extra,match", [
+    (["--num-prompts", "0"], r"--num-prompts=0: accepted an integer >= 1"),
+    (["--num-prompts", "-2"], r"--num-prompts=-2: accepted an integer >= 1"),
+    (["--seeds", "3-1"], r"--seeds '3-1': accepted integers and ascending ranges"),
+    (["--seeds", "a"], r"--seeds 'a'"),
+    (["--batch", "-1"], r"--batch=-1: accepted an integer >= 1"),
+    (["--batch", "0"], r"--batch=0: accepted an integer >= 1"),
+    (["--temperature", "-1"], r"--temperature -1.0: accepted a finite number >= 0"),
+    (["--methods", "plain,foo"], r"method='foo'"),
+    (["--param", "lantern.detla=0.1", "--methods", "plain,lantern"],
+     r"unknown parameter\(s\) \['detla'\]"),
+])
+def test_bad_options_are_refused_before_any_unit_runs(tiny_models, tmp_path, extra, match):
+    out = tmp_path / "bad"
+    with pytest.raises(ValueError, match=match):
+        sweep_main(_args(tiny_models, out, extra=extra))
+    assert not (out / "results.jsonl").exists()
+
+
+def test_the_sweep_command_reports_bad_options_in_one_line(tiny_models, tmp_path):
+    res = subprocess.run([sys.executable, "-m", "eval.sweep", *_args(tiny_models, tmp_path / "o",
+                          extra=["--batch", "0"])], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1] == ("eval.sweep: error: --batch=0: accepted an "
+                                                   "integer >= 1")
