@@ -19,13 +19,16 @@ from .session import CausalLMSession, max_positions, output_vocab_size
 from .types import GenerateOutput
 
 
-def _check_prompt(input_ids, attention_mask) -> torch.Tensor:
+def _check_prompt(input_ids, attention_mask, pad_token_id: int | None = None) -> torch.Tensor:
+    """The prompt's [B, P] mask: the given one, checked; else inferred from ``pad_token_id``
+    as transformers does (pad ids at the left of a row are padding), refusing a row whose
+    pad ids are not all at its left (ambiguous: pass attention_mask)."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
         raise ValueError("input_ids must be a [B, P] long tensor (left-padded for batches)")
     if input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
         raise ValueError(f"input_ids must have B >= 1 rows and P >= 1 tokens, got {tuple(input_ids.shape)}")
     if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
+        attention_mask = _infer_mask(input_ids, pad_token_id)
     if attention_mask.shape != input_ids.shape:
         raise ValueError(f"attention_mask must match input_ids {tuple(input_ids.shape)}, got "
                          f"{tuple(attention_mask.shape)}")
@@ -34,6 +37,19 @@ def _check_prompt(input_ids, attention_mask) -> torch.Tensor:
         raise ValueError("attention_mask: prompts must be left-padded (the last column real in "
                          "every row)")
     return attention_mask
+
+
+def _infer_mask(input_ids: torch.Tensor, pad: int | None) -> torch.Tensor:
+    if pad is None or input_ids.shape[0] == 1 or not bool((input_ids == pad).any()):
+        return torch.ones_like(input_ids)
+    is_pad = input_ids == pad
+    left = is_pad.long().cumprod(1).bool()                  # the run of pad ids at each row's left
+    if bool((is_pad & ~left).any()) or bool(left[:, -1].any()):
+        row = int((is_pad & ~left).any(1).long().argmax())
+        raise ValueError(f"attention_mask: input_ids row {row} holds the pad id {pad} after a "
+                         "real token, so its padding is ambiguous: accepted an attention_mask "
+                         "(1 = real token) for left-padded batches")
+    return (~left).long()
 
 
 def validate_pair(target, draft, *, input_ids, max_new_tokens, num_draft_tokens,
@@ -108,7 +124,7 @@ def _setup(target, draft, input_ids, attention_mask, rule, num_draft_tokens, max
            engine: Engine) -> tuple[Run, dict]:
     """Every check, then the run and the prompt (nothing has run on a model yet)."""
     draft, drafter = _drafter_argument(draft, drafter)
-    attention_mask = _check_prompt(input_ids, attention_mask)
+    attention_mask = _check_prompt(input_ids, attention_mask, _pad_id(target, None, default=None))
     rule_obj: Rule = make_rule(rule)
     engine.check(target)
     ahead = engine.captures or bool(engine.pipeline)      # steps may draft K past the end
@@ -216,11 +232,15 @@ def sampling_params(model, generation_config, **given) -> SamplingParams:
     return SamplingParams.from_generation_config(generation_config, **given)
 
 
-def _pad_id(target, pad_token_id: int | None) -> int:
+def _pad_id(target, pad_token_id: int | None, default: int | None = 0) -> int | None:
+    """The pad id: given, else the target's generation config's or config's, else ``default``."""
     if pad_token_id is not None:
         return pad_token_id
-    pad = getattr(target.config, "pad_token_id", None)
-    return 0 if pad is None else pad
+    for cfg in (getattr(target, "generation_config", None), target.config):
+        pad = getattr(cfg, "pad_token_id", None)
+        if pad is not None:
+            return pad
+    return default
 
 
 def _output(input_ids, rows: list[list[int]], stats, pad_token_id: int) -> GenerateOutput:

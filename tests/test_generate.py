@@ -464,3 +464,19 @@ def test_generation_config_gives_model_generate_processing(pair):
         assert torch.equal(out.sequences, own)
     with pytest.raises(ValueError, match="generation_config='fast'"):
         mmspec.generate(target, None, ids, generation_config="fast")
+
+
+def test_attention_mask_is_inferred_from_the_pad_id_as_transformers(pair, ragged_prompts):
+    """A left-padded batch without attention_mask: the padding is the pad id's run at each
+    row's left (transformers' rule), not attended; pad ids after a real token are ambiguous."""
+    target, draft = pair
+    ids, mask = ragged_prompts                       # pad id 0 at the left of rows 0 and 2
+    kw = dict(temperature=0, max_new_tokens=8)
+    want = mmspec.generate(target, draft, ids, attention_mask=mask, **kw)
+    got = mmspec.generate(target, draft, ids, **kw)
+    assert torch.equal(got.sequences, want.sequences)
+    bad = torch.tensor([[3, 0, 5], [4, 5, 6]])
+    with pytest.raises(ValueError, match=r"row 0 holds the pad id 0 after a real token"):
+        mmspec.generate(target, None, bad, **kw)
+    one = mmspec.generate(target, None, bad[:1], **kw)      # one row: nothing is padding
+    assert one.sequences.shape == (1, 11)
