@@ -6,7 +6,9 @@ distributed exactly as the (processed) target. A point-mass draft has q = one-ho
 with probability p(x), residual = p with x removed, renormalised.
 
 Greedy: accept while x_i == argmax p_i, then emit argmax p at the first mismatch (or the bonus
-position). Equals plain greedy decoding of the target for any draft; deterministic.
+position). Equals plain greedy decoding of the target for any draft (when both compute the
+target's logits alike: in float32; bf16 kernels of other widths can break near-ties);
+deterministic.
 """
 
 from __future__ import annotations

@@ -273,7 +273,10 @@ def main(argv=None):
     losses = train(model, batches, a.steps, lr=a.lr, seed=a.seed, time_budget=a.time_budget,
                    input_noise=a.input_noise)
     out = a.out or os.path.join("samples", "models", f"shapes-continuous-{a.head}-{a.size}")
+    from recipes.train.data import load_in_float32
+
     model.to(torch.bfloat16).save_pretrained(out)        # bundled weights: bfloat16
+    load_in_float32(out)
     model.float()                                           # what loading them gives back
     final = float(np.mean(losses[-100:]))
     write_card(out, f"Continuous-token image model ({a.head} head, {a.size})", {

@@ -5,6 +5,7 @@ Train seeds start at 0, held-out evaluation seeds at HELD_OUT (never used for tr
 
 from __future__ import annotations
 
+import json
 import os
 from multiprocessing import Pool
 
@@ -51,6 +52,21 @@ def device() -> torch.device:
 
 def count_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def load_in_float32(folder: str) -> None:
+    """Mark a saved model folder to load in float32 by default (config.json ``dtype``): the
+    weights stay bfloat16 on disk (half the bytes), and loading casts them. The bundled
+    models are small, and float32 keeps speculative greedy decoding equal to plain greedy
+    decoding on every CPU (bf16 kernels round differently per processor and per step
+    width, which breaks near-ties)."""
+    path = os.path.join(folder, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    cfg["dtype"] = "float32"
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+        f.write("\n")
 
 
 def write_card(folder: str, title: str, fields: dict) -> None:

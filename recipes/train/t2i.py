@@ -22,7 +22,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from modalities import shapes_world as sw
-from recipes.train.data import HELD_OUT, count_params, device, fit, render, to_tensor, write_card
+from recipes.train.data import load_in_float32, HELD_OUT, count_params, device, fit, render, to_tensor, write_card
 
 PAD, BOS, BOI = 0, 1, 2
 WORDS = (["a", "and", "at", "the"] + list(sw.SIZES) + list(sw.COLOURS) + list(sw.SHAPES)
@@ -131,6 +131,7 @@ def main(argv=None):
 
     model.to(torch.bfloat16)
     save_bundled(out_dir, model, fmt="token-span", vq_folder=args.vq, meta=meta)
+    load_in_float32(out_dir)
     # Quality of the saved weights: plain sampling at the default guidance.
     pipe = TextToImage.from_pretrained(out_dir, torch_dtype=torch.float32)
     pipe.target.model.to(dev)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from recipes.train.data import count_params, device, fit, write_card
+from recipes.train.data import load_in_float32, count_params, device, fit, write_card
 from recipes.train.speech_data import ALPHABET
 
 CODES, PAD, EOS = 256, 256, 257
@@ -117,6 +117,7 @@ def train(args):
     steps, loss = fit(model, step_loss, args.steps, args.lr, args.time_budget, f"tts {args.size}")
     out_dir = args.out
     model.to(torch.bfloat16).save_pretrained(out_dir, safe_serialization=True)
+    load_in_float32(out_dir)
     meta = dict(codec=args.codec_ref,
                 alphabet=ALPHABET, char_offset=1, pad_id=PAD, eos_id=EOS,
                 max_frames=int(max(len(f) for f in frames) * 1.5),

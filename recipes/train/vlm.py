@@ -24,7 +24,7 @@ import time
 import torch
 
 from modalities import shapes_world as sw
-from recipes.train.data import HELD_OUT, count_params, device, fit, write_card
+from recipes.train.data import load_in_float32, HELD_OUT, count_params, device, fit, write_card
 
 WORDS = (["<pad>", "<s>", "</s>", "<unk>", "<image>", "USER:", "ASSISTANT:", "?", ".", "1", "2", "3"]
          + sorted({"a", "and", "are", "at", "colour", "describe", "how", "image", "is", "many",
@@ -200,6 +200,7 @@ def main(argv=None):
     train_s = time.time() - t0
     acc = accuracy(model, proc, args.which, args.eval, dev)
     model.to(torch.bfloat16).save_pretrained(out_dir, safe_serialization=True)
+    load_in_float32(out_dir)
     proc.save_pretrained(out_dir)
     metrics = dict(which=args.which, params=count_params(model), steps=steps,
                    final_loss=float(loss.detach()), answer_accuracy=acc, train_seconds=round(train_s, 1))
