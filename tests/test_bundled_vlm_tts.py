@@ -77,3 +77,25 @@ def test_codec_round_trips_speech_with_bounded_distortion():
     mcd = mel_cepstral_distortion(rec, wave)
     other = mel_cepstral_distortion(utterance(40_000_001)[1], wave)
     assert mcd < 25 and mcd < 0.6 * other
+
+
+def test_bundled_vlm_tokenizer_normalises_and_refuses_unknown_words(vlm):
+    """Capitals and punctuation are normalised (no silent <unk>); unknown words are refused."""
+    tok = vlm.processor.tokenizer
+    a = tok("USER: <image> What colour is the circle? ASSISTANT:")["input_ids"]
+    b = tok("USER: <image> what colour is the circle ? ASSISTANT:")["input_ids"]
+    assert a == b and tok.unk_token_id not in a
+    img = sw.sample(1)[1]
+    with pytest.raises(ValueError, match=r"the words \['shown\?'\] are outside the tokenizer's"):
+        vlm.generate(img, _msgs("What is shown?"), max_new_tokens=4)
+    out = vlm.generate(img, _msgs("What colour is the circle?"), temperature=0, max_new_tokens=4)
+    assert out.texts[0].strip()
+
+
+def test_empty_texts_are_refused(tts, vlm):
+    with pytest.raises(ValueError, match="text: accepted non-empty strings"):
+        tts("", progress=False)
+    with pytest.raises(ValueError, match="text: accepted non-empty strings"):
+        tts("   ", progress=False)
+    with pytest.raises(ValueError, match="text=NoneType: accepted a string"):
+        tts(None, progress=False)

@@ -46,10 +46,15 @@ class TextToSpeech:
         return cls(t, d, defaults)
 
     def _texts(self, text, description) -> list:
+        if not isinstance(text, (str, list, tuple)):
+            raise ValueError(f"text={type(text).__name__}: accepted a string, a list of ids, "
+                             "or a list of those")
         texts = [text] if isinstance(text, str) or (isinstance(text, list) and text
                                                      and isinstance(text[0], int)) else list(text)
         if not texts:
             raise ValueError("text: accepted at least one text")
+        if any(isinstance(t, str) and not t.strip() for t in texts):
+            raise ValueError("text: accepted non-empty strings")
         if description is None:
             description = self.defaults.get("description")     # e.g. the bundled speaker tag
         if description is not None:

@@ -173,6 +173,7 @@ class VisionLanguageGenerator:
                 raise ValueError(f"image tensors must be [3, H, W], got {tuple(im.shape)}")
         proc.tokenizer.padding_side = "left"
         batch = proc(images=flat or None, text=texts, return_tensors="pt", padding=True)
+        _refuse_unknown_words(proc.tokenizer, texts, batch["input_ids"])
         return {k: v.to(self.target.device) for k, v in batch.items()}
 
     def text_only(self, batch: dict) -> dict:
@@ -314,6 +315,21 @@ class VisionLanguageGenerator:
         for pieces, rows, stats, seconds in it:
             texts = pieces if texts is None else [a + b for a, b in zip(texts, pieces)]
         return VLMOutput(texts=texts, token_ids=rows, stats=stats, seconds=seconds)
+
+
+def _refuse_unknown_words(tok, texts: list[str], ids: torch.Tensor) -> None:
+    """A tokenizer that maps words it does not know to its unknown token (word-level
+    vocabularies such as the bundled model's) would feed the model ``<unk>`` silently:
+    refuse, naming the words."""
+    unk = tok.unk_token_id
+    if unk is None or not bool((ids == unk).any()):
+        return
+    for row, text in zip(ids, texts):
+        if bool((row == unk).any()):
+            words = [w for w in text.split() if unk in tok(w, add_special_tokens=False)["input_ids"]]
+            raise ValueError(f"prompt {text!r}: the words {words} are outside the tokenizer's "
+                             f"vocabulary (they would reach the model as {tok.unk_token}); "
+                             "accepted words the tokenizer knows")
 
 
 def _in_inference_mode(it):

@@ -40,12 +40,17 @@ SIZES = {"target": dict(hidden=256, layers=6, heads=8, inter=688, vision=128, vl
 
 
 def tokenizer(words=WORDS, chat_template: str | None = CHAT):
-    """A word-level fast tokenizer over ``words`` (left padding, ``<image>`` special)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    """A word-level fast tokenizer over ``words`` (left padding, ``<image>`` special). Text
+    is lower-cased and punctuation split off its word ("What is shown?" -> what is shown ?);
+    the chat roles are matched before that."""
+    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                 pre_tokenizers.Punctuation("isolated")])
+    tok.add_tokens([AddedToken(w, normalized=False) for w in words if w.endswith(":")])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
                                    eos_token="</s>", unk_token="<unk>",
                                    additional_special_tokens=["<image>"])
