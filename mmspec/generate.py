@@ -12,7 +12,7 @@ from .drafters.base import Drafter, NoDraft
 from .drafters.model import ModelDrafter
 from .engine import Engine
 from .loop import Stops
-from .registry import make_rule
+from .registry import MethodContext, make_rule, rule_class
 from .runner import Run, prepare
 from .sampling import SamplingParams
 from .session import CausalLMSession, max_positions, output_vocab_size
@@ -106,6 +106,17 @@ class Guidance:
         return dict(uncond_ids=self.uncond_ids, uncond_mask=self.uncond_mask)
 
 
+def _rule(rule, target) -> Rule:
+    """A Rule as given, or built from its name; rules that need an embedding table get the
+    target's token embeddings (one row per output id)."""
+    if not isinstance(rule, str):
+        return make_rule(rule)
+    cls, emb = rule_class(rule), None
+    if "embeddings" in cls.param_names():
+        emb = target.get_input_embeddings().weight.detach().float()[:output_vocab_size(target)]
+    return cls.from_params({}, MethodContext(embeddings=emb))
+
+
 def _drafter_argument(draft, drafter):
     """A drafter object passed where the draft model goes is taken as ``drafter=``."""
     if isinstance(draft, Drafter):
@@ -124,8 +135,12 @@ def _setup(target, draft, input_ids, attention_mask, rule, num_draft_tokens, max
            engine: Engine) -> tuple[Run, dict]:
     """Every check, then the run and the prompt (nothing has run on a model yet)."""
     draft, drafter = _drafter_argument(draft, drafter)
+    for name, model in (("target", target), ("draft", draft)):
+        if not (model is None and name == "draft") and not isinstance(model, torch.nn.Module):
+            raise ValueError(f"{name}={model!r:.60}: accepted a transformers causal LM object "
+                             "(load a folder or id with AutoModelForCausalLM.from_pretrained)")
     attention_mask = _check_prompt(input_ids, attention_mask, _pad_id(target, None, default=None))
-    rule_obj: Rule = make_rule(rule)
+    rule_obj = _rule(rule, target)
     engine.check(target)
     ahead = engine.captures or bool(engine.pipeline)      # steps may draft K past the end
     validate_pair(target, draft, input_ids=input_ids, max_new_tokens=max_new_tokens,
@@ -167,7 +182,8 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
 
     target, draft:  transformers causal LMs with one vocabulary (``draft`` may be None).
     input_ids:      [B, P] long, left-padded; attention_mask [B, P] (1 = real token).
-    rule:           a rule name (``"exact"``, ``"greedy"``, the relaxed rules) or a Rule.
+    rule:           a rule name (``"exact"``, ``"greedy"``, the relaxed rules, built at their
+                    defaults on the target's token embeddings) or a Rule.
     num_draft_tokens: K, drafts per step (>= 1).
     temperature, top_k, top_p, min_p: processing applied to target and draft alike;
                     temperature 0 is greedy decoding (default: temperature 1, no

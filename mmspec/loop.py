@@ -71,7 +71,11 @@ class Stops:
     def __post_init__(self):
         if self.on not in ("last", "all", "all-but-last"):
             raise ValueError(f"stop_on={self.on!r}: accepted 'last', 'all' or 'all-but-last'")
-        object.__setattr__(self, "ids", tuple(sorted({int(i) for i in self.ids})))
+        ids = self.ids
+        if not isinstance(ids, (list, tuple, set, frozenset)) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise ValueError(f"stop_token_ids={ids!r}: accepted a list of token ids")
+        object.__setattr__(self, "ids", tuple(sorted(set(ids))))
 
     def cut(self, tokens: torch.Tensor, emitted: torch.Tensor, ids: torch.Tensor):
         """tokens [B, K+1, *event], emitted [B], ids: ``self.ids`` on the device ->

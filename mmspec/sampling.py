@@ -26,6 +26,10 @@ def _check_range(name: str, value, ok: bool, accepted: str) -> None:
         raise ValueError(f"{name}={value!r} is out of range: accepted {accepted}")
 
 
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How logits become the distributions that drafts and targets are sampled from.
@@ -43,15 +47,17 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         t = self.temperature
-        _check_range("temperature", t, isinstance(t, (int, float)) and math.isfinite(t) and t >= 0,
-                     "a finite float >= 0 (0 = greedy)")
+        _check_range("temperature", t, _number(t) and t >= 0, "a finite float >= 0 (0 = greedy)")
         if self.top_k is not None:
-            _check_range("top_k", self.top_k, isinstance(self.top_k, int) and self.top_k >= 1,
+            _check_range("top_k", self.top_k, isinstance(self.top_k, int)
+                         and not isinstance(self.top_k, bool) and self.top_k >= 1,
                          "None or an integer >= 1")
         if self.top_p is not None:
-            _check_range("top_p", self.top_p, 0 < self.top_p <= 1, "None or a float in (0, 1]")
+            _check_range("top_p", self.top_p, _number(self.top_p) and 0 < self.top_p <= 1,
+                         "None or a float in (0, 1]")
         if self.min_p is not None:
-            _check_range("min_p", self.min_p, 0 <= self.min_p <= 1, "None or a float in [0, 1]")
+            _check_range("min_p", self.min_p, _number(self.min_p) and 0 <= self.min_p <= 1,
+                         "None or a float in [0, 1]")
 
     @property
     def greedy(self) -> bool:
@@ -153,8 +159,10 @@ def make_generator(seed: int | None, device: torch.device | str) -> torch.Genera
     """A seeded generator on ``device`` (None when seed is None: global RNG)."""
     if seed is None:
         return None
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+        raise ValueError(f"seed={seed!r}: accepted None or an integer in [0, 2**63)")
     g = torch.Generator(device=device)
-    g.manual_seed(int(seed))
+    g.manual_seed(seed)
     return g
 
 

@@ -40,3 +40,19 @@ def generation_defaults(model) -> dict:
     None or 1 means no guidance)."""
     scale = getattr(getattr(model, "generation_config", None), "guidance_scale", None)
     return {} if scale is None else {"guidance_scale": float(scale)}
+
+
+def load_pretrained(cls, path, **kwargs):
+    """``cls.from_pretrained(path, **kwargs)`` with errors that name the path: a local folder
+    that does not exist, unreadable or truncated weights."""
+    import os
+
+    path = os.fspath(path)
+    looks_local = path.startswith((".", "/", "~")) or path.count("/") != 1
+    if looks_local and not os.path.isdir(os.path.expanduser(path)):
+        raise ValueError(f"{path!r}: no such model folder; accepted a folder that exists or a "
+                         "Hugging Face id (org/name)")
+    try:
+        return cls.from_pretrained(path, **kwargs)
+    except Exception as e:   # noqa: BLE001  (transformers, safetensors and OS errors alike)
+        raise ValueError(f"{path}: could not load {cls.__name__}: {e}") from e

@@ -121,3 +121,80 @@ def test_sampling_params_processing():
     assert g.tolist() == [[1.0, 0.0, 0.0, 0.0]]
     p = SamplingParams(min_p=0.3).probs(logits)
     assert int((p > 0).sum()) == 2
+
+
+# -- obscure inputs: each a clear error naming the parameter, before any forward -----------
+
+def _gen(**kw):
+    def call(models):
+        target, draft = models
+        args = dict(target=target, draft=draft, input_ids=IDS)
+        args.update(kw)
+        return mmspec.generate(args.pop("target"), args.pop("draft"), args.pop("input_ids"), **args)
+    return call
+
+
+GENERATE_CASES = [
+    (_gen(top_p="0.9"), r"top_p='0.9' is out of range"),
+    (_gen(seed="abc"), r"seed='abc': accepted None or an integer"),
+    (_gen(seed=1.5), r"seed=1.5: accepted None or an integer"),
+    (_gen(stop_token_ids=5), r"stop_token_ids=5: accepted a list of token ids"),
+    (_gen(max_new_tokens=True), r"max_new_tokens=True: accepted an integer >= 1"),
+    (_gen(target=None), r"target=None: accepted a transformers causal LM object"),
+    (_gen(target="path/to/model"), r"target='path/to/model': accepted a transformers causal LM"),
+    (_gen(draft="path/to/draft"), r"draft='path/to/draft': accepted a transformers causal LM"),
+    (_gen(temperature=True), r"temperature=True is out of range"),
+    (_gen(rule="pcg", temperature="1"), r"temperature='1' is out of range"),
+]
+
+
+@pytest.mark.parametrize("call,match", GENERATE_CASES)
+def test_obscure_generate_inputs_are_clear_errors(models, call, match):
+    with pytest.raises(ValueError, match=match):
+        call(models)
+
+
+def test_a_rule_named_alone_is_built_on_the_targets_embeddings(pair):
+    target, draft = pair
+    ids = torch.tensor([[1, 2, 3]])
+    for name in ("lantern", "gsd", "pcg", "annealed"):
+        out = mmspec.generate(target, draft, ids, rule=name, max_new_tokens=6, seed=0)
+        assert out.num_generated.tolist() == [6], name
+
+
+def test_obscure_pipeline_inputs_are_clear_errors(tmp_path):
+    import os
+
+    from modalities.image import TextToImage
+    from modalities.image.continuous import ContinuousImageGenerator
+    from modalities.speech import TextToSpeech
+    from modalities.vlm import VisionLanguageGenerator
+    from mmspec.acceptance import CoarseGrained
+
+    with pytest.raises(ValueError, match=r"target=123: accepted an ImageAdapter"):
+        TextToImage(123)
+    missing = str(tmp_path / "no-such-model")
+    for load in (TextToImage.from_pretrained, TextToSpeech.from_pretrained,
+                 VisionLanguageGenerator.from_pretrained, ContinuousImageGenerator.from_pretrained):
+        with pytest.raises(ValueError, match=r"no such model folder"):
+            load(missing)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match=rf"{broken}: could not load"):
+        VisionLanguageGenerator.from_pretrained(str(broken))
+    with pytest.raises(ValueError, match=r"theta='high': accepted a cosine threshold"):
+        CoarseGrained(torch.randn(4, 2), theta="high")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    t2i = TextToImage.from_pretrained(os.path.join(root, "samples", "models", "shapes-t2i"))
+    with pytest.raises(ValueError, match=r"class_labels: accepted by class-conditional models only"):
+        t2i(class_labels=[1], progress=False)
+    with pytest.raises(ValueError, match=r"prompt=None: accepted a string"):
+        t2i(progress=False)
+    cont = ContinuousImageGenerator.from_pretrained(
+        os.path.join(root, "samples", "models", "shapes-continuous"))
+    with pytest.raises(ValueError, match=r"class_labels='a red circle': accepted class ids"):
+        cont("a red circle")
+    tts = TextToSpeech.from_pretrained(os.path.join(root, "samples", "models", "shapes-tts"))
+    with pytest.raises(ValueError, match=r"guidance_scale='3': accepted a finite float >= 0"):
+        tts("a red circle", guidance_scale="3", progress=False)

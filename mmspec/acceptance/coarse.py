@@ -44,7 +44,8 @@ class CoarseGrained(Rule):
 
     def __post_init__(self):
         check_table(self.embeddings)
-        if not -1 <= self.theta <= 1:
+        if not (isinstance(self.theta, (int, float)) and not isinstance(self.theta, bool)
+                and -1 <= self.theta <= 1):
             raise ValueError(f"theta={self.theta!r}: accepted a cosine threshold in [-1, 1]")
         object.__setattr__(self, "_groups", cosine_groups(self.embeddings, self.theta))
 

@@ -23,7 +23,7 @@ from mmspec.runner import prepare
 from mmspec.sampling import SamplingParams
 from mmspec.types import StepStats
 
-from modalities.registry import generation_defaults
+from modalities.registry import generation_defaults, load_pretrained
 
 from .adapters import (Emu3Adapter, ImageAdapter, JanusAdapter, LlamaGenAdapter,
                        TokenSpanAdapter)
@@ -58,13 +58,18 @@ def _as_prompt_list(prompt, class_ids: bool = False) -> list:
     if isinstance(prompt, (list, tuple)):
         flat_ints = len(prompt) > 0 and all(isinstance(t, int) for t in prompt)
         return [list(prompt)] if flat_ints and not class_ids else list(prompt)
-    raise ValueError(f"prompt={prompt!r}: accepted a string, a token-id list, or a list of those")
+    raise ValueError(f"prompt={prompt!r:.60}: accepted a string, a token-id list, or a list of "
+                     "those")
 
 
 class TextToImage:
     """target, draft: ``ImageAdapter`` objects (``from_pretrained`` builds them)."""
 
     def __init__(self, target: ImageAdapter, draft: ImageAdapter | None = None, defaults=None):
+        for name, a in (("target", target), ("draft", draft)):
+            if not (isinstance(a, ImageAdapter) or (a is None and name == "draft")):
+                raise ValueError(f"{name}={a!r:.60}: accepted an ImageAdapter (TextToImage."
+                                 "from_pretrained builds one from a folder, an id or a model)")
         if draft is not None:
             target.check_compatible(draft)
         self.target, self.draft = target, draft
@@ -83,6 +88,9 @@ class TextToImage:
         """(prompt rows, negative rows or None), one per image, checked."""
         if self.target.class_conditional:
             prompts = _as_prompt_list(prompt if class_labels is None else class_labels, True)
+        elif class_labels is not None:
+            raise ValueError("class_labels: accepted by class-conditional models only; this "
+                             "model takes text prompts (prompt=)")
         else:
             prompts = _as_prompt_list(prompt)
         if not prompts:
@@ -193,17 +201,17 @@ def load_adapter(spec, **load_kwargs) -> tuple[ImageAdapter, dict]:
         return _load_bundled(path, meta_path, **load_kwargs)
     from transformers import AutoConfig
 
-    cfg = AutoConfig.from_pretrained(path, **load_kwargs)
+    cfg = load_pretrained(AutoConfig, path, **load_kwargs)
     processor = _maybe_processor(path, **load_kwargs)
     if cfg.model_type == "janus":
         from transformers import JanusForConditionalGeneration
 
-        model = JanusForConditionalGeneration.from_pretrained(path, **load_kwargs).eval()
+        model = load_pretrained(JanusForConditionalGeneration, path, **load_kwargs).eval()
         return JanusAdapter(model, processor), generation_defaults(model)
     if cfg.model_type == "emu3":
         from transformers import Emu3ForConditionalGeneration
 
-        model = Emu3ForConditionalGeneration.from_pretrained(path, **load_kwargs).eval()
+        model = load_pretrained(Emu3ForConditionalGeneration, path, **load_kwargs).eval()
         side = int(load_kwargs.pop("image_grid", 90)) if "image_grid" in load_kwargs else 90
         return Emu3Adapter(model, side, side, processor), generation_defaults(model)
     raise ValueError(f"{path}: model_type {cfg.model_type!r} is not an image-token target "
@@ -231,7 +239,7 @@ def _load_bundled(path: str, meta_path: str, **load_kwargs):
     if fmt == "token-span":
         from transformers import LlamaForCausalLM
 
-        model = LlamaForCausalLM.from_pretrained(path, **load_kwargs).eval()
+        model = load_pretrained(LlamaForCausalLM, path, **load_kwargs).eval()
         off = meta["image_token_offset"]
         tok = WordTokenizer(meta["words"], meta["word_offset"])
         adapter = TokenSpanAdapter(model, list(range(off, off + meta["codebook_size"])),
@@ -240,7 +248,7 @@ def _load_bundled(path: str, meta_path: str, **load_kwargs):
     elif fmt == "llamagen":
         from .llamagen import LlamaGenForImageGeneration
 
-        model = LlamaGenForImageGeneration.from_pretrained(path, **load_kwargs).eval()
+        model = load_pretrained(LlamaGenForImageGeneration, path, **load_kwargs).eval()
         adapter = LlamaGenAdapter(model, vq)
     else:
         raise ValueError(f"{meta_path}: format {fmt!r}: accepted 'token-span' or 'llamagen'")

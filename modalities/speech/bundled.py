@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 
-from modalities.registry import generation_defaults
+from modalities.registry import generation_defaults, load_pretrained
 
 from .adapters import CodecAdapter, DelayPatternAdapter
 from .codec import EncodecCodec, load_codec
@@ -43,7 +43,7 @@ def load_speech_adapter(spec, **load_kwargs):
             meta = json.load(f)
         from transformers import MusicgenForConditionalGeneration
 
-        model = MusicgenForConditionalGeneration.from_pretrained(path, **load_kwargs).eval()
+        model = load_pretrained(MusicgenForConditionalGeneration, path, **load_kwargs).eval()
         codec = load_codec(os.path.normpath(os.path.join(path, meta["codec"])))
         codec.to(next(model.parameters()).device)
         tok = CharTokenizer(meta["alphabet"], meta.get("char_offset", 1))
@@ -52,11 +52,11 @@ def load_speech_adapter(spec, **load_kwargs):
         return adapter, dict(meta.get("defaults", {}))
     from transformers import AutoConfig, AutoProcessor, MusicgenForConditionalGeneration
 
-    cfg = AutoConfig.from_pretrained(path, **load_kwargs)
+    cfg = load_pretrained(AutoConfig, path, **load_kwargs)
     if cfg.model_type == "csm":
         from transformers import CsmForConditionalGeneration
 
-        model = CsmForConditionalGeneration.from_pretrained(path, **load_kwargs).eval()
+        model = load_pretrained(CsmForConditionalGeneration, path, **load_kwargs).eval()
         try:
             proc = AutoProcessor.from_pretrained(path)
         except (OSError, ValueError):
@@ -65,7 +65,7 @@ def load_speech_adapter(spec, **load_kwargs):
     if cfg.model_type != "musicgen":
         raise ValueError(f"{path}: model_type {cfg.model_type!r} is not a speech target mmspec "
                          "knows (musicgen layout, csm, or a folder with mmspec_speech.json)")
-    model = MusicgenForConditionalGeneration.from_pretrained(path, **load_kwargs).eval()
+    model = load_pretrained(MusicgenForConditionalGeneration, path, **load_kwargs).eval()
     try:
         tok = AutoProcessor.from_pretrained(path).tokenizer
     except Exception:  # no tokenizer files next to the weights

@@ -26,6 +26,7 @@ Drafts (``draft_mode``):
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from dataclasses import dataclass
 
@@ -41,7 +42,7 @@ from mmspec.runner import prepare
 from mmspec.session import CausalLMSession, PaddedSession, max_positions, output_vocab_size
 from mmspec.types import StepStats
 
-from modalities.registry import adapters, register_adapter
+from modalities.registry import adapters, load_pretrained, register_adapter
 
 
 @dataclass
@@ -123,18 +124,19 @@ class VisionLanguageGenerator:
 
     @classmethod
     def from_pretrained(cls, target, draft=None, draft_mode=None, **load_kwargs):
-        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
+        from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText,
+                                  AutoProcessor)
 
         def load(spec):
-            if not isinstance(spec, str):
+            if not isinstance(spec, (str, os.PathLike)):
                 return spec
-            try:
-                return AutoModelForImageTextToText.from_pretrained(spec, **load_kwargs).eval()
-            except ValueError:
-                return AutoModelForCausalLM.from_pretrained(spec, **load_kwargs).eval()
+            vision = hasattr(load_pretrained(AutoConfig, spec), "vision_config")
+            auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+            return load_pretrained(auto, spec, **load_kwargs).eval()
 
-        proc = AutoProcessor.from_pretrained(target) if isinstance(target, str) else None
-        return cls(load(target), proc, load(draft) if draft is not None else None, draft_mode)
+        model = load(target)
+        proc = load_pretrained(AutoProcessor, target) if isinstance(target, (str, os.PathLike)) else None
+        return cls(model, proc, load(draft) if draft is not None else None, draft_mode)
 
     # -- inputs ---------------------------------------------------------------------------------
     def _texts(self, prompts) -> list[str]:
@@ -276,6 +278,10 @@ class VisionLanguageGenerator:
                                  top_p=top_p, top_k=top_k)
         batch = self.encode(images, prompts)
         width, limit = batch["input_ids"].shape[1], max_positions(self.target)
+        if limit is not None and width >= limit:
+            raise ValueError(f"the prompt has {width} tokens (image tokens included), at least the "
+                             f"target's max_position_embeddings={limit}: accepted shorter "
+                             "prompts or smaller images")
         check_positions("max_new_tokens", max_new_tokens, width, limit,
                         prompt=" (image tokens included)")
 

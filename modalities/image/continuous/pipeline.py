@@ -17,6 +17,8 @@ from mmspec.engine import Engine
 from mmspec.runner import prepare
 from mmspec.sampling import make_generator
 
+from modalities.registry import load_pretrained
+
 from .model import ContinuousARModel, prompt_rows
 from .session import ContinuousSession
 
@@ -55,9 +57,9 @@ class ContinuousImageGenerator:
 
     def __init__(self, target, draft=None, decoder=None, tokenizer=None):
         if isinstance(target, (str, os.PathLike)):
-            target = ContinuousARModel.from_pretrained(target, dtype=torch.float32)
+            target = load_pretrained(ContinuousARModel, target, dtype=torch.float32)
         if isinstance(draft, (str, os.PathLike)):
-            draft = ContinuousARModel.from_pretrained(draft, dtype=torch.float32)
+            draft = load_pretrained(ContinuousARModel, draft, dtype=torch.float32)
         for name, m in (("target", target), ("draft", draft)):
             if m is not None and not isinstance(m, ContinuousARModel):
                 raise ValueError(f"{name} must be a ContinuousARModel, got {type(m).__name__}")
@@ -81,8 +83,8 @@ class ContinuousImageGenerator:
         VQModel or AutoencoderKL folder, relative to the model's) and the caption words of a
         text-conditional model; without it, no decoder and no tokenizer are attached."""
         load_kwargs.setdefault("dtype", torch.float32)
-        t = ContinuousARModel.from_pretrained(target, **load_kwargs)
-        d = None if draft is None else ContinuousARModel.from_pretrained(draft, **load_kwargs)
+        t = load_pretrained(ContinuousARModel, target, **load_kwargs)
+        d = None if draft is None else load_pretrained(ContinuousARModel, draft, **load_kwargs)
         decoder = tokenizer = None
         meta_path = os.path.join(str(target), "mmspec_continuous.json")
         if os.path.exists(meta_path):
@@ -114,8 +116,11 @@ class ContinuousImageGenerator:
             raise ValueError("pass exactly one of class_labels, prompts (text) and prompt_ids")
         cv = self.target.config.cond_vocab_size
         if class_labels is not None:
-            rows = [[int(c)] for c in (class_labels if isinstance(class_labels, (list, tuple))
-                                       else [class_labels])]
+            labels = class_labels if isinstance(class_labels, (list, tuple)) else [class_labels]
+            if not all(isinstance(c, int) and not isinstance(c, bool) for c in labels):
+                raise ValueError(f"class_labels={class_labels!r:.60}: accepted class ids "
+                                 "(integers); text prompts go in prompts=")
+            rows = [[c] for c in labels]
         elif prompts is not None:
             if self.tokenizer is None:
                 raise ValueError("text prompts need a tokenizer (ContinuousImageGenerator("
