@@ -231,10 +231,10 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default="out/demo")
     ap.add_argument("--text", action="store_true", help="the text-pair demo instead")
     args = ap.parse_args(argv)
-    torch.set_grad_enabled(False)
-    if args.text:
+    if args.text:                    # trains its pair first: gradients stay on
         text_demo(seed=args.seed)
         return
+    torch.set_grad_enabled(False)
     t0 = time.time()
     print("mmspec demo: text-to-image on the bundled shapes-world models (CPU), "
           f"{args.prompts} held-out captions, seed {args.seed}")
