@@ -20,6 +20,8 @@ import sys
 
 from PIL import Image
 
+from recipes.cli import add_device, check_method, device, run
+
 BUNDLED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "samples",
                        "models")
 
@@ -42,8 +44,9 @@ def grid(pairs: list[tuple[Image.Image, Image.Image]], scale: int = 4) -> Image.
 
 
 def parse(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("prompts", nargs="*", help="prompts (or use --prompts-file)")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    ap.add_argument("prompts", nargs="*", help="prompts (or --prompt, or --prompts-file)")
+    ap.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     ap.add_argument("--prompts-file", help="one prompt per line")
     ap.add_argument("--class-labels", nargs="*", type=int, help="for class-conditional models")
     ap.add_argument("--model", default=None, help="folder or Hugging Face id (default: bundled)")
@@ -64,6 +67,7 @@ def parse(argv=None):
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--compile", action="store_true",
                     help="static caches and CUDA-graph steps (CUDA only; same tokens under greedy)")
+    add_device(ap)
     return ap.parse_args(argv)
 
 
@@ -79,8 +83,10 @@ def main(argv=None) -> dict:
         sys.exit(f"the bundled model is missing ({model}); pass --model")
     if draft is not None and not os.path.exists(draft) and args.draft is None:
         draft = None
-    pipe = TextToImage.from_pretrained(model, draft=draft)
-    prompts = list(args.prompts)
+    pipe = TextToImage.from_pretrained(model, draft=draft, device=device(args.device))
+    params = {k: getattr(args, k) for k in METHOD_FLAGS if getattr(args, k) is not None}
+    check_method(args.method, params, pipe.draft is not None, pipe.target.codebook_embeddings())
+    prompts = list(args.prompts) + list(args.prompt)
     if args.prompts_file:
         with open(args.prompts_file) as f:
             prompts += [line.strip() for line in f if line.strip()]
@@ -88,7 +94,6 @@ def main(argv=None) -> dict:
         prompts = list(args.class_labels or [])
     if not prompts:
         sys.exit("give prompts (or --prompts-file, or --class-labels for class-conditional models)")
-    params = {k: getattr(args, k) for k in METHOD_FLAGS if getattr(args, k) is not None}
     common = dict(num_images_per_prompt=args.num_images, guidance_scale=args.guidance,
                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                   seed=args.seed, progress=not args.no_progress, compile=args.compile)
@@ -121,4 +126,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "recipes.text_to_image")

@@ -19,6 +19,9 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+from recipes.cli import add_device, check_method, device, run
+
+
 def comparison(plain, spec, method, path):
     """Plain decoding and the method at the same seed, one spectrogram per text."""
     from modalities.speech.audio import spectrogram_grid
@@ -28,8 +31,9 @@ def comparison(plain, spec, method, path):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("texts", nargs="*")
+    ap.add_argument("--text", action="append", default=[], help="a text (repeatable)")
     ap.add_argument("--texts-file")
     ap.add_argument("--model", default=None)
     ap.add_argument("--draft", default=None)
@@ -44,6 +48,7 @@ def main(argv=None):
     ap.add_argument("--out", default="out/tts")
     ap.add_argument("--compile", action="store_true",
                     help="static caches and CUDA-graph steps (CUDA only; same tokens under greedy)")
+    add_device(ap)
     args = ap.parse_args(argv)
     from modalities.speech import TextToSpeech
 
@@ -54,15 +59,16 @@ def main(argv=None):
         draft = cand if os.path.exists(cand) else None
     if args.model is None and not os.path.exists(model):
         sys.exit(f"the bundled TTS model is missing ({model}); pass --model")
-    texts = list(args.texts)
+    texts = list(args.texts) + list(args.text)
     if args.texts_file:
         with open(args.texts_file) as f:
             texts += [x.strip() for x in f if x.strip()]
     if not texts:
         sys.exit("give texts (or --texts-file)")
-    tts = TextToSpeech.from_pretrained(model, draft=draft)
+    tts = TextToSpeech.from_pretrained(model, draft=draft, device=device(args.device))
     params = {k: v for k, v in (("num_draft_tokens", args.num_draft_tokens), ("theta", args.theta),
                                 ("window", args.window)) if v is not None}
+    check_method(args.method, params, tts.draft is not None, tts.target.codebook_embeddings(0))
     kw = dict(temperature=args.temperature, top_k=args.top_k, seed=args.seed,
               guidance_scale=args.guidance, compile=args.compile)
     plain = tts(texts, method="plain", **kw)
@@ -84,4 +90,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "recipes.tts")

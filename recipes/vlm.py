@@ -17,11 +17,13 @@ import sys
 
 from PIL import Image
 
+from recipes.cli import add_device, check_method, device, run
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("inputs", nargs="+", help="image paths, then the question")
     ap.add_argument("--target", default=None)
     ap.add_argument("--draft", default=None)
@@ -33,6 +35,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compile", action="store_true",
                     help="static caches and CUDA-graph steps (CUDA only; same tokens under greedy)")
+    add_device(ap)
     args = ap.parse_args(argv)
     *paths, question = args.inputs
     if not paths:
@@ -46,7 +49,10 @@ def main(argv=None):
     if args.target is None and draft is None:
         cand = os.path.join(ROOT, "samples", "models", "shapes-vlm-text-draft")
         draft = cand if os.path.exists(cand) else None
-    gen = VisionLanguageGenerator.from_pretrained(target, draft=draft, draft_mode=args.draft_mode)
+    gen = VisionLanguageGenerator.from_pretrained(target, draft=draft, draft_mode=args.draft_mode,
+                                                  device=device(args.device))
+    check_method(args.method, {"num_draft_tokens": args.num_draft_tokens}, gen.draft is not None,
+                 gen.target.get_input_embeddings().weight.detach().float())
     images = [Image.open(p).convert("RGB") for p in paths]
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
     prompts = [messages for _ in images]
@@ -66,4 +72,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "recipes.vlm")

@@ -26,6 +26,8 @@ from mmspec.session import CausalLMSession, TokenSpanSession
 from modalities.padding import left_pad  # noqa: F401  (re-exported)
 from modalities.registry import register_adapter
 
+from .vq import VQTokenizer
+
 
 def pad_together(rows: list[list[int]], other: list[list[int]], pad: int):
     """Left-pad two row lists to one common width (conditional and unconditional prompts)."""
@@ -65,6 +67,14 @@ class ImageAdapter:
     def jacobi_defaults(self) -> dict:
         return dict(init=self.jacobi_init, init_range=(0, self.num_visual),
                     grid_width=self.grid[1], span_length=self.num_tokens)
+
+    def to(self, device=None, dtype=None) -> "ImageAdapter":
+        """Move the model (and ``dtype``: cast it) and its VQ decoder (kept float32)."""
+        self.model.to(device=device, dtype=dtype)
+        vq = getattr(self, "vq", None)
+        if isinstance(vq, VQTokenizer) and device is not None:
+            vq.vq.to(device)
+        return self
 
     def check_compatible(self, draft: "ImageAdapter") -> None:
         """A draft must share the codebook (ids and grid) with the target."""

@@ -77,11 +77,24 @@ class TextToImage:
 
     # -- loading ------------------------------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, target, draft=None, **load_kwargs) -> "TextToImage":
-        """``target`` / ``draft``: a folder or Hugging Face id, a model object, or an adapter."""
+    def from_pretrained(cls, target, draft=None, device=None, **load_kwargs) -> "TextToImage":
+        """``target`` / ``draft``: a folder or Hugging Face id, a model object, or an adapter;
+        ``device``: where to put them; ``load_kwargs`` go to transformers' ``from_pretrained``
+        (``dtype`` / ``torch_dtype``, ``device_map`` ...)."""
         t, defaults = load_adapter(target, **load_kwargs)
         d = load_adapter(draft, **load_kwargs)[0] if draft is not None else None
-        return cls(t, d, defaults)
+        return cls(t, d, defaults).to(device)
+
+    def to(self, device=None, dtype=None) -> "TextToImage":
+        """Move (and cast) target and draft, as ``torch.nn.Module.to``."""
+        for a in (self.target, self.draft):
+            if a is not None and (device is not None or dtype is not None):
+                a.to(device, dtype)
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
 
     # -- generation ---------------------------------------------------------------------------
     def _rows(self, prompt, class_labels, num_images_per_prompt, negative_prompt):

@@ -40,10 +40,25 @@ class TextToSpeech:
         self.defaults = dict(defaults or {})
 
     @classmethod
-    def from_pretrained(cls, target, draft=None, **load_kwargs):
+    def from_pretrained(cls, target, draft=None, device=None, **load_kwargs):
+        """``target`` / ``draft``: a folder or Hugging Face id, a model object, or an adapter;
+        ``device``: where to put them; ``load_kwargs`` go to transformers' ``from_pretrained``."""
         t, defaults = load_speech_adapter(target, **load_kwargs)
         d = load_speech_adapter(draft, **load_kwargs)[0] if draft is not None else None
-        return cls(t, d, defaults)
+        return cls(t, d, defaults).to(device)
+
+    def to(self, device=None, dtype=None) -> "TextToSpeech":
+        """Move (and cast) the models of target and draft, and their codecs (device only)."""
+        for a in (self.target, self.draft):
+            if a is not None and (device is not None or dtype is not None):
+                a.model.to(device=device, dtype=dtype)
+                if device is not None:
+                    a.codec.to(device)
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
 
     def _texts(self, text, description) -> list:
         if not isinstance(text, (str, list, tuple)):

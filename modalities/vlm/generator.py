@@ -122,8 +122,21 @@ class VisionLanguageGenerator:
             raise ValueError("vocabulary mismatch: draft and target tokenizers map tokens to "
                              "different ids; accepted tokenizers that agree on the shared range")
 
+    def to(self, device=None, dtype=None) -> "VisionLanguageGenerator":
+        """Move (and cast) target and draft, as ``torch.nn.Module.to``."""
+        for m in (self.target, self.draft):
+            if m is not None and (device is not None or dtype is not None):
+                m.to(device=device, dtype=dtype)
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
     @classmethod
-    def from_pretrained(cls, target, draft=None, draft_mode=None, **load_kwargs):
+    def from_pretrained(cls, target, draft=None, draft_mode=None, device=None, **load_kwargs):
+        """``target`` / ``draft``: folders or Hugging Face ids, or model objects; ``device``:
+        where to put them; ``load_kwargs`` go to transformers' ``from_pretrained``."""
         from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText,
                                   AutoProcessor)
 
@@ -136,7 +149,7 @@ class VisionLanguageGenerator:
 
         model = load(target)
         proc = load_pretrained(AutoProcessor, target) if isinstance(target, (str, os.PathLike)) else None
-        return cls(model, proc, load(draft) if draft is not None else None, draft_mode)
+        return cls(model, proc, load(draft) if draft is not None else None, draft_mode).to(device)
 
     # -- inputs ---------------------------------------------------------------------------------
     def _texts(self, prompts) -> list[str]:

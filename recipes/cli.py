@@ -1,0 +1,35 @@
+"""What the recipes' command lines share: the device flag, the method checked before any
+model runs, and errors as one line (exit 2) rather than a traceback."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+
+def add_device(ap) -> None:
+    ap.add_argument("--device", default=None,
+                    help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)")
+
+
+def device(arg: str | None) -> str:
+    return arg or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def check_method(method: str, params: dict, has_draft: bool, embeddings=None) -> None:
+    """The method and its parameters, parsed and its rule built, before the plain baseline
+    runs (``--method sjd-max`` or ``--k 5000`` fail here, not after minutes)."""
+    from mmspec.registry import MethodContext, parse_method
+
+    spec = parse_method(method, params, has_draft=has_draft)
+    spec.build_rule(MethodContext(embeddings=embeddings))
+
+
+def run(main, name: str) -> None:
+    """``main()``, with bad input reported as one line and exit status 2."""
+    try:
+        main()
+    except ValueError as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,55 @@
+"""The recipes' command lines: diffusers' --prompt, no abbreviations, --device, the method
+checked before the plain baseline runs, and one-line errors (exit 2)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args,line", [
+    (("recipes.text_to_image", "--prompt", "a large red circle at the top left", "--method",
+      "sjd-max"), "recipes.text_to_image: error: method='sjd-max': accepted one of plain, "),
+    (("recipes.text_to_image", "--prompt", "a red circle", "--method", "lantern", "--k", "5000"),
+     "recipes.text_to_image: error: k=5000: accepted an integer in [0, 511]"),
+    (("recipes.tts", "--text", "a red circle", "--method", "pcg", "--theta", "7"),
+     "recipes.tts: error: theta=7.0: accepted a cosine threshold in [-1, 1]"),
+])
+def test_bad_methods_fail_in_one_line_before_the_baseline(args, line):
+    res = _cli(*args)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1].startswith(line)
+
+
+def test_prompt_flags_are_not_abbreviations(tmp_path):
+    from recipes.text_to_image import parse
+
+    a = parse(["--prompt", "a large red circle at the top left", "--device", "cpu"])
+    assert a.prompt == ["a large red circle at the top left"] and a.prompts_file is None
+    with pytest.raises(SystemExit):
+        parse(["--prompts-f", "x.txt"])                 # abbreviations are refused
+
+
+def test_pipelines_move_with_to_and_from_pretrained_device():
+    from modalities.image import TextToImage
+    from modalities.speech import TextToSpeech
+    from modalities.vlm import VisionLanguageGenerator
+
+    models = os.path.join(ROOT, "samples", "models")
+    t2i = TextToImage.from_pretrained(os.path.join(models, "shapes-t2i"), device="cpu")
+    assert t2i.to("cpu") is t2i and t2i.device == torch.device("cpu")
+    tts = TextToSpeech.from_pretrained(os.path.join(models, "shapes-tts"), device="cpu")
+    assert tts.to("cpu") is tts and tts.device.type == "cpu"
+    vlm = VisionLanguageGenerator.from_pretrained(os.path.join(models, "shapes-vlm"), device="cpu")
+    assert vlm.to(dtype=torch.float64) is vlm and vlm.target.dtype == torch.float64
