@@ -49,14 +49,7 @@ class ImageTask:
         model, draft = self.model_path, self.draft_path = resolve_models(type(self), model, draft)
         self.pipe = TextToImage.from_pretrained(model, draft=draft)
         self.has_draft, self.dtype = draft is not None, _dtype(self.pipe.target.model)
-        self.device = torch.device(device) if device else self.pipe.target.device
-        if self.device != self.pipe.target.device:
-            self.pipe.target.model.to(self.device)
-            if self.pipe.draft is not None:
-                self.pipe.draft.model.to(self.device)
-            vq = getattr(self.pipe.target, "vq", None)
-            if vq is not None and hasattr(vq, "vq"):
-                vq.vq.to(self.device)
+        self.device = self.pipe.to(device).device
         self.gen = gen
         self.vocab = self.pipe.target.vocab_size
         self._features = None
@@ -160,11 +153,7 @@ class VLMTask:
         self.gen_obj = VisionLanguageGenerator.from_pretrained(
             model, draft=draft, draft_mode=draft_mode or ("image" if draft else None))
         self.has_draft, self.dtype = draft is not None, _dtype(self.gen_obj.target)
-        self.device = torch.device(device) if device else self.gen_obj.target.device
-        if device is not None:
-            self.gen_obj.target.to(device)
-            if self.gen_obj.draft is not None:
-                self.gen_obj.draft.to(device)
+        self.device = self.gen_obj.to(device).device
         gen.setdefault("temperature", 0.0)
         self.gen, self.max_new_tokens = gen, max_new_tokens
         from mmspec.session import output_vocab_size
@@ -270,11 +259,7 @@ class SpeechTask:
         model, draft = self.model_path, self.draft_path = resolve_models(type(self), model, draft)
         self.tts = TextToSpeech.from_pretrained(model, draft=draft)
         self.has_draft, self.dtype = draft is not None, _dtype(self.tts.target.model)
-        self.device = torch.device(device) if device else self.tts.target.device
-        if device is not None:
-            self.tts.target.model.to(device)
-            if self.tts.draft is not None:
-                self.tts.draft.model.to(device)
+        self.device = self.tts.to(device).device
         self.gen = gen
         self.vocab = int(self.tts.target.vocab_size)
         self.references = _bundled(model)

@@ -45,6 +45,9 @@ class WordIds:
         return [self.index[w] for w in text.split()]
 
 
+DECODERS = ("VQModel", "AutoencoderKL")      # latents -> images, the decoders decode() handles
+
+
 class ContinuousImageGenerator:
     """CSpD on continuous-token image models.
 
@@ -94,7 +97,11 @@ class ContinuousImageGenerator:
                 import diffusers
 
                 dpath = os.path.normpath(os.path.join(str(target), meta["decoder"]))
-                kind = getattr(diffusers, meta.get("decoder_class", "VQModel"))
+                name = meta.get("decoder_class", "VQModel")
+                if name not in DECODERS:
+                    raise ValueError(f"{meta_path}: decoder_class {name!r}: accepted one of "
+                                     f"{DECODERS}")
+                kind = getattr(diffusers, name)
                 decoder = kind.from_pretrained(dpath, torch_dtype=torch.float32).eval()
             if meta.get("words"):
                 tokenizer = WordIds(meta["words"])
