@@ -24,10 +24,36 @@ import argparse
 import os
 import time
 
+import numpy as np
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = ("plain", "exact", "sjd", "sjd-maximal", "sjd-gumbel", "lantern", "gsd")
+REPEATS = 2        # timed runs per method, after a warm-up call of each pipeline
+
+
+def timed(call, repeats: int = REPEATS):
+    """``call()`` ``repeats`` times: (the first run's output, seconds of each run)."""
+    out, secs = None, []
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        res = call()
+        secs.append(time.perf_counter() - t0)
+        out = res if i == 0 else out
+    return out, secs
+
+
+def speedups(rows) -> None:
+    """Each row's wall-clock speedup over the first (plain) row: the ratio of median seconds,
+    and its spread over the runs (slowest plain / fastest method .. the reverse)."""
+    base = rows[0]["seconds"]
+    for r in rows:
+        r["speedup"] = float(np.median(base)) / float(np.median(r["seconds"]))
+        r["spread"] = (min(base) / max(r["seconds"]), max(base) / min(r["seconds"]))
+
+
+def _speed(r) -> str:
+    return f"{r['speedup']:.2f}x ({r['spread'][0]:.2f}-{r['spread'][1]:.2f})"
 
 
 def image_demo(n_prompts: int = 8, seed: int = 0, out_dir: str = "out/demo", progress=True):
@@ -40,19 +66,16 @@ def image_demo(n_prompts: int = 8, seed: int = 0, out_dir: str = "out/demo", pro
     with open(os.path.join(ROOT, "samples", "prompts", "shapes_eval.txt")) as f:
         prompts = [line.strip() for line in f if line.strip()][:n_prompts]
     rows, images = [], {}
+    pipe(prompts[:1], method="plain", seed=seed, progress=False)          # warm-up
     for method in METHODS:
-        t0 = time.perf_counter()
-        out = pipe(prompts, method=method, seed=seed, progress=progress)
-        dt = time.perf_counter() - t0
+        out, dt = timed(lambda: pipe(prompts, method=method, seed=seed, progress=progress))
         images[method] = out.images
         rows.append(dict(method=method, nfe=out.stats.steps,
                          compression=pipe.target.num_tokens / out.stats.steps,
                          tokens_per_step=out.stats.tokens_per_step,
                          acceptance=out.stats.acceptance_rate, seconds=dt,
                          accuracy=sw.compositional_accuracy(out.images, prompts)))
-    base = rows[0]["seconds"]
-    for r in rows:
-        r["speedup"] = base / r["seconds"]
+    speedups(rows)
     os.makedirs(out_dir, exist_ok=True)
     _comparison(images, prompts, os.path.join(out_dir, "comparison.png"))
     _plot(rows, os.path.join(out_dir, "quality_vs_speedup.png"))
@@ -97,14 +120,15 @@ def _plot(rows, path):
 
 def print_image_table(rows, n_prompts):
     print(f"{'method':12} {'NFE':>4} {'compression':>11} {'tokens/step':>11} {'acceptance':>10} "
-          f"{'wall-clock':>10} {'accuracy':>8}")
-    print("-" * 72)
+          f"{'wall-clock':>18} {'accuracy':>8}")
+    print("-" * 80)
     for r in rows:
         print(f"{r['method']:12} {r['nfe']:>4} {r['compression']:>10.2f}x {r['tokens_per_step']:>11.2f} "
-              f"{r['acceptance']:>10.3f} {r['speedup']:>9.2f}x {r['accuracy']:>8.2f}")
+              f"{r['acceptance']:>10.3f} {_speed(r):>18} {r['accuracy']:>8.2f}")
     print(f"\nNFE: target forwards for the batch of {n_prompts} images (the slowest row); "
           "compression = 256 tokens / NFE;\ntokens/step per row; wall-clock = plain seconds / "
-          "method seconds in this run (a CPU is compute-bound: a\nwindow of 16 tokens costs "
+          f"method seconds, median of {REPEATS} warm runs (range), {torch.get_num_threads()} CPU "
+          "threads (a CPU is compute-bound: a\nwindow of 16 tokens costs "
           "~16 single-token forwards here, so step compression does not become speed\nas it does "
           "on a GPU); accuracy = fraction of images whose parse matches the caption.")
 
@@ -133,13 +157,13 @@ def vlm_demo(n: int = 24, seed: int = 0):
     for name, draft, mode, method in setups:
         gen = VisionLanguageGenerator.from_pretrained(os.path.join(models, "shapes-vlm"),
                                                       draft=os.path.join(models, draft), draft_mode=mode)
-        out = gen.generate(images, msgs, method=method, temperature=0, max_new_tokens=24, seed=seed)
+        gen.generate(images[:1], msgs[:1], method=method, temperature=0, max_new_tokens=4)  # warm
+        out, secs = timed(lambda: gen.generate(images, msgs, method=method, temperature=0,
+                                               max_new_tokens=24, seed=seed))
         acc = sum(t.strip() == a for t, (_, _, a) in zip(out.texts, qs)) / n
         rows.append(dict(method=name, nfe=out.stats.steps, tokens_per_step=out.stats.tokens_per_step,
-                         acceptance=out.stats.acceptance_rate, seconds=out.seconds, quality=acc))
-    base = rows[0]["seconds"]
-    for r in rows:
-        r["speedup"] = base / r["seconds"]
+                         acceptance=out.stats.acceptance_rate, seconds=secs, quality=acc))
+    speedups(rows)
     return rows, qs[0]
 
 
@@ -157,9 +181,11 @@ def tts_demo(out_dir: str, seed: int = 0):
     texts = ["a small blue star at the bottom", "there is a red cross"]
     refs = [reference(f"us {t}") for t in texts]
     rows, outs = [], {}
+    tts(texts[0], method="plain", seed=seed, progress=False, max_frames=8)      # warm-up
     for method, kw in (("plain", {}), ("exact", {}), ("pcg", {"theta": 0.45})):
         # one text at a time: this model's rows commit to the batch's shortest accepted length
-        parts = [tts(t, method=method, seed=seed, progress=False, **kw) for t in texts]
+        parts, secs = timed(lambda: [tts(t, method=method, seed=seed, progress=False, **kw)
+                                     for t in texts])
         waves = [p.waveforms[0] for p in parts]
         mcd = float(np.mean([mel_cepstral_distortion(w, r) for w, r in zip(waves, refs)]))
         st = [p.stats for p in parts]
@@ -167,13 +193,11 @@ def tts_demo(out_dir: str, seed: int = 0):
         rows.append(dict(method=method, nfe=sum(s.steps for s in st),
                          tokens_per_step=sum(s.emitted for s in st) / sum(s.row_steps for s in st),
                          acceptance=sum(s.accepted for s in st) / drafted if drafted else 0.0,
-                         seconds=sum(p.seconds for p in parts), quality=mcd))
+                         seconds=secs, quality=mcd))
         outs[method] = parts
         for i, p in enumerate(parts):
             p.save(os.path.join(out_dir, "tts", method), spectrogram=False, prefix=f"text{i}")
-    base = rows[0]["seconds"]
-    for r in rows:
-        r["speedup"] = base / r["seconds"]
+    speedups(rows)
 
     class Joined:   # the comparison figure takes one output per method
         def __init__(self, parts):
@@ -192,27 +216,26 @@ def continuous_demo(prompts, out_dir: str, seed: int = 0, k: int = 2):
     gen = ContinuousImageGenerator.from_pretrained(os.path.join(models, "shapes-continuous"),
                                                    draft=os.path.join(models, "shapes-continuous-draft"))
     rows, images = [], {}
+    gen(prompts=prompts[:1], seed=seed, use_draft=False, decode=False)           # warm-up
     for method, spec in (("plain", False), (f"cspd K={k}", True)):
-        t0 = time.perf_counter()
-        out = gen(prompts=prompts, seed=seed, num_draft_tokens=k, use_draft=spec)
+        out, secs = timed(lambda: gen(prompts=prompts, seed=seed, num_draft_tokens=k,
+                                      use_draft=spec))
         st = out.stats
         rows.append(dict(method=method, nfe=st.steps, tokens_per_step=st.tokens_per_step,
-                         acceptance=st.acceptance_rate if spec else 0.0,
-                         seconds=time.perf_counter() - t0,
+                         acceptance=st.acceptance_rate if spec else 0.0, seconds=secs,
                          quality=sw.compositional_accuracy(out.images, prompts)))
         images[method] = out.images
-    for r in rows:
-        r["speedup"] = rows[0]["seconds"] / r["seconds"]
+    speedups(rows)
     _comparison(images, prompts, os.path.join(out_dir, "continuous.png"), show=len(prompts), scale=1)
     return rows
 
 
 def print_rows(rows, quality):
-    print(f"{'method':24} {'NFE':>4} {'tokens/step':>11} {'acceptance':>10} {'wall-clock':>10} {quality:>12}")
-    print("-" * 76)
+    print(f"{'method':24} {'NFE':>4} {'tokens/step':>11} {'acceptance':>10} {'wall-clock':>18} {quality:>12}")
+    print("-" * 84)
     for r in rows:
         print(f"{r['method']:24} {r['nfe']:>4} {r['tokens_per_step']:>11.2f} {r['acceptance']:>10.3f} "
-              f"{r['speedup']:>9.2f}x {r['quality']:>12.3f}")
+              f"{_speed(r):>18} {r['quality']:>12.3f}")
 
 
 def text_demo(batch=4, max_new_tokens=48, seed=0):
@@ -236,8 +259,8 @@ def main(argv=None) -> None:
         return
     torch.set_grad_enabled(False)
     t0 = time.time()
-    print("mmspec demo: text-to-image on the bundled shapes-world models (CPU), "
-          f"{args.prompts} held-out captions, seed {args.seed}")
+    print("mmspec demo: text-to-image on the bundled shapes-world models (CPU, "
+          f"{torch.get_num_threads()} threads), {args.prompts} held-out captions, seed {args.seed}")
     rows, prompts, pipe = image_demo(args.prompts, args.seed, args.out)
     print(f"example caption: {prompts[0]!r}\n")
     print_image_table(rows, args.prompts)
