@@ -122,7 +122,7 @@ def main(argv=None) -> dict:
               f"{r['acceptance']:>10.3f} {r['seconds']:>8.2f} {rows[0]['seconds'] / r['seconds']:>6.2f}x")
     same = bool((plain.tokens == spec.tokens).all())
     print(f"tokens identical to plain decoding: {same}")
-    return dict(rows=rows, identical=same)
+    return dict(rows=rows, identical=same, tokens=spec.tokens.tolist())
 
 
 if __name__ == "__main__":
