@@ -480,3 +480,21 @@ def test_attention_mask_is_inferred_from_the_pad_id_as_transformers(pair, ragged
         mmspec.generate(target, None, bad, **kw)
     one = mmspec.generate(target, None, bad[:1], **kw)      # one row: nothing is padding
     assert one.sequences.shape == (1, 11)
+
+
+@pytest.mark.parametrize("draft_kind", [None, "model"])
+def test_per_phase_seconds_are_disjoint_and_add_up_to_the_call(pair, ragged_prompts, draft_kind):
+    """prefill + draft + verify + accept never exceed the call's total (the synchronised loop
+    charged the next step's draft and verify to this step's accept), and cover most of it."""
+    import time
+
+    target, draft = pair
+    ids, mask = ragged_prompts
+    t0 = time.perf_counter()
+    out = mmspec.generate(target, draft if draft_kind else None, ids, attention_mask=mask,
+                          max_new_tokens=24, seed=0, pipeline=False)
+    wall = time.perf_counter() - t0
+    s = out.stats
+    phases = s.seconds_prefill + s.seconds_draft + s.seconds_verify + s.seconds_accept
+    assert phases <= s.seconds_total + 1e-6 and s.seconds_total <= wall
+    assert phases >= 0.6 * s.seconds_total
