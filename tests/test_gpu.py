@@ -189,27 +189,10 @@ def test_captured_speech_equals_eager():
 def test_recipes_compile_on_the_gpu(tmp_path):
     """recipes.text_to_image --device cuda --compile on a tiny bundled-format pair: the
     pipeline moves to the GPU and its captured steps give the eager tokens (greedy, float32)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from modalities.image.pipeline import save_bundled
     from recipes.text_to_image import main
-    from recipes.train.t2i import WORD_OFFSET, WORDS
-    from tiny_image import tiny_vq
+    from tiny_image import save_tiny_bundled_pair
 
-    vq = tiny_vq()
-    vq.vq.save_pretrained(tmp_path / "vq")
-    paths = []
-    for name, hidden, seed in (("t", 32, 0), ("d", 16, 1)):
-        torch.manual_seed(seed)
-        cfg = LlamaConfig(vocab_size=WORD_OFFSET + len(WORDS) + 16, hidden_size=hidden,
-                          intermediate_size=2 * hidden, num_hidden_layers=1, num_attention_heads=2,
-                          num_key_value_heads=2, max_position_embeddings=96, pad_token_id=0)
-        meta = dict(image_token_offset=WORD_OFFSET + len(WORDS), codebook_size=16, grid=[4, 4],
-                    prefix=[1], suffix=[2], pad_id=0, words=WORDS, word_offset=WORD_OFFSET,
-                    defaults={"guidance_scale": 2.0})
-        save_bundled(str(tmp_path / name), LlamaForCausalLM(cfg).eval(), fmt="token-span",
-                     vq_folder=str(tmp_path / "vq"), meta=meta)
-        paths.append(str(tmp_path / name))
+    paths = save_tiny_bundled_pair(str(tmp_path))
     common = ["--model", paths[0], "--draft", paths[1], "--prompt", "a large red circle",
               "--temperature", "0", "--method", "exact", "--no-progress", "--device", "cuda"]
     eager = main(common + ["--out", str(tmp_path / "e")])

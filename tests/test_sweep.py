@@ -13,7 +13,7 @@ import pytest
 
 from eval import metrics
 from eval.sweep import main as sweep_main, read_rows
-from tiny_image import tiny_vq
+from tiny_image import save_tiny_bundled_pair
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,31 +21,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory):
     """Tiny shapes-world-vocabulary models saved in the bundled format."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from modalities.image.pipeline import save_bundled
-    from recipes.train.t2i import WORD_OFFSET, WORDS
-
     root = tmp_path_factory.mktemp("models")
-    vq = tiny_vq()
-    vq.vq.save_pretrained(root / "vq")
-    paths = []
-    for name, hidden, seed in (("shapes-tiny", 32, 0), ("shapes-tiny-draft", 16, 1)):
-        torch.manual_seed(seed)
-        cfg = LlamaConfig(vocab_size=WORD_OFFSET + len(WORDS) + 16, hidden_size=hidden,
-                          intermediate_size=2 * hidden, num_hidden_layers=1, num_attention_heads=2,
-                          num_key_value_heads=2, max_position_embeddings=96, pad_token_id=0)
-        meta = dict(image_token_offset=WORD_OFFSET + len(WORDS), codebook_size=16, grid=[4, 4],
-                    prefix=[1], suffix=[2], pad_id=0, words=WORDS, word_offset=WORD_OFFSET,
-                    defaults={"guidance_scale": 2.0})
-        save_bundled(str(root / name), LlamaForCausalLM(cfg).eval(), fmt="token-span",
-                     vq_folder=str(root / "vq"), meta=meta)
-        paths.append(str(root / name))
+    target, draft = save_tiny_bundled_pair(str(root))
     prompts = root / "prompts.txt"
     prompts.write_text("a large red circle at the top left\na small blue star at the bottom\n"
                        "a large black cross at the centre\n")
-    return paths[0], paths[1], str(prompts)
+    return target, draft, str(prompts)
 
 
 def _args(models, out, methods="plain,exact", extra=()):

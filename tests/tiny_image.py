@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from transformers import (Emu3Config, Emu3ForConditionalGeneration, JanusConfig,
                           JanusForConditionalGeneration)
@@ -93,3 +95,28 @@ def tiny_token_span(seed: int = 0, codebook: int = 16, words: int = 10, hidden: 
                       max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
                       eos_token_id=None)
     return LlamaForCausalLM(cfg).eval(), 3 + words
+
+
+def save_tiny_bundled_pair(root) -> tuple[str, str]:
+    """A tiny target and draft over the shapes-world words, saved in the bundled token-span
+    format (with a tiny VQ) under ``root``: what the sweep and the recipes load by path."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from modalities.image.pipeline import save_bundled
+    from recipes.train.t2i import WORD_OFFSET, WORDS
+
+    vq = tiny_vq()
+    vq.vq.save_pretrained(os.path.join(root, "vq"))
+    paths = []
+    for name, hidden, seed in (("shapes-tiny", 32, 0), ("shapes-tiny-draft", 16, 1)):
+        torch.manual_seed(seed)
+        cfg = LlamaConfig(vocab_size=WORD_OFFSET + len(WORDS) + 16, hidden_size=hidden,
+                          intermediate_size=2 * hidden, num_hidden_layers=1, num_attention_heads=2,
+                          num_key_value_heads=2, max_position_embeddings=96, pad_token_id=0)
+        meta = dict(image_token_offset=WORD_OFFSET + len(WORDS), codebook_size=16, grid=[4, 4],
+                    prefix=[1], suffix=[2], pad_id=0, words=WORDS, word_offset=WORD_OFFSET,
+                    defaults={"guidance_scale": 2.0})
+        save_bundled(os.path.join(root, name), LlamaForCausalLM(cfg).eval(), fmt="token-span",
+                     vq_folder=os.path.join(root, "vq"), meta=meta)
+        paths.append(os.path.join(root, name))
+    return paths[0], paths[1]
