@@ -1,4 +1,4 @@
-"""Where a decoding step's time goes: the measurements behind README's GPU-path analysis.
+"""Where a decoding step's time goes: the measurements behind docs/benchmarks.md's GPU-path analysis.
 
     python -m eval.profile_gpu --shape 7b --modes captured,inductor-untuned,inductor
     python -m eval.profile_gpu --shape janus-pro-7b --modes captured --k 4

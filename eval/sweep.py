@@ -212,7 +212,7 @@ def set_deterministic() -> None:
     the bundled image model repeated in one process gave identical ids in 37-43 of 50 rows (a
     fixed-shape forward was bitwise identical; the fused attention kernels over a growing cache
     are what varied); with it, 50/50, and a 600-row sweep gave identical ids on one GPU and
-    across two processes (README, "Several GPUs")."""
+    across two processes (docs/benchmarks.md, "Several GPUs")."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.benchmark = False

@@ -212,7 +212,7 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
                     rejected slots as holes (no host value is needed between steps; caches get
                     K + 1 slots per step). None: plain decoding pipelined, and speculative
                     decoding too with ``compile=True`` (captured steps: measured faster on an
-                    H100 at batch 1 and 16, docs/engine.md; not with ``"inductor"``, whose
+                    H100 at batch 1 and 16, docs/benchmarks.md; not with ``"inductor"``, whose
                     steps attend over the whole cache, nor eagerly or with ``profile``);
                     False: neither. Same tokens either way.
     engine:         an ``mmspec.Engine`` instead of compile, static_cache, pipeline and profile

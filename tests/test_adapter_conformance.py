@@ -199,7 +199,7 @@ def test_readme_lists_every_supported_model_class():
     import pathlib
 
     readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
-    table = readme[readme.index("### Supported models"):readme.index("### The loop in one")]
+    table = readme[readme.index("## Supported models"):readme.index("## Recipes and evaluation")]
     for info in adapters():
         assert f"`{info.name}`" in table, info.name
         assert all(f"`{m}`" in table for m in info.models), info.models

@@ -33,7 +33,7 @@ def test_loop_overhead_benchmark_runs_the_three_loops_on_stub_networks():
 
 def test_loop_runs_fewer_tensor_operations_per_plain_step_than_before():
     """bench_overhead --ops: the plain loop's operations around the static step (40 per step
-    before the trimming, README "GPU path"); speculative steps add the draft's."""
+    before the trimming, docs/benchmarks.md "GPU path"); speculative steps add the draft's."""
     from eval.bench_overhead import ops_per_step
 
     r = ops_per_step(k=4)
