@@ -16,8 +16,8 @@ device never waits for the host between steps. It needs a drafter whose steps ne
 value of the previous one (``Drafter.host_free``): plain decoding, or a draft model that keeps
 rejected slots as holes (the plan's ``queue_drafts``; caches then need K + 1 slots per step,
 ``holes``). ``pipeline=None`` pipelines plain decoding (unless ``profile``) and queues a draft
-model's steps under ``graphs`` (measured faster on an H100, docs/benchmarks.md) where every draft
-position fits the models' positions; ``True`` asks for it, ``False`` turns both off.
+model's steps under ``graphs`` (measured faster on an H100, docs/benchmarks.md) where every
+draft position fits the models' positions; ``True`` asks for it, ``False`` turns both off.
 """
 
 from __future__ import annotations
