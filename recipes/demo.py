@@ -27,6 +27,8 @@ import time
 import numpy as np
 import torch
 
+from mmspec.checks import check_count
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = ("plain", "exact", "sjd", "sjd-maximal", "sjd-gumbel", "lantern", "gsd")
 REPEATS = 2        # timed runs per method, after a warm-up call of each pipeline
@@ -253,7 +255,12 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="out/demo")
     ap.add_argument("--text", action="store_true", help="the text-pair demo instead")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="CPU threads (default: torch's, one per core; on a machine shared with "
+                         "other work fewer can be faster)")
     args = ap.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(check_count("--threads", args.threads))
     if args.text:                    # trains its pair first: gradients stay on
         text_demo(seed=args.seed)
         return

@@ -68,3 +68,18 @@ def test_bench_adapters_tiny_cpu_rows_equal_plain_decoding(tmp_path):
     assert spec["tts-spec", "2-layer"]["acceptance"] == 1.0
     assert spec["vlm-spec", "text"]["acceptance"] < 1.0
     assert "speedup vs eager plain" in (tmp_path / "report.md").read_text()
+
+
+def test_bench_jacobi_reports_step_compression_of_the_batch(capsys):
+    """compression = tokens / NFE of the batch (its slowest row), beside tokens per step per
+    row (which it once printed as compression)."""
+    import json
+
+    from eval.bench_jacobi import main
+
+    main(["--grid", "4", "--batch", "3", "--steps", "3", "--windows", "4"])
+    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert len(rows) == 9
+    for r in rows:
+        assert abs(r["step_compression"] - 16 / r["nfe"]) < 1e-3
+        assert r["tokens_per_step"] >= r["step_compression"] - 1e-3

@@ -53,3 +53,33 @@ def test_pipelines_move_with_to_and_from_pretrained_device():
     assert tts.to("cpu") is tts and tts.device.type == "cpu"
     vlm = VisionLanguageGenerator.from_pretrained(os.path.join(models, "shapes-vlm"), device="cpu")
     assert vlm.to(dtype=torch.float64) is vlm and vlm.target.dtype == torch.float64
+
+
+def test_demo_timings_are_medians_of_warm_runs_with_their_range():
+    from recipes.demo import speedups, timed
+
+    calls = []
+    out, secs = timed(lambda: calls.append(1) or len(calls), repeats=3)
+    assert out == 1 and len(secs) == 3 and len(calls) == 3       # the first run's output
+    rows = [dict(seconds=[2.0, 4.0, 3.0]), dict(seconds=[1.0, 1.5, 2.0])]
+    speedups(rows)
+    assert rows[1]["speedup"] == 2.0 and rows[1]["spread"] == (1.0, 4.0)
+    assert rows[0]["speedup"] == 1.0
+
+
+def test_from_pretrained_passes_dtype_and_device_map_to_transformers():
+    from modalities.image import TextToImage
+
+    pipe = TextToImage.from_pretrained(os.path.join(ROOT, "samples", "models", "shapes-t2i"),
+                                       torch_dtype=torch.bfloat16, device_map="cpu")
+    assert pipe.target.model.dtype == torch.bfloat16 and pipe.device.type == "cpu"
+
+
+def test_text_demo_trains_with_gradients_on(monkeypatch):
+    """``python -m recipes.demo --text`` trains its pair first (it crashed with gradients off)."""
+    import recipes.demo as demo
+
+    seen = []
+    monkeypatch.setattr(demo, "text_demo", lambda seed=0: seen.append(torch.is_grad_enabled()))
+    demo.main(["--text"])
+    assert seen == [True]

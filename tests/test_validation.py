@@ -198,3 +198,23 @@ def test_obscure_pipeline_inputs_are_clear_errors(tmp_path):
     tts = TextToSpeech.from_pretrained(os.path.join(root, "samples", "models", "shapes-tts"))
     with pytest.raises(ValueError, match=r"guidance_scale='3': accepted a finite float >= 0"):
         tts("a red circle", guidance_scale="3", progress=False)
+
+
+def test_truncated_weights_name_their_path(tmp_path):
+    import os
+    import shutil
+
+    from modalities.image import TextToImage
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    src = os.path.join(root, "samples", "models", "shapes-t2i-draft")
+    dst = tmp_path / "cut"
+    shutil.copytree(src, dst)
+    shutil.copytree(os.path.join(root, "samples", "models", "shapes-vq"), tmp_path / "shapes-vq")
+    weights = dst / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:5000])
+    with pytest.raises(ValueError, match=rf"{dst}: could not load LlamaForCausalLM"):
+        TextToImage.from_pretrained(str(dst))
+    shutil.rmtree(tmp_path / "shapes-vq")
+    with pytest.raises(ValueError, match=r"shapes-vq': no such model folder"):
+        TextToImage.from_pretrained(str(dst))

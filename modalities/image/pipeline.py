@@ -247,7 +247,7 @@ def _load_bundled(path: str, meta_path: str, **load_kwargs):
     from .vq import VQTokenizer
 
     vq_path = os.path.normpath(os.path.join(path, meta["vq"]))
-    vq = VQTokenizer.from_pretrained(vq_path)
+    vq = load_pretrained(VQTokenizer, vq_path)
     fmt = meta.get("format")
     if fmt == "token-span":
         from transformers import LlamaForCausalLM
