@@ -5,6 +5,7 @@ until it has a tiny-model case there, so registering an adapter puts it under te
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 _ADAPTERS: dict[str, "AdapterInfo"] = {}
@@ -42,9 +43,42 @@ def generation_defaults(model) -> dict:
     return {} if scale is None else {"guidance_scale": float(scale)}
 
 
+_VERBOSE = False
+
+
+def set_verbose(on: bool) -> None:
+    """Show transformers' and diffusers' loading progress bars and warnings (default: quiet;
+    the recipes' ``--verbose``)."""
+    global _VERBOSE
+    _VERBOSE = bool(on)
+
+
+@contextlib.contextmanager
+def quiet_loading():
+    """transformers' and diffusers' progress bars off and their logs at errors only, for the
+    duration (restored after), unless ``set_verbose(True)``."""
+    if _VERBOSE:
+        yield
+        return
+    from diffusers.utils import logging as dlog
+    from transformers.utils import logging as tlog
+
+    saved = [(lib, lib.get_verbosity(), lib.is_progress_bar_enabled()) for lib in (tlog, dlog)]
+    for lib, _, _ in saved:
+        lib.set_verbosity_error()
+        lib.disable_progress_bar()
+    try:
+        yield
+    finally:
+        for lib, level, bars in saved:
+            lib.set_verbosity(level)
+            if bars:
+                lib.enable_progress_bar()
+
+
 def load_pretrained(cls, path, **kwargs):
-    """``cls.from_pretrained(path, **kwargs)`` with errors that name the path: a local folder
-    that does not exist, unreadable or truncated weights."""
+    """``cls.from_pretrained(path, **kwargs)``, quietly (``quiet_loading``), with errors that
+    name the path: a local folder that does not exist, unreadable or truncated weights."""
     import os
 
     path = os.fspath(path)
@@ -53,6 +87,7 @@ def load_pretrained(cls, path, **kwargs):
         raise ValueError(f"{path!r}: no such model folder; accepted a folder that exists or a "
                          "Hugging Face id (org/name)")
     try:
-        return cls.from_pretrained(path, **kwargs)
+        with quiet_loading():
+            return cls.from_pretrained(path, **kwargs)
     except Exception as e:   # noqa: BLE001  (transformers, safetensors and OS errors alike)
         raise ValueError(f"{path}: could not load {cls.__name__}: {e}") from e

@@ -9,11 +9,17 @@ import torch
 
 
 def add_device(ap) -> None:
+    """``--device`` and ``--verbose`` (third-party loading bars and warnings; quiet by default)."""
     ap.add_argument("--device", default=None,
                     help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)")
+    ap.add_argument("--verbose", action="store_true",
+                    help="show transformers' and diffusers' loading progress and warnings")
 
 
-def device(arg: str | None) -> str:
+def device(arg: str | None, verbose: bool = False) -> str:
+    from modalities.registry import set_verbose
+
+    set_verbose(verbose)
     return arg or ("cuda" if torch.cuda.is_available() else "cpu")
 
 

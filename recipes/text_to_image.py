@@ -83,7 +83,7 @@ def main(argv=None) -> dict:
         sys.exit(f"the bundled model is missing ({model}); pass --model")
     if draft is not None and not os.path.exists(draft) and args.draft is None:
         draft = None
-    pipe = TextToImage.from_pretrained(model, draft=draft, device=device(args.device))
+    pipe = TextToImage.from_pretrained(model, draft=draft, device=device(args.device, args.verbose))
     params = {k: getattr(args, k) for k in METHOD_FLAGS if getattr(args, k) is not None}
     check_method(args.method, params, pipe.draft is not None, pipe.target.codebook_embeddings())
     prompts = list(args.prompts) + list(args.prompt)

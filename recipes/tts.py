@@ -65,7 +65,7 @@ def main(argv=None):
             texts += [x.strip() for x in f if x.strip()]
     if not texts:
         sys.exit("give texts (or --texts-file)")
-    tts = TextToSpeech.from_pretrained(model, draft=draft, device=device(args.device))
+    tts = TextToSpeech.from_pretrained(model, draft=draft, device=device(args.device, args.verbose))
     params = {k: v for k, v in (("num_draft_tokens", args.num_draft_tokens), ("theta", args.theta),
                                 ("window", args.window)) if v is not None}
     check_method(args.method, params, tts.draft is not None, tts.target.codebook_embeddings(0))

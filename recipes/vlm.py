@@ -50,7 +50,7 @@ def main(argv=None):
         cand = os.path.join(ROOT, "samples", "models", "shapes-vlm-text-draft")
         draft = cand if os.path.exists(cand) else None
     gen = VisionLanguageGenerator.from_pretrained(target, draft=draft, draft_mode=args.draft_mode,
-                                                  device=device(args.device))
+                                                  device=device(args.device, args.verbose))
     check_method(args.method, {"num_draft_tokens": args.num_draft_tokens}, gen.draft is not None,
                  gen.target.get_input_embeddings().weight.detach().float())
     images = [Image.open(p).convert("RGB") for p in paths]

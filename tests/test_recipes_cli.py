@@ -83,3 +83,18 @@ def test_text_demo_trains_with_gradients_on(monkeypatch):
     monkeypatch.setattr(demo, "text_demo", lambda seed=0: seen.append(torch.is_grad_enabled()))
     demo.main(["--text"])
     assert seen == [True]
+
+
+def test_loading_is_quiet_unless_verbose(capfd):
+    from modalities.image import TextToImage
+    from modalities.registry import set_verbose
+
+    path = os.path.join(ROOT, "samples", "models", "shapes-t2i")
+    TextToImage.from_pretrained(path)
+    assert "Loading weights" not in capfd.readouterr().err
+    set_verbose(True)
+    try:
+        TextToImage.from_pretrained(path)
+    finally:
+        set_verbose(False)
+    assert "Loading weights" in capfd.readouterr().err
