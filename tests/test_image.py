@@ -260,3 +260,27 @@ def test_emu3_partial_vocabulary_maps_generate_the_named_codes():
     assert adapter.codebook_embeddings().shape[0] == adapter.vocab_size
     with pytest.raises(ValueError, match=r"visual tokens \[30\] for a VQ codebook of 24 codes"):
         Emu3Adapter(tiny_emu3(codes=[0, 30]), 2, 3)
+
+
+def test_diffusers_conventions(vq):
+    """generator=, output_type, return_dict and callback_on_step_end as in diffusers."""
+    pipe, prompts = PIPES["token-span"](vq)
+    kw = dict(method="sjd", progress=False)
+    a = pipe(prompts, seed=3, **kw)
+    b = pipe(prompts, generator=torch.Generator().manual_seed(3), **kw)
+    assert torch.equal(a.tokens, b.tokens)
+    arr = pipe(prompts, seed=3, output_type="np", **kw).images
+    assert arr.shape == (2, 16, 16, 3) and arr.dtype == np.float32
+    assert np.allclose(arr[0] * 255, np.asarray(a.images[0]), atol=1)
+    pt = pipe(prompts, seed=3, output_type="pt", **kw).images
+    assert pt.shape == (2, 3, 16, 16) and float(pt.max()) <= 1
+    (imgs,) = pipe(prompts, seed=3, return_dict=False, **kw)
+    assert len(imgs) == 2
+    seen = []
+    pipe(prompts, seed=3, callback_on_step_end=lambda p, i, t, kw_: seen.append(
+        (i, t, min(len(r) for r in kw_["tokens"]))), **kw)
+    assert seen[0][:2] == (0, None) and seen[-1][2] == pipe.target.num_tokens
+    with pytest.raises(ValueError, match="output_type='latent'"):
+        pipe(prompts, output_type="latent", **kw)
+    with pytest.raises(ValueError, match="seed and generator"):
+        pipe(prompts, seed=1, generator=torch.Generator(), **kw)

@@ -317,3 +317,8 @@ def test_guidance_keeps_masked_logits_masked():
     g = guide(c, u, 3.0)
     assert g[0] == 3.0 and torch.isneginf(g[1:]).all()            # no NaN from -inf - -inf
     assert torch.equal(guide(c, c, 0.0)[:1], c[:1])
+
+
+def test_audio_output_has_the_transformers_names(delay_pair):
+    out = TextToSpeech.from_pretrained(*delay_pair)(TEXTS, max_frames=4, progress=False, seed=0)
+    assert out.audio is out.waveforms and out.sampling_rate == out.sample_rate

@@ -45,6 +45,18 @@ def to_pil(images: torch.Tensor) -> list:
     return [Image.fromarray(a.permute(1, 2, 0).cpu().numpy(), "RGB") for a in arr]
 
 
+OUTPUT_TYPES = ("pil", "np", "pt")
+
+
+def _as_output(images: torch.Tensor, output_type: str):
+    """[B, 3, H, W] in [0, 1] -> PIL images, numpy [B, H, W, 3] float32, or the tensor."""
+    if output_type == "pil":
+        return to_pil(images)
+    if output_type == "np":
+        return images.detach().float().clamp(0, 1).permute(0, 2, 3, 1).cpu().numpy()
+    return images.detach().float().clamp(0, 1)
+
+
 def _as_prompt_list(prompt, class_ids: bool = False) -> list:
     """A str, one id list, a class id, or a list of those -> a list of prompts.
 
@@ -130,12 +142,27 @@ class TextToImage:
                  top_p: float | None = None, seed: int | None = None, progress: bool = True,
                  decode: bool = True, profile: bool = False, compile: bool | str = False,
                  static_cache: bool | None = None, pipeline: bool | None = None,
-                 engine: Engine | None = None, **method_params) -> ImageOutput:
-        """compile / static_cache / pipeline / profile, or ``engine``: as in ``mmspec.generate``
+                 engine: Engine | None = None, generator: torch.Generator | None = None,
+                 output_type: str = "pil", return_dict: bool = True,
+                 callback_on_step_end=None, **method_params) -> ImageOutput:
+        """Generate images; diffusers' conventions where they apply.
+
+        generator:     a ``torch.Generator`` on the model's device (instead of ``seed``).
+        output_type:   ``"pil"`` (PIL images), ``"np"`` ([B, H, W, 3] float32 in [0, 1]) or
+                       ``"pt"`` ([B, 3, H, W] in [0, 1]); ``decode=False`` skips decoding.
+        return_dict:   False returns the tuple ``(images,)``.
+        callback_on_step_end: ``f(pipe, step, timestep, callback_kwargs)`` after every loop
+                       step (timestep None: no diffusion schedule; ``callback_kwargs["tokens"]``
+                       holds each row's tokens so far).
+        compile / static_cache / pipeline / profile, or ``engine``: as in ``mmspec.generate``
         (static caches, steps captured as CUDA graphs, draft steps queued ahead); the eager
         path is the reference and gives the same tokens under greedy decoding."""
         tgt = self.target
         # 1. Inputs, checked before any model runs.
+        if output_type not in OUTPUT_TYPES:
+            raise ValueError(f"output_type={output_type!r}: accepted one of {OUTPUT_TYPES}")
+        if generator is not None and seed is not None:
+            raise ValueError("seed and generator: accepted one of them")
         rows, neg_rows = self._rows(prompt, class_labels, num_images_per_prompt, negative_prompt)
         g = guided(check_guidance_scale(self.defaults.get("guidance_scale") if guidance_scale
                                         is None else guidance_scale))
@@ -163,17 +190,26 @@ class TextToImage:
             embeddings=tgt.codebook_embeddings(), jacobi=tgt.jacobi_defaults,
             queue_drafts=plan.queue_drafts)
         drafter, rule = spec.build(context)
-        run = prepare(session, drafter, rule, plan=plan, seed=seed, device=tgt.device)
+        run = prepare(session, drafter, rule, plan=plan, seed=seed, device=tgt.device,
+                      generator=generator)
 
         # 3. Prefill and the loop (a progress bar over the slowest row's tokens).
         t0 = time.perf_counter()
         run.prefill(batch, dbatch)
-        res = run.collect(batch["input_ids"][:, -1], progress=method if progress else None)
+        tokens = [[] for _ in rows]
+        events = run.stream(batch["input_ids"][:, -1], progress=method if progress else None)
+        for step, ev in enumerate(events):
+            for row, new in zip(tokens, ev.new_tokens):
+                row.extend(new)
+            if callback_on_step_end is not None:
+                callback_on_step_end(self, step, None, {"tokens": tokens})
 
         # 4. Decode.
-        ids = torch.tensor(res.tokens, dtype=torch.long, device=tgt.device)
+        ids = torch.tensor(tokens, dtype=torch.long, device=tgt.device)
         seconds = time.perf_counter() - t0
-        images = to_pil(tgt.decode(ids)) if decode else []
+        images = _as_output(tgt.decode(ids), output_type) if decode else []
+        if not return_dict:
+            return (images,)
         return ImageOutput(images=images, tokens=ids, stats=run.stats, seconds=seconds)
 
 

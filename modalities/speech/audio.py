@@ -22,6 +22,16 @@ class AudioOutput:
     stats: StepStats
     seconds: float
 
+    @property
+    def audio(self) -> list:
+        """The waveforms (diffusers' and transformers' name)."""
+        return self.waveforms
+
+    @property
+    def sampling_rate(self) -> int:
+        """The sample rate (transformers' name)."""
+        return self.sample_rate
+
     def save(self, path: str, spectrogram: bool = True, prefix: str = "speech") -> list[str]:
         """Write ``prefix_XXX.wav`` (and ``.png`` spectrograms) into the folder ``path``."""
         import soundfile as sf
