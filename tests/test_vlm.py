@@ -219,3 +219,32 @@ def test_unsupported_vlm_classes_are_refused_with_the_reason(name, why):
         VisionLanguageGenerator(target, proc, model, "image")
     assert supported_classes() == ["LlavaForConditionalGeneration",
                                    "LlavaNextForConditionalGeneration"]
+
+
+def test_transformers_conventions():
+    """generate(**processor outputs), assistant_model= and a transformers streamer."""
+    from threading import Thread
+
+    from transformers import TextIteratorStreamer
+
+    target, draft, proc = _models("llava")
+    ims, prompts = _pairs("llava")
+    g = VisionLanguageGenerator(target, proc, assistant_model=draft)
+    assert g.draft is draft and g.draft_mode == "image"
+    kw = dict(temperature=0, max_new_tokens=8)
+    ref = g.generate([ims[1]], [prompts[1]], method="exact", **kw)
+    inputs = proc(images=[ims[1]], text=[prompts[1]], return_tensors="pt")
+    out = g.generate(**inputs, method="exact", **kw)
+    assert out.token_ids == ref.token_ids
+    streamer = TextIteratorStreamer(proc.tokenizer, skip_prompt=True, skip_special_tokens=True)
+    th = Thread(target=lambda: g.generate(**inputs, method="exact", streamer=streamer, **kw))
+    th.start()
+    text = "".join(streamer)
+    th.join()
+    assert text.strip() == ref.texts[0].strip()
+    with pytest.raises(ValueError, match="draft and assistant_model"):
+        VisionLanguageGenerator(target, proc, draft, assistant_model=draft)
+    with pytest.raises(ValueError, match="streamer: accepted with one prompt"):
+        g.generate(ims, prompts, streamer=streamer, **kw)
+    with pytest.raises(ValueError, match="processor outputs .* instead of images and prompts"):
+        g.generate(ims[1], prompts[1], **inputs, **kw)

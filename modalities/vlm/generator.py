@@ -57,6 +57,9 @@ def _is_vlm(model) -> bool:
     return hasattr(model.config, "vision_config")
 
 
+# Processor outputs ``generate(**inputs)`` takes as keyword arguments.
+PROCESSOR_OUTPUTS = ("input_ids", "attention_mask", "pixel_values", "image_sizes")
+
 # Model families mmspec does not implement yet, and why its loop would give other tokens.
 _REFUSED = {
     "paligemma": "prefix-LM: the image and prompt attend to each other bidirectionally, and a "
@@ -87,7 +90,11 @@ class VisionLanguageGenerator:
     chat template); draft: a causal LM (text draft) or a VLM (image / ensemble draft)."""
 
     def __init__(self, target, processor, draft=None, draft_mode: str | None = None,
-                 draft_processor=None):
+                 draft_processor=None, assistant_model=None):
+        if assistant_model is not None:          # transformers' name for the draft
+            if draft is not None:
+                raise ValueError("draft and assistant_model: accepted one of them")
+            draft = assistant_model
         if not _is_vlm(target):
             raise ValueError("target must be a vision-language model (a config with vision_config)")
         check_supported(target, "target")
@@ -134,7 +141,8 @@ class VisionLanguageGenerator:
         return self.target.device
 
     @classmethod
-    def from_pretrained(cls, target, draft=None, draft_mode=None, device=None, **load_kwargs):
+    def from_pretrained(cls, target, draft=None, draft_mode=None, device=None,
+                        assistant_model=None, **load_kwargs):
         """``target`` / ``draft``: folders or Hugging Face ids, or model objects; ``device``:
         where to put them; ``load_kwargs`` go to transformers' ``from_pretrained``."""
         from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText,
@@ -149,6 +157,7 @@ class VisionLanguageGenerator:
 
         model = load(target)
         proc = load_pretrained(AutoProcessor, target) if isinstance(target, (str, os.PathLike)) else None
+        draft = draft if assistant_model is None else assistant_model
         return cls(model, proc, load(draft) if draft is not None else None, draft_mode).to(device)
 
     # -- inputs ---------------------------------------------------------------------------------
@@ -216,6 +225,9 @@ class VisionLanguageGenerator:
         if not spec.uses_draft_model:
             return spec.build_drafter(context), spec.build_rule(context), None
         if self.draft_mode == "ensemble":
+            if prompts is None:
+                raise ValueError("draft_mode='ensemble' builds its own prompts: accepted images "
+                                 "and prompts, not processor outputs")
             dbatch = self._ensemble_batch(images, prompts, captions)
             session = CausalLMSession(self.draft, params,
                                       **plan.cache(*dbatch["input_ids"].shape[::-1]))
@@ -223,13 +235,23 @@ class VisionLanguageGenerator:
                                       spec.num_draft_tokens())
             dbatch = {k: v for k, v in dbatch.items() if k != "modes"}
             return drafter, spec.build_rule(context), dbatch
-        dbatch = (self.encode(images, prompts, self.draft_processor) if self.draft_mode == "image"
-                  else self.text_only(batch))
+        dbatch = self.text_only(batch) if self.draft_mode == "text" else self._image_batch(
+            images, prompts, batch)
         cache = plan.cache(*dbatch["input_ids"].shape[::-1])
         context = dataclasses.replace(context, draft_session=lambda: PaddedSession(
             CausalLMSession(self.draft, params, **cache), vt))
         drafter, rule = spec.build(context)
         return drafter, rule, dbatch
+
+    def _image_batch(self, images, prompts, batch) -> dict:
+        """An image draft's prompts: through its own processor, or the target's batch when
+        the processors are one (the only choice for processor outputs)."""
+        if prompts is not None:
+            return self.encode(images, prompts, self.draft_processor)
+        if self.draft_processor is not self.processor:
+            raise ValueError("an image draft with its own processor: accepted images and "
+                             "prompts, not the target's processor outputs")
+        return batch
 
     def _ensemble_batch(self, images, prompts, captions) -> dict:
         """The ensemble's draft prompts: image + text, text only (and text + caption) blocks,
@@ -259,14 +281,29 @@ class VisionLanguageGenerator:
                              f"{len(prompts)} prompts")
         return images, prompts
 
+    def _inputs(self, images, prompt_or_messages, given: dict):
+        """(images, prompts, the target's batch): from image-prompt pairs through the
+        processor, or from processor outputs given as keyword arguments (``**inputs``)."""
+        if not given:
+            images, prompts = self._pairs(images, prompt_or_messages)
+            return images, prompts, self.encode(images, prompts)
+        if images is not None or prompt_or_messages is not None or "input_ids" not in given:
+            raise ValueError("processor outputs (input_ids, attention_mask, pixel_values ...): "
+                             "accepted instead of images and prompts, with input_ids")
+        batch = {k: v.to(self.target.device) for k, v in given.items()}
+        batch.setdefault("attention_mask", torch.ones_like(batch["input_ids"]))
+        return None, None, batch
+
     @torch.inference_mode()
-    def generate(self, images, prompt_or_messages, *, method: str = "plain",
+    def generate(self, images=None, prompt_or_messages=None, *, method: str = "plain",
                  max_new_tokens: int = 64, temperature: float | None = None,
                  top_p: float | None = None, top_k: int | None = None, seed: int | None = None,
                  stream: bool = False, captions=None, compile: bool | str = False,
                  static_cache: bool | None = None, pipeline: bool | None = None,
-                 engine: Engine | None = None, generation_config=None, **method_params):
-        """One image (or None, or a list) per prompt; a single pair may be given unwrapped.
+                 engine: Engine | None = None, generation_config=None, streamer=None,
+                 **method_params):
+        """One image (or None, or a list) per prompt; a single pair may be given unwrapped;
+        or the processor's outputs as keyword arguments (``generate(**processor(...))``).
 
         compile:      static caches for target and draft, and their decoding steps captured
                       as CUDA graphs (``mmspec.generate``'s switch: ``True`` or ``"inductor"``;
@@ -280,16 +317,20 @@ class VisionLanguageGenerator:
         temperature, top_p, top_k: default temperature 1 without truncation; or
         generation_config: a GenerationConfig or ``"model"`` (the target's own), as in
                       ``mmspec.generate``.
+        streamer:     a transformers streamer (``TextStreamer``, ``TextIteratorStreamer``): the
+                      prompt's ids, then each step's new ids, then ``end()`` (batch 1).
         """
         # 1. Inputs, checked before any model runs.
-        images, prompts = self._pairs(images, prompt_or_messages)
+        given = {k: method_params.pop(k) for k in PROCESSOR_OUTPUTS if k in method_params}
+        images, prompts, batch = self._inputs(images, prompt_or_messages, given)
+        if streamer is not None and batch["input_ids"].shape[0] != 1:
+            raise ValueError("streamer: accepted with one prompt (batch 1, as transformers)")
         check_count("max_new_tokens", max_new_tokens)
         engine = Engine.from_switches(compile, static_cache, pipeline,
                                       engine=engine).check(self.target)
         spec = parse_method(method, method_params, has_draft=self.draft is not None)
         params = sampling_params(self.target, generation_config, temperature=temperature,
                                  top_p=top_p, top_k=top_k)
-        batch = self.encode(images, prompts)
         width, limit = batch["input_ids"].shape[1], max_positions(self.target)
         if limit is not None and width >= limit:
             raise ValueError(f"the prompt has {width} tokens (image tokens included), at least the "
@@ -306,14 +347,16 @@ class VisionLanguageGenerator:
                            draft_model=queueable, positions=width + max_new_tokens + k,
                            limits=[limit, max_positions(self.draft) if queueable else None])
         drafter, rule, dbatch = self._method(spec, plan, params, batch, images, prompts, captions)
-        session = CausalLMSession(self.target, params, **plan.cache(width, len(prompts)))
+        session = CausalLMSession(self.target, params, **plan.cache(*batch["input_ids"].shape[::-1]))
         run = prepare(session, drafter, rule, plan=plan, seed=seed, device=self.target.device)
-        it = self._run(run, batch, dbatch)
+        it = self._run(run, batch, dbatch, streamer)
         return _in_inference_mode(it) if stream else self._collect(it)
 
-    def _run(self, run, batch, dbatch):
+    def _run(self, run, batch, dbatch, streamer=None):
         t0 = time.perf_counter()
         run.prefill(batch, dbatch)
+        if streamer is not None:
+            streamer.put(batch["input_ids"][0].cpu())
         tok = self.processor.tokenizer
         eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
         rows = [[] for _ in range(batch["input_ids"].shape[0])]
@@ -325,7 +368,11 @@ class VisionLanguageGenerator:
                 text = tok.decode([t for t in rows[i] if t not in eos], skip_special_tokens=True)
                 pieces.append(text[len(shown[i]):])
                 shown[i] = text
+            if streamer is not None and ev.new_tokens[0]:
+                streamer.put(torch.tensor(ev.new_tokens[0]))
             yield pieces, rows, run.stats, time.perf_counter() - t0
+        if streamer is not None:
+            streamer.end()
 
     def _collect(self, it) -> VLMOutput:
         pieces = rows = stats = None
