@@ -82,7 +82,8 @@ def load_pretrained(cls, path, **kwargs):
     import os
 
     path = os.fspath(path)
-    looks_local = path.startswith((".", "/", "~")) or path.count("/") != 1
+    # Hub ids are "name" or "org/name"; a path that starts like one or has more parts is local.
+    looks_local = path.startswith((".", "/", "~")) or path.count("/") > 1
     if looks_local and not os.path.isdir(os.path.expanduser(path)):
         raise ValueError(f"{path!r}: no such model folder; accepted a folder that exists or a "
                          "Hugging Face id (org/name)")

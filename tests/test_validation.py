@@ -218,3 +218,17 @@ def test_truncated_weights_name_their_path(tmp_path):
     shutil.rmtree(tmp_path / "shapes-vq")
     with pytest.raises(ValueError, match=r"shapes-vq': no such model folder"):
         TextToImage.from_pretrained(str(dst))
+
+
+def test_hub_ids_are_not_taken_for_missing_folders(monkeypatch):
+    """ "name" and "org/name" go to transformers (here offline: its error, with the id named);
+    only paths that look local are refused as missing folders."""
+    from modalities.registry import load_pretrained
+    from transformers import AutoConfig
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for hub_id in ("gpt2-nonexistent-here", "org/model-nonexistent-here"):
+        with pytest.raises(ValueError, match=rf"{hub_id}: could not load AutoConfig"):
+            load_pretrained(AutoConfig, hub_id)
+    with pytest.raises(ValueError, match="no such model folder"):
+        load_pretrained(AutoConfig, "./not/a/folder")
