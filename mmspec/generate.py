@@ -132,14 +132,15 @@ def _drafter_argument(draft, drafter):
 
 def _setup(target, draft, input_ids, attention_mask, rule, num_draft_tokens, max_new_tokens,
            sampling: SamplingParams, seed, drafter, guidance: Guidance | None,
-           engine: Engine) -> tuple[Run, dict]:
+           engine: Engine, pad_token_id: int | None = None) -> tuple[Run, dict]:
     """Every check, then the run and the prompt (nothing has run on a model yet)."""
     draft, drafter = _drafter_argument(draft, drafter)
     for name, model in (("target", target), ("draft", draft)):
         if not (model is None and name == "draft") and not isinstance(model, torch.nn.Module):
             raise ValueError(f"{name}={model!r:.60}: accepted a transformers causal LM object "
                              "(load a folder or id with AutoModelForCausalLM.from_pretrained)")
-    attention_mask = _check_prompt(input_ids, attention_mask, _pad_id(target, None, default=None))
+    attention_mask = _check_prompt(input_ids, attention_mask,
+                                   _pad_id(target, pad_token_id, default=None))
     rule_obj = _rule(rule, target)
     engine.check(target)
     ahead = engine.captures or bool(engine.pipeline)      # steps may draft K past the end
@@ -193,6 +194,8 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
                     transformers) under any of the four arguments above that are given.
     seed:           seeds a torch.Generator on the prompt's device (None: global RNG).
     stop_token_ids: ids that end a row (default: the target's eos_token_id).
+    pad_token_id:   fills each row after its end in ``sequences``, and marks the left padding
+                    when ``attention_mask`` is not given (default: the target's pad id).
     drafter:        a drafter object instead of ``draft`` (``Jacobi``, ensembles ...); a
                     drafter passed as ``draft`` is taken as ``drafter``.
     guidance_scale: classifier-free guidance u + s (c - u) on the logits of target and draft;
@@ -227,7 +230,7 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
                                top_p=top_p, min_p=min_p)
     guidance = Guidance.from_arguments(guidance_scale, uncond_input_ids, uncond_attention_mask)
     run, prompt = _setup(target, draft, input_ids, attention_mask, rule, num_draft_tokens,
-                         max_new_tokens, sampling, seed, drafter, guidance, engine)
+                         max_new_tokens, sampling, seed, drafter, guidance, engine, pad_token_id)
     stops = Stops(_default_stops(target) if stop_token_ids is None else stop_token_ids)
     run.prefill(prompt)
     res = run.collect(input_ids[:, -1], stops=stops)

@@ -480,6 +480,10 @@ def test_attention_mask_is_inferred_from_the_pad_id_as_transformers(pair, ragged
         mmspec.generate(target, None, bad, **kw)
     one = mmspec.generate(target, None, bad[:1], **kw)      # one row: nothing is padding
     assert one.sequences.shape == (1, 11)
+    # pad_token_id given: its run at the left is the padding, as with the mask
+    repad = torch.where(mask.bool(), ids, 9)
+    got = mmspec.generate(target, draft, repad, pad_token_id=9, **kw)
+    assert torch.equal(got.sequences[:, ids.shape[1]:], want.sequences[:, ids.shape[1]:])
 
 
 @pytest.mark.parametrize("draft_kind", [None, "model"])
