@@ -48,16 +48,15 @@ class Engine:
     @classmethod
     def from_switches(cls, compile=False, static_cache=None, pipeline=None,
                       profile: bool = False, engine: "Engine | None" = None) -> "Engine":
-        """The front doors' switches: ``compile`` (False, True: CUDA graphs, ``"inductor"``;
-        or an Engine), ``static_cache`` (None: = bool(compile)), ``pipeline`` and
-        ``profile``; or ``engine``, an Engine given instead of them."""
-        if engine is not None or isinstance(compile, Engine):
-            given = engine if engine is not None else compile
-            switches = (compile if engine is not None else False, static_cache, pipeline, profile)
-            if not isinstance(given, Engine) or switches != (False, None, None, False):
+        """The front doors' switches: ``compile`` (False, True: CUDA graphs, ``"inductor"``),
+        ``static_cache`` (None: = bool(compile)), ``pipeline`` and ``profile``; or ``engine``,
+        an Engine given instead of them."""
+        if engine is not None:
+            if not isinstance(engine, Engine) or (compile, static_cache, pipeline, profile) != (
+                    False, None, None, False):
                 raise ValueError("engine: accepted an Engine, given instead of compile=, "
                                  "static_cache=, pipeline= and profile= (not with them)")
-            return given
+            return engine
         if compile not in (False, True, "inductor"):
             raise ValueError(f"compile={compile!r}: accepted False, True or 'inductor'")
         if static_cache not in (None, False, True):
