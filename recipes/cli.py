@@ -8,7 +8,7 @@ import sys
 import torch
 
 
-def add_device(ap) -> None:
+def add_common(ap) -> None:
     """``--device`` and ``--verbose`` (third-party loading bars and warnings; quiet by default)."""
     ap.add_argument("--device", default=None,
                     help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)")
@@ -16,11 +16,12 @@ def add_device(ap) -> None:
                     help="show transformers' and diffusers' loading progress and warnings")
 
 
-def device(arg: str | None, verbose: bool = False) -> str:
+def configure(args) -> str:
+    """Apply ``--verbose``; returns the device (``--device``, else cuda when available)."""
     from modalities.registry import set_verbose
 
-    set_verbose(verbose)
-    return arg or ("cuda" if torch.cuda.is_available() else "cpu")
+    set_verbose(args.verbose)
+    return args.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def check_method(method: str, params: dict, has_draft: bool, embeddings=None) -> None:

@@ -20,7 +20,7 @@ import sys
 
 from PIL import Image
 
-from recipes.cli import add_device, check_method, device, run
+from recipes.cli import add_common, check_method, configure, run
 
 BUNDLED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "samples",
                        "models")
@@ -67,7 +67,7 @@ def parse(argv=None):
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--compile", action="store_true",
                     help="static caches and CUDA-graph steps (CUDA only; same tokens under greedy)")
-    add_device(ap)
+    add_common(ap)
     return ap.parse_args(argv)
 
 
@@ -83,7 +83,7 @@ def main(argv=None) -> dict:
         sys.exit(f"the bundled model is missing ({model}); pass --model")
     if draft is not None and not os.path.exists(draft) and args.draft is None:
         draft = None
-    pipe = TextToImage.from_pretrained(model, draft=draft, device=device(args.device, args.verbose))
+    pipe = TextToImage.from_pretrained(model, draft=draft, device=configure(args))
     params = {k: getattr(args, k) for k in METHOD_FLAGS if getattr(args, k) is not None}
     check_method(args.method, params, pipe.draft is not None, pipe.target.codebook_embeddings())
     prompts = list(args.prompts) + list(args.prompt)

@@ -19,7 +19,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-from recipes.cli import add_device, check_method, device, run
+from recipes.cli import add_common, check_method, configure, run
 
 
 def comparison(plain, spec, method, path):
@@ -48,7 +48,7 @@ def main(argv=None):
     ap.add_argument("--out", default="out/tts")
     ap.add_argument("--compile", action="store_true",
                     help="static caches and CUDA-graph steps (CUDA only; same tokens under greedy)")
-    add_device(ap)
+    add_common(ap)
     args = ap.parse_args(argv)
     from modalities.speech import TextToSpeech
 
@@ -65,7 +65,7 @@ def main(argv=None):
             texts += [x.strip() for x in f if x.strip()]
     if not texts:
         sys.exit("give texts (or --texts-file)")
-    tts = TextToSpeech.from_pretrained(model, draft=draft, device=device(args.device, args.verbose))
+    tts = TextToSpeech.from_pretrained(model, draft=draft, device=configure(args))
     params = {k: v for k, v in (("num_draft_tokens", args.num_draft_tokens), ("theta", args.theta),
                                 ("window", args.window)) if v is not None}
     check_method(args.method, params, tts.draft is not None, tts.target.codebook_embeddings(0))

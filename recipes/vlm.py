@@ -17,7 +17,7 @@ import sys
 
 from PIL import Image
 
-from recipes.cli import add_device, check_method, device, run
+from recipes.cli import add_common, check_method, configure, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,7 +35,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compile", action="store_true",
                     help="static caches and CUDA-graph steps (CUDA only; same tokens under greedy)")
-    add_device(ap)
+    add_common(ap)
     args = ap.parse_args(argv)
     *paths, question = args.inputs
     if not paths:
@@ -50,7 +50,7 @@ def main(argv=None):
         cand = os.path.join(ROOT, "samples", "models", "shapes-vlm-text-draft")
         draft = cand if os.path.exists(cand) else None
     gen = VisionLanguageGenerator.from_pretrained(target, draft=draft, draft_mode=args.draft_mode,
-                                                  device=device(args.device, args.verbose))
+                                                  device=configure(args))
     check_method(args.method, {"num_draft_tokens": args.num_draft_tokens}, gen.draft is not None,
                  gen.target.get_input_embeddings().weight.detach().float())
     images = [Image.open(p).convert("RGB") for p in paths]
