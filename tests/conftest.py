@@ -22,6 +22,18 @@ def tiny_llama(vocab: int = 16, hidden: int = 32, layers: int = 2, heads: int = 
     return model
 
 
+def random_pq(seed: int, v: int, d: int = 3, sharp: float = 2.0, zeros: bool = False):
+    """A float64 target p, draft q (``zeros``: a third of q's ids impossible) and [v, d]
+    embedding table, for the rules' exact checks."""
+    g = torch.Generator().manual_seed(seed)
+    p = torch.softmax(sharp * torch.randn(v, generator=g, dtype=torch.float64), -1)
+    q = torch.softmax(sharp * torch.randn(v, generator=g, dtype=torch.float64), -1)
+    if zeros:
+        q[torch.randperm(v, generator=g)[: v // 3]] = 0
+        q /= q.sum()
+    return p, q, torch.randn(v, d, generator=g, dtype=torch.float64)
+
+
 @pytest.fixture(scope="session")
 def pair():
     """A tiny target and a smaller draft over a 16-id vocabulary."""

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mmspec
+from conftest import random_pq
 from mmspec.acceptance import Annealed, CoarseGrained, Exact, Grouped, Lantern
 from stats_util import chi_square_pvalue
 
@@ -17,14 +18,7 @@ V = 10
 
 
 def rand_case(seed: int, v: int = V, d: int = 3, sharp: float = 2.0, zeros: bool = False):
-    g = torch.Generator().manual_seed(seed)
-    p = torch.softmax(sharp * torch.randn(v, generator=g, dtype=torch.float64), -1)
-    q = torch.softmax(sharp * torch.randn(v, generator=g, dtype=torch.float64), -1)
-    if zeros:
-        q[torch.randperm(v, generator=g)[: v // 3]] = 0
-        q /= q.sum()
-    emb = torch.randn(v, d, generator=g, dtype=torch.float64)
-    return p, q, emb
+    return random_pq(seed, v, d, sharp, zeros)
 
 
 def emitted(rule, p, q, pos: int = 0):

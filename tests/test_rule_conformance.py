@@ -27,6 +27,7 @@ from mmspec.acceptance import DepthFrame, Exact, Relaxed
 from mmspec.densities import GaussianMixture
 from mmspec.distributions import Distribution
 from mmspec.registry import MethodContext
+from conftest import random_pq
 from stats_util import chi_square_pvalue
 
 V = 16          # the rules' defaults fit (GSD groups of 14)
@@ -37,13 +38,7 @@ VECTOR = sorted(n for n, i in RULES.items() if i.event == "vector")
 
 
 def case(seed: int, sharp: float = 2.0, zeros: bool = False):
-    g = torch.Generator().manual_seed(seed)
-    p = torch.softmax(sharp * torch.randn(V, generator=g, dtype=torch.float64), -1)
-    q = torch.softmax(sharp * torch.randn(V, generator=g, dtype=torch.float64), -1)
-    if zeros:
-        q[torch.randperm(V, generator=g)[: V // 3]] = 0
-        q /= q.sum()
-    return p, q, torch.randn(V, 3, generator=g, dtype=torch.float64)
+    return random_pq(seed, V, sharp=sharp, zeros=zeros)
 
 
 def build(name: str, emb: torch.Tensor, **params):
