@@ -13,7 +13,7 @@ they hold:
 
     draw(q, generator, greedy) -> (x, q_x)   one draw per row and what the rule reads for it
     stack(qs)                                 K per-step distributions -> [B, K, ...]
-    nonfinite(p)                              a device flag of NaN/inf, or None (validated)
+    nonfinite(p, q)                           a device flag of NaN/inf, or None (validated)
 """
 
 from __future__ import annotations
@@ -62,8 +62,12 @@ def stack(parts: list):
     return torch.stack(parts, 1)
 
 
-def nonfinite(p) -> torch.Tensor | None:
-    """A device bool flag: does ``p`` hold NaN or inf (None: the distribution validated itself)."""
-    if isinstance(p, Distribution):
-        return p.nonfinite()
-    return ~torch.isfinite(p).all()
+def nonfinite(*dists) -> torch.Tensor | None:
+    """A device bool flag: does any of ``dists`` (None entries skipped) hold NaN or inf
+    (None: every one validated itself, as densities do)."""
+    flags = [d.nonfinite() if isinstance(d, Distribution) else ~torch.isfinite(d).all()
+             for d in dists if d is not None]
+    out = None
+    for f in flags:
+        out = f if out is None else (out if f is None else out | f)
+    return out

@@ -228,10 +228,7 @@ class Loop:
         out = self.rule(draft.tokens, draft.probs, p, self.generator, validate=False)
         if not self.target.ragged:
             out = _common_prefix(out, rows.active)
-        bad = nonfinite(p)             # densities validate themselves: None
-        q_bad = None if draft.probs is None else nonfinite(draft.probs)
-        if q_bad is not None:
-            bad = q_bad if bad is None else bad | q_bad
+        bad = nonfinite(p, draft.probs)            # None: densities validated themselves
         emitted = out.num_emitted
         host = self._account(out, emitted, self._false if bad is None else bad)
         return Launched(out, p, draft.tokens.shape[1], emitted, rows.active, host,

@@ -133,6 +133,9 @@ def print_image_table(rows, n_prompts):
           "threads (a CPU is compute-bound: a\nwindow of 16 tokens costs "
           "~16 single-token forwards here, so step compression does not become speed\nas it does "
           "on a GPU); accuracy = fraction of images whose parse matches the caption.")
+    plain = rows[0]["seconds"]
+    print(f"plain decoding took {min(plain):.2f}-{max(plain):.2f} s for the {n_prompts} images "
+          f"on {torch.get_num_threads()} threads")
 
 
 def vlm_demo(n: int = 24, seed: int = 0):
