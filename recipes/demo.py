@@ -68,7 +68,7 @@ def image_demo(n_prompts: int = 8, seed: int = 0, out_dir: str = "out/demo", pro
     with open(os.path.join(ROOT, "samples", "prompts", "shapes_eval.txt")) as f:
         prompts = [line.strip() for line in f if line.strip()][:n_prompts]
     rows, images = [], {}
-    pipe(prompts[:1], method="plain", seed=seed, progress=False)          # warm-up
+    pipe(prompts, method="plain", seed=seed, progress=False, decode=False)  # warm-up, full batch
     for method in METHODS:
         out, dt = timed(lambda: pipe(prompts, method=method, seed=seed, progress=progress))
         images[method] = out.images
