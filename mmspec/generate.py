@@ -14,7 +14,7 @@ from .engine import Engine
 from .loop import Stops
 from .registry import MethodContext, make_rule, rule_class
 from .runner import Run, prepare
-from .sampling import SamplingParams
+from .sampling import SamplingParams, sampling_params
 from .session import CausalLMSession, max_positions, output_vocab_size
 from .types import GenerateOutput
 
@@ -235,20 +235,6 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
     run.prefill(prompt)
     res = run.collect(input_ids[:, -1], stops=stops)
     return _output(input_ids, res.tokens, run.stats, _pad_id(target, pad_token_id))
-
-
-def sampling_params(model, generation_config, **given) -> SamplingParams:
-    """The call's processing: the given arguments over ``generation_config`` (``"model"``:
-    the model's own), or over mmspec's defaults (temperature 1, no truncation)."""
-    if generation_config is None:
-        given["temperature"] = 1.0 if given["temperature"] is None else given["temperature"]
-        return SamplingParams(**given)
-    if isinstance(generation_config, str):
-        if generation_config != "model":
-            raise ValueError(f"generation_config={generation_config!r}: accepted a "
-                             "GenerationConfig, 'model' or None")
-        generation_config = model.generation_config
-    return SamplingParams.from_generation_config(generation_config, **given)
 
 
 def _pad_id(target, pad_token_id: int | None, default: int | None = 0) -> int | None:

@@ -84,6 +84,20 @@ class SamplingParams:
         return process_logits(logits, self)
 
 
+def sampling_params(model, generation_config, **given) -> SamplingParams:
+    """The call's processing: the given arguments over ``generation_config`` (``"model"``:
+    the model's own), or over mmspec's defaults (temperature 1, no truncation)."""
+    if generation_config is None:
+        given["temperature"] = 1.0 if given["temperature"] is None else given["temperature"]
+        return SamplingParams(**given)
+    if isinstance(generation_config, str):
+        if generation_config != "model":
+            raise ValueError(f"generation_config={generation_config!r}: accepted a "
+                             "GenerationConfig, 'model' or None")
+        generation_config = model.generation_config
+    return SamplingParams.from_generation_config(generation_config, **given)
+
+
 def guide(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
     """Classifier-free guidance on logits: ``u + s (c - u)`` (s = 1 returns ``cond``). An id
     masked (-inf) in either branch stays masked, where the formula would give NaN

@@ -143,3 +143,10 @@ def test_the_wiring_of_a_call_exists_once():
                     n.module in (None, "mmspec") and "loop" in names):
                 drivers.add(str(p))
     assert drivers == {"mmspec/runner.py"}, drivers
+
+
+def test_adapters_do_not_import_the_text_front_door():
+    """Engine and sampling policy live in mmspec.engine and mmspec.sampling, not in generate."""
+    wrong = sorted(m for m, ts in GRAPH.items() if m.startswith("modalities")
+                   and "mmspec.generate" in ts)
+    assert not wrong, wrong

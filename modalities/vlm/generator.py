@@ -35,10 +35,10 @@ import torch
 from mmspec.checks import check_count, check_positions
 from mmspec.drafters.ensemble import EnsembleDrafter
 from mmspec.engine import Engine
-from mmspec.generate import sampling_params
 from mmspec.loop import Stops
 from mmspec.registry import MethodContext, parse_method
 from mmspec.runner import prepare
+from mmspec.sampling import sampling_params
 from mmspec.session import CausalLMSession, PaddedSession, max_positions, output_vocab_size
 from mmspec.types import StepStats
 
