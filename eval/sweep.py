@@ -274,10 +274,11 @@ def claim_out(out: str, identity: dict, overwrite: bool) -> None:
     starts afresh. Records the options in run.json."""
     results, record = os.path.join(out, "results.jsonl"), os.path.join(out, "run.json")
     if os.path.exists(results) and not overwrite:
-        old = json.load(open(record)) if os.path.exists(record) else None
-        if old is None:
+        if not os.path.exists(record):
             raise ValueError(f"--out {out}: holds results with no record of the options they "
                              "were made with; accepted another --out, or --overwrite")
+        with open(record) as f:
+            old = json.load(f)
         diff = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in identity.items() if old.get(k) != v]
         if diff:
             raise ValueError(f"--out {out}: its rows were made with other options "
