@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PYTHONWARNINGS := ignore::UserWarning:setuptools
 
-.PHONY: setup demo test bench clean speech-deps
+.PHONY: setup demo test bench docs serve clean speech-deps browser-deps
 
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,7 +26,17 @@ speech-deps:
 	  $$SUDO apt-get update -qq >/dev/null && $$SUDO apt-get install -y -qq espeak-ng >/dev/null \
 	  || { echo "could not install espeak-ng: apt-get install -y espeak-ng"; exit 1; }; }
 
-setup: $(STAMP) speech-deps
+# Chromium and its driver (Debian packages) for the web demo's browser test; without them the
+# test is skipped and says why.
+browser-deps:
+	@command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || { \
+	  echo "installing chromium and chromium-driver (apt-get)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq >/dev/null && \
+	  $$SUDO apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 \
+	  || echo "could not install chromium (the browser test will be skipped)"; }
+
+setup: $(STAMP) speech-deps browser-deps
 
 demo: setup
 	$(PY) -m recipes.demo
@@ -37,5 +47,13 @@ test: setup
 bench: setup
 	$(PY) -m eval.bench_core
 
+# The documentation site with the API reference, in site/ (mkdocs.yml).
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --quiet -d site
+
+# The web demo on http://127.0.0.1:7860
+serve: setup
+	$(VENV)/bin/mmspec serve
+
 clean:
-	rm -rf $(VENV) out .pytest_cache
+	rm -rf $(VENV) out site .pytest_cache

@@ -31,6 +31,7 @@ import torch
 import mmspec
 from eval.bench_gpu import (build, copy_bandwidth, first_layers, open_log, residual_writes, set_eps,
                             timed)
+from recipes.cli import COUNT, Names, Number, Numbers, Parser, describe, run
 
 
 def step_bytes(modules) -> int:
@@ -105,17 +106,22 @@ def build_tts(dev, dtype, tiny: bool):
     return mk(target), {"2-layer": mk(draft)}, None, originals
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--which", default="vlm,tts")
-    ap.add_argument("--device", default="cuda")
+def build_parser() -> argparse.ArgumentParser:
+    ap = Parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--which", type=Names(("vlm", "tts")), default="vlm,tts", help="adapters")
+    ap.add_argument("--device", default="cuda", help="cuda, cuda:1 ... (cpu: eager only)")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (a smoke run)")
-    ap.add_argument("--eps", default="0.0,0.05")
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--modes", default="eager,captured")
-    ap.add_argument("--out", default="out/bench_adapters")
-    args = ap.parse_args(argv)
+    ap.add_argument("--eps", type=Numbers(Number(float, 0)), default="0.0,0.05",
+                    help="scale of the draft's dropped layers' residual writes")
+    ap.add_argument("--k", type=COUNT, default=4, help="drafts per step K")
+    ap.add_argument("--new-tokens", type=COUNT, default=128)
+    ap.add_argument("--modes", type=Names(("eager", "captured")), default="eager,captured")
+    ap.add_argument("--out", default="out/bench_adapters", help="output folder")
+    return describe(ap)
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     rows, emit = open_log(args.out)
@@ -123,9 +129,9 @@ def main(argv=None):
     emit(dict(kind="setup", device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
               copy_tb_s=bw / 1e12, torch=torch.__version__,
               transformers=__import__("transformers").__version__))
-    modes = [m for m in args.modes.split(",") if dev.type == "cuda" or m == "eager"]
+    modes = [m for m in args.modes if dev.type == "cuda" or m == "eager"]
     n = args.new_tokens
-    for which in args.which.split(","):
+    for which in args.which:
         if which == "vlm":
             from modalities.vlm import VisionLanguageGenerator
             from recipes.train.vlm import WORDS
@@ -160,7 +166,7 @@ def main(argv=None):
             raise ValueError(f"--which {which!r}: accepted vlm, tts")
         floor_ms = 1e3 * step_bytes(decoder) / bw
         emit(dict(kind=f"{which}-shape", step_gb=step_bytes(decoder) / 1e9, floor_ms=floor_ms))
-        for eps in [float(e) for e in args.eps.split(",")]:
+        for eps in args.eps:
             set_eps(originals, eps)
             base = None
             for mode in modes:
@@ -207,4 +213,4 @@ def write_report(out_dir, rows):
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "eval.bench_adapters_gpu")

@@ -25,6 +25,7 @@ import time
 import torch
 
 from modalities.image.continuous import ContinuousImageGenerator
+from recipes.cli import COUNT, GUIDANCE, Number, Numbers, Parser, describe, run
 
 
 def bound(a: float, k: int) -> float:
@@ -94,30 +95,42 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", default=None)
-    ap.add_argument("--draft", default=None)
-    ap.add_argument("--prompts", default=None, help="caption file (text-conditional models)")
-    ap.add_argument("--rows", type=int, default=64)
-    ap.add_argument("--k", default="2,4")
-    ap.add_argument("--temperatures", default="1.0,2.0")
-    ap.add_argument("--guidance", type=float, default=None)
-    ap.add_argument("--prefill", type=float, default=0.0)
-    ap.add_argument("--train-steps", type=int, default=400)
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--out", default="out/bench_continuous")
-    ap.add_argument("--input-noise", default=None,
+def build_parser() -> argparse.ArgumentParser:
+    ap = Parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default=None,
+                    help="folder (default: the bundled shapes-continuous)")
+    ap.add_argument("--draft", default=None,
+                    help="folder (default: the bundled draft with the bundled target)")
+    ap.add_argument("--prompts", default=None,
+                    help="caption file, for text-conditional models (default: the held-out "
+                         "captions)")
+    ap.add_argument("--rows", type=COUNT, default=64, help="images per setting")
+    ap.add_argument("--k", type=Numbers(COUNT), default="2,4", help="drafts per step K")
+    ap.add_argument("--temperatures", type=Numbers(Number(float, 0, open_low=True)),
+                    default="1.0,2.0")
+    ap.add_argument("--guidance", type=GUIDANCE, default=None, help="(default: the model's)")
+    ap.add_argument("--prefill", type=Number(float, 0, 1), default=0.0,
+                    help="fraction of each image given as the prompt")
+    ap.add_argument("--train-steps", type=COUNT, default=400,
+                    help="training steps of the synthetic pair (with --input-noise)")
+    ap.add_argument("--device", default=None,
+                    help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)")
+    ap.add_argument("--out", default="out/bench_continuous", help="output folder")
+    ap.add_argument("--input-noise", type=Numbers(Number(float, 0)), default=None,
                     help="e.g. 0,0.1,0.3: instead of the table, compare training-input noise "
-                         "levels by the energy distance of samples to the synthetic data")
-    a = ap.parse_args(argv)
+                         "levels by the energy distance of samples to the synthetic data "
+                         "(default: the table)")
+    return describe(ap)
+
+
+def main(argv=None):
+    a = build_parser().parse_args(argv)
     if a.input_noise is not None:
-        for r in exposure([float(x) for x in a.input_noise.split(",")], a.train_steps):
+        for r in exposure(a.input_noise, a.train_steps):
             print(json.dumps(r), flush=True)
         return
     dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    ks = [int(x) for x in a.k.split(",")]
-    temps = [float(x) for x in a.temperatures.split(",")]
+    ks, temps = a.k, a.temperatures
     pairs = []
     if a.target is None:
         from recipes.train.continuous import train_synthetic
@@ -161,4 +174,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "eval.bench_continuous")

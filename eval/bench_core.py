@@ -20,6 +20,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import mmspec
+from recipes.cli import COUNT, TEMPERATURE, Numbers, Parser, describe, run
 
 
 def bound(alpha: float, k: int, c: float) -> float:
@@ -62,16 +63,21 @@ def random_llama(hidden, layers, heads, vocab, seed, device, dtype):
         return LlamaForCausalLM(cfg).to(dtype).eval()
 
 
+def build_parser() -> argparse.ArgumentParser:
+    ap = Parser(description="core speculative decoding benchmark")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
+    ap.add_argument("--batch", type=COUNT, default=1, help="rows per call")
+    ap.add_argument("--max-new-tokens", type=COUNT, default=64)
+    ap.add_argument("--ks", type=Numbers(COUNT), default="2,4,8", help="drafts per step K")
+    ap.add_argument("--temperatures", type=Numbers(TEMPERATURE), default="0,1", help="0 is greedy")
+    ap.add_argument("--repeats", type=COUNT, default=3, help="timed calls per setting")
+    ap.add_argument("--out", default=None, help="write the JSON lines to this file too "
+                                                "(default: print only)")
+    return describe(ap)
+
+
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description="core speculative decoding benchmark")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--ks", default="2,4,8")
-    ap.add_argument("--temperatures", default="0,1")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default=None, help="write the JSON lines to this file too")
-    args = ap.parse_args(argv)
+    args = build_parser().parse_args(argv)
     dev = torch.device(args.device)
 
     if dev.type == "cpu":
@@ -92,7 +98,7 @@ def main(argv=None) -> None:
     print(f"# {name}; device {dev}; batch {args.batch}; draft/target forward cost c = {c:.3f}")
 
     rows = []
-    for temp in [float(t) for t in args.temperatures.split(",")]:
+    for temp in args.temperatures:
         def run(d, k):
             best, out = float("inf"), None
             for _ in range(args.repeats):
@@ -106,7 +112,7 @@ def main(argv=None) -> None:
             return out, best
 
         plain, t_plain = run(None, 1)
-        for k in [int(x) for x in args.ks.split(",")]:
+        for k in args.ks:
             out, t = run(draft, k)
             a = out.stats.acceptance_rate
             row = dict(device=str(dev), batch=args.batch, temperature=temp, k=k,
@@ -129,4 +135,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "eval.bench_core")

@@ -40,6 +40,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import mmspec
 from mmspec.session import CausalLMSession
+from recipes.cli import COUNT, Names, Number, Numbers, Parser, describe, run
 
 SHAPES = {
     "7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
@@ -187,23 +188,31 @@ def prefill_cost(model, batch, dev, prompt_len=128, reps=3) -> float:
     return best
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", choices=list(SHAPES), default="7b")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--batches", default="1,4,16")
-    ap.add_argument("--ks", default="2,4,8")
-    ap.add_argument("--eps", default="0.0,0.02,0.05")
-    ap.add_argument("--modes", default="eager,captured,inductor",
+def build_parser() -> argparse.ArgumentParser:
+    ap = Parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=list(SHAPES), default="7b", help="model shape")
+    ap.add_argument("--device", default="cuda", help="cuda, cuda:1 ... (cpu: eager only)")
+    ap.add_argument("--batches", type=Numbers(COUNT), default="1,4,16", help="rows per call")
+    ap.add_argument("--ks", type=Numbers(COUNT), default="2,4,8", help="drafts per step K")
+    ap.add_argument("--eps", type=Numbers(Number(float, 0)), default="0.0,0.02,0.05",
+                    help="scale of the draft's dropped layers' residual writes (0: the draft "
+                         "is exact)")
+    ap.add_argument("--modes", type=Names(("eager", "captured", "inductor")),
+                    default="eager,captured,inductor",
                     help="inductor runs at batch 1, K=4 only (compilation per width)")
-    ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--prompt", type=int, default=128)
-    ap.add_argument("--no-hf-compile", action="store_true")
+    ap.add_argument("--new-tokens", type=COUNT, default=128)
+    ap.add_argument("--prompt", type=COUNT, default=128, help="prompt tokens")
+    ap.add_argument("--no-hf-compile", action="store_true",
+                    help="skip transformers' own compiled generate")
     ap.add_argument("--no-spec-pipeline", action="store_true",
                     help="speculative steps synchronised one by one (generate(pipeline=False)); "
                          "default: generate's (queued ahead with captured steps)")
-    ap.add_argument("--out", default="out/bench_gpu")
-    args = ap.parse_args(argv)
+    ap.add_argument("--out", default="out/bench_gpu", help="output folder")
+    return describe(ap)
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     rows, emit = open_log(args.out)
@@ -216,16 +225,16 @@ def main(argv=None):
               transformers=__import__("transformers").__version__, torch=torch.__version__))
     n = args.new_tokens
     pipe = False if args.no_spec_pipeline else None
-    ks = [int(k) for k in args.ks.split(",")]
-    for eps in [float(e) for e in args.eps.split(",")]:
+    ks = args.ks
+    for eps in args.eps:
         set_eps(originals, eps)
-        for b in [int(x) for x in args.batches.split(",")]:
+        for b in args.batches:
             ids = torch.randint(2, target.config.vocab_size, (b, args.prompt), device=dev,
                                 generator=torch.Generator(device=dev).manual_seed(b))
             mask = torch.ones_like(ids)
             gen = dict(attention_mask=mask, temperature=0, max_new_tokens=n, stop_token_ids=[])
             costs = {}
-            modes = args.modes.split(",") if dev.type == "cuda" else ["eager"]
+            modes = args.modes if dev.type == "cuda" else ["eager"]
             for mode in modes:
                 if mode == "inductor" and (b != 1 or eps != 0.0):
                     continue
@@ -334,4 +343,4 @@ def _f(v, nd=2):
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "eval.bench_gpu")

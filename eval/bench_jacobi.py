@@ -22,6 +22,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import mmspec
 from mmspec.drafters import Jacobi
+from recipes.cli import COUNT, Number, Numbers, Parser, describe, run
 
 BOS = 16
 
@@ -59,15 +60,19 @@ def train(g: int, steps: int, seed: int = 0) -> LlamaForCausalLM:
     return model.eval()
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description="Jacobi decoding benchmark")
-    ap.add_argument("--grid", type=int, default=8)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--windows", default="4,8,16")
+def build_parser() -> argparse.ArgumentParser:
+    ap = Parser(description="Jacobi decoding benchmark")
+    ap.add_argument("--grid", type=Number(int, 2), default=8, help="image grid side (tokens)")
+    ap.add_argument("--batch", type=COUNT, default=16, help="rows per call")
+    ap.add_argument("--steps", type=COUNT, default=300, help="training steps of the tiny model")
+    ap.add_argument("--windows", type=Numbers(COUNT), default="4,8,16", help="Jacobi windows")
     ap.add_argument("--bundled", action="store_true",
                     help="run on samples/models/shapes-t2i (16x16 grid, guidance 3)")
-    args = ap.parse_args(argv)
+    return describe(ap)
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     if args.bundled:
         return bundled(args)
     g = args.grid
@@ -81,7 +86,7 @@ def main(argv=None):
           f"{'accept':>6} {'time':>6}")
     for init in ("uniform", "repeat_horizon", "repeat_vertical"):
         for coupling in ("none", "maximal", "gumbel"):
-            for window in [int(w) for w in args.windows.split(",")]:
+            for window in args.windows:
                 d = Jacobi(window, init=init, coupling=coupling, init_range=(0, 16), grid_width=g,
                            span_length=n)
                 t0 = time.perf_counter()
@@ -110,7 +115,7 @@ def bundled(args):
           f"{'accept':>6} {'accuracy':>8}")
     for init in ("uniform", "repeat_horizon", "repeat_vertical"):
         for coupling in ("none", "maximal", "gumbel"):
-            for window in [int(w) for w in args.windows.split(",")]:
+            for window in args.windows:
                 out = pipe(prompts, method="sjd", init=init, coupling=coupling, window=window,
                            seed=0, progress=False)
                 s = out.stats
@@ -120,4 +125,4 @@ def bundled(args):
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "eval.bench_jacobi")

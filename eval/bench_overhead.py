@@ -22,6 +22,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import mmspec
 from mmspec.drafters import ModelDrafter
 from mmspec.session import CausalLMSession
+from recipes.cli import COUNT, Parser, describe, run
 
 
 def overhead_us(device: str = "cpu", k: int = 8, tokens: int = 400, vocab: int = 32000) -> float:
@@ -143,16 +144,21 @@ def ops_per_step(k: int = 4, vocab: int = 64) -> dict:
     return res
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--k", type=int, default=None, help="drafts per step (default 8; --loop: 4)")
-    ap.add_argument("--repeats", type=int, default=5)
+def build_parser() -> argparse.ArgumentParser:
+    ap = Parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ...")
+    ap.add_argument("--k", type=COUNT, default=None,
+                    help="drafts per step (default: 8; with --loop or --ops: 4)")
+    ap.add_argument("--repeats", type=COUNT, default=5, help="timed rounds")
     ap.add_argument("--loop", action="store_true",
                     help="host time per loop step of whole generate calls")
     ap.add_argument("--ops", action="store_true",
                     help="tensor operations per loop step outside the (captured) static step")
-    a = ap.parse_args(argv)
+    return describe(ap)
+
+
+def main(argv=None):
+    a = build_parser().parse_args(argv)
     if a.ops:
         r = ops_per_step(a.k or 4)
         print(f"tensor operations per step outside the static step (CPU, stub networks, "
@@ -172,4 +178,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "eval.bench_overhead")

@@ -23,6 +23,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import mmspec
 from mmspec.acceptance import Annealed, CoarseGrained, Exact, Grouped, Lantern
+from recipes.cli import COUNT, Number, Parser, describe, run
 
 
 def tiny(vocab, hidden, layers, seed, scale):
@@ -78,14 +79,19 @@ def sweep(emb):
         yield "annealed", f"delta={d}", Annealed(delta=d, nu=0.7)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    ap = Parser(description="relaxed acceptance sweep")
+    ap.add_argument("--samples", type=COUNT, default=50000, help="Monte Carlo samples per rule")
+    ap.add_argument("--vocab", type=Number(int, 2), default=16, help="vocabulary of the tiny pair")
+    ap.add_argument("--k", type=COUNT, default=4, help="drafts per step K")
+    ap.add_argument("--scale", type=Number(float, 0, open_low=True), default=3.0,
+                    help="output-head scale of both models")
+    ap.add_argument("--out", default="out/bench_relaxed", help="output folder")
+    return describe(ap)
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="relaxed acceptance sweep")
-    ap.add_argument("--samples", type=int, default=50000)
-    ap.add_argument("--vocab", type=int, default=16)
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--scale", type=float, default=3.0, help="output-head scale of both models")
-    ap.add_argument("--out", default="out/bench_relaxed")
-    args = ap.parse_args(argv)
+    args = build_parser().parse_args(argv)
     torch.set_grad_enabled(False)
     target = tiny(args.vocab, 32, 2, 0, args.scale)
     draft = tiny(args.vocab, 16, 1, 1, args.scale)
@@ -133,4 +139,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "eval.bench_relaxed")

@@ -44,7 +44,8 @@ import mmspec
 from mmspec.cache import crop
 from mmspec.session import CausalLMSession
 
-from .bench_gpu import build, prefill_cost, set_eps, step_cost, sync, timed
+from .bench_gpu import SHAPES, build, prefill_cost, set_eps, step_cost, sync, timed
+from recipes.cli import COUNT, Names, Parser, describe, run
 
 
 def _graph(session):
@@ -174,17 +175,23 @@ def profile_mode(target, draft, dev, mode: str, k: int = 4, new_tokens: int = 12
     return r
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", default="7b")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--modes", default="captured,inductor")
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--prompt", type=int, default=128)
+def build_parser() -> argparse.ArgumentParser:
+    ap = Parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=list(SHAPES), default="7b", help="model shape")
+    ap.add_argument("--device", default="cuda", help="cuda, cuda:1 ... (cpu: eager only)")
+    ap.add_argument("--modes", type=Names(("eager", "captured", "inductor", "inductor-untuned")),
+                    default="captured,inductor")
+    ap.add_argument("--k", type=COUNT, default=4, help="drafts per step K")
+    ap.add_argument("--new-tokens", type=COUNT, default=128)
+    ap.add_argument("--prompt", type=COUNT, default=128, help="prompt tokens")
     ap.add_argument("--trace", default=None,
-                    help="a folder: each speculative call's kernel table is written there")
-    a = ap.parse_args(argv)
+                    help="a folder: each speculative call's kernel table is written there "
+                         "(default: none)")
+    return describe(ap)
+
+
+def main(argv=None):
+    a = build_parser().parse_args(argv)
     if a.trace:
         os.makedirs(a.trace, exist_ok=True)
     dev = torch.device(a.device)
@@ -192,7 +199,7 @@ def main(argv=None):
                                      torch.float32)
     set_eps(originals, 0.0)
     rows = []
-    for mode in a.modes.split(","):
+    for mode in a.modes:
         row = profile_mode(target, draft, dev, mode, a.k, a.new_tokens, a.prompt, trace=a.trace)
         print(json.dumps(row), flush=True)
         rows.append(row)
@@ -200,4 +207,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "eval.profile_gpu")

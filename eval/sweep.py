@@ -38,6 +38,7 @@ from eval.results import read_rows
 from eval.tasks import TASKS, load_prompts
 from mmspec.checks import check_count
 from mmspec.registry import parse_method
+from recipes.cli import COUNT, GUIDANCE, TEMPERATURE, Parser, describe, run
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -104,30 +105,41 @@ def load_config(path: str) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description="quality-versus-speedup sweep")
-    ap.add_argument("--config", help="YAML file with any of these options (CLI wins)")
-    ap.add_argument("--modality", choices=sorted(TASKS), default=None)
+    ap = Parser(description="quality-versus-speedup sweep")
+    ap.add_argument("--config", help="YAML file with any of these options; the command line wins "
+                                     "(default: none)")
+    ap.add_argument("--modality", choices=sorted(TASKS), default=None, help="(default: image)")
     ap.add_argument("--model", default=None, help="folder or id (default: the bundled model)")
-    ap.add_argument("--draft", default=None)
-    ap.add_argument("--methods", default=None, help="comma-separated method names")
-    ap.add_argument("--param", action="append", default=None, help="METHOD.NAME=V1,V2 (repeat)")
-    ap.add_argument("--prompts", default=None, help="file with one prompt per line")
-    ap.add_argument("--num-prompts", type=int, default=None)
-    ap.add_argument("--seeds", default=None, help="e.g. 0-3 or 0,5")
-    ap.add_argument("--batch", type=int, default=None, help="prompts per generation batch")
-    ap.add_argument("--guidance", type=float, default=None)
-    ap.add_argument("--temperature", type=float, default=None)
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--draft", default=None,
+                    help="draft folder or id (default: the bundled draft with the bundled model)")
+    ap.add_argument("--methods", default=None,
+                    help="comma-separated method names (default: plain,exact,sjd,sjd-maximal,"
+                         "lantern,gsd)")
+    ap.add_argument("--param", action="append", default=None,
+                    help="METHOD.NAME=V1,V2, a grid of one method parameter (repeatable; "
+                         "default: each method's own values)")
+    ap.add_argument("--prompts", default=None,
+                    help="file with one prompt per line (default: the task's held-out prompts)")
+    ap.add_argument("--num-prompts", type=COUNT, default=None,
+                    help="(default: every prompt of the file)")
+    ap.add_argument("--seeds", default=None, help="e.g. 0-3 or 0,5 (default: 0)")
+    ap.add_argument("--batch", type=COUNT, default=None,
+                    help="prompts per generation batch (default: 8)")
+    ap.add_argument("--guidance", type=GUIDANCE, default=None, help="(default: the model's)")
+    ap.add_argument("--temperature", type=TEMPERATURE, default=None,
+                    help="(default: the task's, 1 for images and speech, 0 for the VLM)")
+    ap.add_argument("--device", default=None,
+                    help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)")
+    ap.add_argument("--out", default=None, help="output folder (default: out/sweep)")
     ap.add_argument("--overwrite", action="store_true",
                     help="start afresh in an --out made with other options (its rows are "
                          "deleted); without it such a run is refused")
-    ap.add_argument("--no-report", action="store_true")
+    ap.add_argument("--no-report", action="store_true", help="no report and plots at the end")
     ap.add_argument("--deterministic", action="store_true",
                     help="deterministic GPU kernels where available (CUBLAS_WORKSPACE_CONFIG, "
                          "torch.use_deterministic_algorithms, math attention), at some cost "
                          "in speed")
-    return ap
+    return describe(ap)
 
 
 DEFAULTS = dict(modality="image", methods="plain,exact,sjd,sjd-maximal,lantern,gsd", seeds="0",
@@ -388,8 +400,4 @@ def _merge(args, state, work, main_file) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ValueError as e:          # bad options: one line, not a traceback
-        print(f"eval.sweep: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run(main, "eval.sweep")

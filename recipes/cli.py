@@ -1,11 +1,171 @@
-"""What the recipes' command lines share: the device flag, the method checked before any
-model runs, and errors as one line (exit 2) rather than a traceback."""
+"""What the command lines share: the device flag, numbers parsed with their accepted range,
+every flag's help stating its default and range, the method checked before any model runs,
+and errors as one line (exit 2) rather than a traceback."""
 
 from __future__ import annotations
 
+import argparse
+import math
+import os
 import sys
+from dataclasses import dataclass
 
 import torch
+
+from mmspec.drafters.jacobi import COUPLINGS, INITS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse without abbreviations (``--prompt`` is never ``--prompts-file``) whose errors
+    are one line: ``prog: error: argument --k: 0: accepted an integer >= 1 (prog --help)``."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("prog", _module_name())
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the flags)\n")
+
+
+def _module_name() -> str | None:
+    """``recipes.tts`` for ``python -m recipes.tts`` (argparse would say ``tts.py``); None
+    (argparse's own choice) otherwise, e.g. under the ``mmspec`` console script."""
+    path = os.path.abspath(sys.argv[0])
+    if path.endswith(".py") and path.startswith(ROOT + os.sep):
+        return os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+    return None
+
+
+@dataclass(frozen=True)
+class Number:
+    """An argparse ``type``: a number in [low, high] (``open_low``: low itself refused).
+
+    A value outside the range is refused by argparse in one line that names the flag and the
+    range, before any work starts; ``str(Number(int, 1))`` is the range as help text shows it.
+    """
+
+    kind: type = int
+    low: float | None = None
+    high: float | None = None
+    open_low: bool = False
+
+    def __call__(self, text: str):
+        try:
+            value = self.kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: accepted {self}") from None
+        below = self.low is not None and (value < self.low or (self.open_low and value == self.low))
+        above = self.high is not None and value > self.high
+        if below or above or not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text}: accepted {self}")
+        return value
+
+    def __str__(self) -> str:
+        name = "an integer" if self.kind is int else "a number"
+        lo, hi = self.low, self.high
+        if lo is not None and hi is not None:
+            return f"{name} in {'(' if self.open_low else '['}{lo:g}, {hi:g}]"
+        if lo is not None:
+            return f"{name} {'>' if self.open_low else '>='} {lo:g}"
+        return name if hi is None else f"{name} <= {hi:g}"
+
+
+@dataclass(frozen=True)
+class Numbers:
+    """An argparse ``type``: comma-separated numbers, each accepted by ``item`` (``2,4,8``)."""
+
+    item: Number
+
+    def __call__(self, text: str) -> list:
+        parts = [p.strip() for p in str(text).split(",")]
+        if not all(parts):
+            raise argparse.ArgumentTypeError(f"{text!r}: accepted comma-separated {self.item}s")
+        return [self.item(p) for p in parts]
+
+    def __str__(self) -> str:
+        return f"comma-separated, each {self.item}"
+
+
+@dataclass(frozen=True)
+class Names:
+    """An argparse ``type``: comma-separated names, each one of ``allowed`` (``eager,captured``)."""
+
+    allowed: tuple[str, ...]
+
+    def __call__(self, text: str) -> list[str]:
+        names = [p.strip() for p in str(text).split(",")]
+        bad = [n for n in names if n not in self.allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{','.join(bad)}: accepted {self}")
+        return names
+
+    def __str__(self) -> str:
+        return f"comma-separated, each one of {', '.join(self.allowed)}"
+
+
+COUNT = Number(int, 1)                     # prompts, tokens, repeats, batch rows
+SEED = Number(int, 0, 2**63 - 1)
+TEMPERATURE = Number(float, 0)
+GUIDANCE = Number(float, 0)
+
+# Method parameters as flags: name -> (type, what it is). Their defaults are the method's own
+# (docs/METHODS.md); the rule checks the bounds that depend on the model (k < V) when built.
+METHOD_FLAGS = {
+    "num_draft_tokens": (COUNT, "drafts per step K"),
+    "window": (COUNT, "Jacobi window"),
+    "coupling": (COUPLINGS, "SJD coupling of the Jacobi drafts"),
+    "init": (INITS, "Jacobi initialisation of new window slots"),
+    "k": (Number(int, 0), "LANTERN neighbourhood size (below the vocabulary size)"),
+    "delta": (Number(float, 0), "LANTERN/annealed TV budget (LANTERN: at most 1)"),
+    "lam": (Number(float, 1), "LANTERN++ multiplicative bound"),
+    "group_size": (COUNT, "GSD group size (at most the vocabulary size)"),
+    "p_threshold": (Number(float, 0, 1, open_low=True), "GSD probability threshold"),
+    "embed_threshold": (Number(float, -1, 1), "GSD cosine threshold"),
+    "theta": (Number(float, -1, 1), "PCG cosine threshold"),
+    "nu": (Number(float, 0), "annealed decay"),
+    "mu": (Number(float), "annealed offset"),
+}
+
+
+def add_method_flags(ap, names=tuple(METHOD_FLAGS)) -> None:
+    """``--k``, ``--delta`` ... for the method parameters ``names`` (default: the method's)."""
+    for name in names:
+        typ, what = METHOD_FLAGS[name]
+        kind = dict(choices=typ) if isinstance(typ, tuple) else dict(type=typ)
+        ap.add_argument("--" + name.replace("_", "-"), **kind, default=None,
+                        help=f"{what} (default: the method's own)")
+
+
+def describe(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Every flag's help ends with its accepted range (``Number``, choices) and default.
+
+    A default of None says nothing, so such a flag's help must say what it means itself
+    (``(default: the model's)``); tests/test_recipes_cli.py checks every command's flags."""
+    for action in ap._actions:  # argparse has no public iterator over its actions
+        if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+            continue
+        text, accepted = action.help or "", None
+        if isinstance(action.type, (Number, Numbers, Names)):
+            accepted = str(action.type)
+        elif action.choices:
+            accepted = ", ".join(map(str, action.choices))
+        if accepted and "accepted" not in text:
+            head, sep, tail = text.rpartition(" (default")
+            text = f"{head}; accepted: {accepted}{sep}{tail}" if sep else f"{text}; accepted: {accepted}"
+        if "default" not in text:
+            if isinstance(action, argparse._StoreTrueAction):
+                text += " (default: off)"
+            elif action.default not in (None, [], argparse.SUPPRESS):
+                text += f" (default: {_shown(action.default)})"
+        action.help = text.lstrip("; ").replace("%", "%%")
+    return ap
+
+
+def _shown(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
 def add_common(ap) -> None:
@@ -34,9 +194,10 @@ def check_method(method: str, params: dict, has_draft: bool, embeddings=None) ->
 
 
 def run(main, name: str) -> None:
-    """``main()``, with bad input reported as one line and exit status 2."""
+    """``main()``, with bad input (a bad value, a missing file) reported as one line and exit
+    status 2."""
     try:
         main()
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         print(f"{name}: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -27,7 +27,7 @@ import time
 import numpy as np
 import torch
 
-from mmspec.checks import check_count
+from recipes.cli import COUNT, SEED, Number, Parser, describe, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = ("plain", "exact", "sjd", "sjd-maximal", "sjd-gumbel", "lantern", "gsd")
@@ -252,18 +252,23 @@ def text_demo(batch=4, max_new_tokens=48, seed=0):
     print_table(rows)
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="out/demo")
+def build_parser() -> argparse.ArgumentParser:
+    ap = Parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=Number(int, 1, 500), default=8,
+                    help="held-out captions (samples/prompts/shapes_eval.txt has 500)")
+    ap.add_argument("--seed", type=SEED, default=0)
+    ap.add_argument("--out", default="out/demo", help="output folder")
     ap.add_argument("--text", action="store_true", help="the text-pair demo instead")
-    ap.add_argument("--threads", type=int, default=None,
+    ap.add_argument("--threads", type=COUNT, default=None,
                     help="CPU threads (default: torch's, one per core; on a machine shared with "
                          "other work fewer can be faster)")
-    args = ap.parse_args(argv)
+    return describe(ap)
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
     if args.threads is not None:
-        torch.set_num_threads(check_count("--threads", args.threads))
+        torch.set_num_threads(args.threads)
     if args.text:                    # trains its pair first: gradients stay on
         text_demo(seed=args.seed)
         return
@@ -290,4 +295,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main, "recipes.demo")

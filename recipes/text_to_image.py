@@ -16,21 +16,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from PIL import Image
 
-from recipes.cli import add_common, check_method, configure, run
+from recipes.cli import (COUNT, GUIDANCE, SEED, TEMPERATURE, Number, Parser, add_common,
+                         add_method_flags, check_method, configure, describe, run)
 
 BUNDLED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "samples",
                        "models")
 
-# CLI flag -> method parameter name
-METHOD_FLAGS = {
-    "window": int, "coupling": str, "init": str, "num_draft_tokens": int, "k": int,
-    "delta": float, "lam": float, "group_size": int, "p_threshold": float,
-    "embed_threshold": float, "theta": float, "nu": float, "mu": float,
-}
+# the method parameters this recipe takes as flags
+METHOD_PARAMS = ("window", "coupling", "init", "num_draft_tokens", "k", "delta", "lam",
+                 "group_size", "p_threshold", "embed_threshold", "theta", "nu", "mu")
 
 
 def grid(pairs: list[tuple[Image.Image, Image.Image]], scale: int = 4) -> Image.Image:
@@ -43,32 +40,42 @@ def grid(pairs: list[tuple[Image.Image, Image.Image]], scale: int = 4) -> Image.
     return out
 
 
-def parse(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+def build_parser() -> argparse.ArgumentParser:
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("prompts", nargs="*", help="prompts (or --prompt, or --prompts-file)")
-    ap.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
-    ap.add_argument("--prompts-file", help="one prompt per line")
-    ap.add_argument("--class-labels", nargs="*", type=int, help="for class-conditional models")
-    ap.add_argument("--model", default=None, help="folder or Hugging Face id (default: bundled)")
-    ap.add_argument("--draft", default=None, help="draft model folder (default: bundled draft)")
+    ap.add_argument("--prompt", action="append", default=[],
+                    help="a prompt (repeatable; default: none)")
+    ap.add_argument("--prompts-file", help="one prompt per line (default: none)")
+    ap.add_argument("--class-labels", nargs="*", type=Number(int, 0),
+                    help="class ids for class-conditional models (default: none)")
+    ap.add_argument("--model", default=None,
+                    help="folder or Hugging Face id (default: the bundled shapes-t2i)")
+    ap.add_argument("--draft", default=None,
+                    help="draft model folder (default: the bundled draft with the bundled model, "
+                         "else none)")
     ap.add_argument("--method", default="sjd-maximal",
                     help="plain, exact, sjd, sjd-maximal, sjd-gumbel, lantern, gsd, pcg, "
                          "annealed, lantern++, or <drafter>+<rule>")
-    for flag, typ in METHOD_FLAGS.items():
-        ap.add_argument("--" + flag.replace("_", "-"), type=typ, default=None)
-    ap.add_argument("--guidance", type=float, default=None, help="guidance scale (model default)")
-    ap.add_argument("--negative-prompt", default=None)
-    ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--top-k", type=int, default=None)
-    ap.add_argument("--top-p", type=float, default=None)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--num-images", type=int, default=1, help="images per prompt")
-    ap.add_argument("--out", default="out/text_to_image")
-    ap.add_argument("--no-progress", action="store_true")
+    add_method_flags(ap, METHOD_PARAMS)
+    ap.add_argument("--guidance", type=GUIDANCE, default=None,
+                    help="classifier-free guidance scale (default: the model's)")
+    ap.add_argument("--negative-prompt", default=None, help="(default: the empty prompt)")
+    ap.add_argument("--temperature", type=TEMPERATURE, default=1.0, help="0 is greedy")
+    ap.add_argument("--top-k", type=COUNT, default=None, help="(default: no top-k filter)")
+    ap.add_argument("--top-p", type=Number(float, 0, 1, open_low=True), default=None,
+                    help="(default: no top-p filter)")
+    ap.add_argument("--seed", type=SEED, default=0)
+    ap.add_argument("--num-images", type=COUNT, default=1, help="images per prompt")
+    ap.add_argument("--out", default="out/text_to_image", help="output folder")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--compile", action="store_true",
                     help="static caches and CUDA-graph steps (CUDA only; same tokens under greedy)")
     add_common(ap)
-    return ap.parse_args(argv)
+    return describe(ap)
+
+
+def parse(argv=None):
+    return build_parser().parse_args(argv)
 
 
 def main(argv=None) -> dict:
@@ -80,11 +87,11 @@ def main(argv=None) -> dict:
     if args.model is None and draft is None:
         draft = os.path.join(BUNDLED, "shapes-t2i-draft")
     if not os.path.exists(model) and args.model is None:
-        sys.exit(f"the bundled model is missing ({model}); pass --model")
+        raise ValueError(f"the bundled model is missing ({model}); pass --model")
     if draft is not None and not os.path.exists(draft) and args.draft is None:
         draft = None
     pipe = TextToImage.from_pretrained(model, draft=draft, device=configure(args))
-    params = {k: getattr(args, k) for k in METHOD_FLAGS if getattr(args, k) is not None}
+    params = {k: getattr(args, k) for k in METHOD_PARAMS if getattr(args, k) is not None}
     check_method(args.method, params, pipe.draft is not None, pipe.target.codebook_embeddings())
     prompts = list(args.prompts) + list(args.prompt)
     if args.prompts_file:
@@ -93,7 +100,8 @@ def main(argv=None) -> dict:
     if pipe.target.class_conditional:
         prompts = list(args.class_labels or [])
     if not prompts:
-        sys.exit("give prompts (or --prompts-file, or --class-labels for class-conditional models)")
+        raise ValueError("give prompts (or --prompts-file, or --class-labels for class-conditional "
+                         "models)")
     common = dict(num_images_per_prompt=args.num_images, guidance_scale=args.guidance,
                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                   seed=args.seed, progress=not args.no_progress, compile=args.compile)

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-from recipes.cli import add_common, check_method, configure, run
+from recipes.cli import (COUNT, GUIDANCE, SEED, TEMPERATURE, Parser, add_common, add_method_flags,
+                         check_method, configure, describe, run)
+
+METHOD_PARAMS = ("num_draft_tokens", "theta", "window")
 
 
 def comparison(plain, spec, method, path):
@@ -30,26 +32,34 @@ def comparison(plain, spec, method, path):
                             path)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    ap.add_argument("texts", nargs="*")
-    ap.add_argument("--text", action="append", default=[], help="a text (repeatable)")
-    ap.add_argument("--texts-file")
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--draft", default=None)
-    ap.add_argument("--method", default="exact")
-    ap.add_argument("--num-draft-tokens", type=int, default=None)
-    ap.add_argument("--theta", type=float, default=None)
-    ap.add_argument("--window", type=int, default=None)
-    ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--top-k", type=int, default=None)
-    ap.add_argument("--guidance", type=float, default=None)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="out/tts")
+def build_parser() -> argparse.ArgumentParser:
+    ap = Parser(description=__doc__.splitlines()[0])
+    ap.add_argument("texts", nargs="*", help="texts to speak (or --text, or --texts-file)")
+    ap.add_argument("--text", action="append", default=[],
+                    help="a text (repeatable; default: none)")
+    ap.add_argument("--texts-file", help="one text per line (default: none)")
+    ap.add_argument("--model", default=None,
+                    help="folder or Hugging Face id (default: the bundled shapes-tts)")
+    ap.add_argument("--draft", default=None,
+                    help="draft model folder (default: the bundled draft with the bundled model, "
+                         "else none)")
+    ap.add_argument("--method", default="exact",
+                    help="plain, exact, pcg, jacobi, or <drafter>+<rule>")
+    add_method_flags(ap, METHOD_PARAMS)
+    ap.add_argument("--temperature", type=TEMPERATURE, default=1.0, help="0 is greedy")
+    ap.add_argument("--top-k", type=COUNT, default=None, help="(default: no top-k filter)")
+    ap.add_argument("--guidance", type=GUIDANCE, default=None,
+                    help="classifier-free guidance scale (default: the model's)")
+    ap.add_argument("--seed", type=SEED, default=0)
+    ap.add_argument("--out", default="out/tts", help="output folder")
     ap.add_argument("--compile", action="store_true",
                     help="static caches and CUDA-graph steps (CUDA only; same tokens under greedy)")
     add_common(ap)
-    args = ap.parse_args(argv)
+    return describe(ap)
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     from modalities.speech import TextToSpeech
 
     model = args.model or os.path.join(ROOT, "samples", "models", "shapes-tts")
@@ -58,16 +68,15 @@ def main(argv=None):
         cand = os.path.join(ROOT, "samples", "models", "shapes-tts-draft")
         draft = cand if os.path.exists(cand) else None
     if args.model is None and not os.path.exists(model):
-        sys.exit(f"the bundled TTS model is missing ({model}); pass --model")
+        raise ValueError(f"the bundled TTS model is missing ({model}); pass --model")
     texts = list(args.texts) + list(args.text)
     if args.texts_file:
         with open(args.texts_file) as f:
             texts += [x.strip() for x in f if x.strip()]
     if not texts:
-        sys.exit("give texts (or --texts-file)")
+        raise ValueError("give texts (or --text, or --texts-file)")
     tts = TextToSpeech.from_pretrained(model, draft=draft, device=configure(args))
-    params = {k: v for k, v in (("num_draft_tokens", args.num_draft_tokens), ("theta", args.theta),
-                                ("window", args.window)) if v is not None}
+    params = {k: getattr(args, k) for k in METHOD_PARAMS if getattr(args, k) is not None}
     check_method(args.method, params, tts.draft is not None, tts.target.codebook_embeddings(0))
     kw = dict(temperature=args.temperature, top_k=args.top_k, seed=args.seed,
               guidance_scale=args.guidance, compile=args.compile)

@@ -13,38 +13,47 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from PIL import Image
 
-from recipes.cli import add_common, check_method, configure, run
+from recipes.cli import (COUNT, SEED, TEMPERATURE, Parser, add_common, check_method, configure,
+                         describe, run)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+def build_parser() -> argparse.ArgumentParser:
+    ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("inputs", nargs="+", help="image paths, then the question")
-    ap.add_argument("--target", default=None)
-    ap.add_argument("--draft", default=None)
-    ap.add_argument("--draft-mode", choices=["text", "image", "ensemble"], default=None)
-    ap.add_argument("--method", default="exact")
-    ap.add_argument("--num-draft-tokens", type=int, default=4)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--target", default=None,
+                    help="folder or Hugging Face id (default: the bundled shapes-vlm)")
+    ap.add_argument("--draft", default=None,
+                    help="draft model folder or id (default: the bundled text draft with the "
+                         "bundled target, else none)")
+    ap.add_argument("--draft-mode", choices=["text", "image", "ensemble"], default=None,
+                    help="how the draft sees the image (default: image for a VLM draft, text "
+                         "for a language model)")
+    ap.add_argument("--method", default="exact", help="plain, exact, lantern, jacobi, ...")
+    ap.add_argument("--num-draft-tokens", type=COUNT, default=4, help="drafts per step K")
+    ap.add_argument("--max-new-tokens", type=COUNT, default=64)
+    ap.add_argument("--temperature", type=TEMPERATURE, default=0.0, help="0 is greedy")
+    ap.add_argument("--seed", type=SEED, default=0)
     ap.add_argument("--compile", action="store_true",
                     help="static caches and CUDA-graph steps (CUDA only; same tokens under greedy)")
     add_common(ap)
-    args = ap.parse_args(argv)
+    return describe(ap)
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     *paths, question = args.inputs
     if not paths:
-        sys.exit("give at least one image path before the question")
+        raise ValueError("give at least one image path before the question")
     from modalities.vlm import VisionLanguageGenerator
 
     target = args.target or os.path.join(ROOT, "samples", "models", "shapes-vlm")
     if args.target is None and not os.path.exists(target):
-        sys.exit(f"the bundled VLM is missing ({target}); pass --target")
+        raise ValueError(f"the bundled VLM is missing ({target}); pass --target")
     draft = args.draft
     if args.target is None and draft is None:
         cand = os.path.join(ROOT, "samples", "models", "shapes-vlm-text-draft")

@@ -24,7 +24,7 @@ def _cli(*args, timeout=300):
     (("recipes.text_to_image", "--prompt", "a red circle", "--method", "lantern", "--k", "5000"),
      "recipes.text_to_image: error: k=5000: accepted an integer in [0, 511]"),
     (("recipes.tts", "--text", "a red circle", "--method", "pcg", "--theta", "7"),
-     "recipes.tts: error: theta=7.0: accepted a cosine threshold in [-1, 1]"),
+     "recipes.tts: error: argument --theta: 7: accepted a number in [-1, 1]"),
 ])
 def test_bad_methods_fail_in_one_line_before_the_baseline(args, line):
     res = _cli(*args)

@@ -1,5 +1,5 @@
-"""The spine's shape, asserted: imports point one way (eval -> recipes -> modalities ->
-mmspec) without circles, functions fit on a screen, the loop and the runner read declared
+"""The spine's shape, asserted: imports point one way (mmspec_cli -> eval -> recipes ->
+modalities -> mmspec) without circles, functions fit on a screen, the loop and the runner read declared
 capabilities instead of probing objects, and the wiring of a call exists once."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PACKAGES = ("mmspec", "modalities", "recipes", "eval")
-ORDER = {"mmspec": 0, "modalities": 1, "recipes": 2, "eval": 3}
+PACKAGES = ("mmspec", "modalities", "recipes", "eval", "mmspec_cli")
+ORDER = {"mmspec": 0, "modalities": 1, "recipes": 2, "eval": 3, "mmspec_cli": 4}
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -55,7 +55,7 @@ GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
 def test_packages_import_one_way():
     wrong = sorted((m, t) for m, ts in GRAPH.items() for t in ts
                    if ORDER[t.split(".")[0]] > ORDER[m.split(".")[0]])
-    assert not wrong, f"imports against eval -> recipes -> modalities -> mmspec: {wrong}"
+    assert not wrong, f"imports against mmspec_cli -> eval -> recipes -> modalities -> mmspec: {wrong}"
 
 
 def test_no_import_circles():

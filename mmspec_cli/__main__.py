@@ -1,0 +1,3 @@
+from mmspec_cli import main
+
+main()
