@@ -83,6 +83,7 @@ def rules() -> list[RuleInfo]:
 
 
 def rule_names() -> list[str]:
+    """The registered rules' names, sorted (built-ins and ``register_rule``'s)."""
     _load()
     return sorted(_RULES)
 

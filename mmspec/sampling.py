@@ -61,6 +61,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
+        """Temperature 0: the distributions are one-hot at the argmax."""
         return self.temperature == 0
 
     @classmethod

@@ -50,15 +50,22 @@ class Session:
 
     @property
     def greedy(self) -> bool:
+        """Its distributions are one-hot (its params are greedy)."""
         return self.params.greedy
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **prompt) -> None:
+        """Run the prompt ([B, P] ids, left-padded with its mask) and keep the cache; sets
+        ``batch_size``."""
         raise NotImplementedError
 
     def step(self, tokens: torch.Tensor, valid: torch.Tensor | None = None):
+        """Append ``tokens`` [B, n] (``valid`` [B, n] marks padding) and return the processed
+        distributions [B, n, V] at those n positions."""
         raise NotImplementedError
 
     def commit(self, keep: int, valid: torch.Tensor) -> None:
+        """Keep the first ``keep`` slots appended since the last commit (``valid`` [B, keep] marks
+        the real tokens; holes for rows that accepted less) and roll back the rest."""
         raise NotImplementedError
 
 
@@ -183,10 +190,13 @@ class CausalLMSession(Session):
 
     @property
     def device(self) -> torch.device:
+        """The device of the model's parameters."""
         return next(self.model.parameters()).device
 
     @property
     def guided(self) -> bool:
+        """Classifier-free guidance is on (the batch is doubled: conditional rows, then
+        unconditional)."""
         return self.guidance_scale is not None
 
     # -- hooks for adapters ---------------------------------------------------------------
@@ -197,6 +207,7 @@ class CausalLMSession(Session):
         return {"input_ids": tokens}
 
     def logits(self, out) -> torch.Tensor:
+        """Logits [R, n, V] from the model's output (adapters select or remap the vocabulary here)."""
         return out.logits
 
     def mask_logits(self, logits: torch.Tensor, gen_index: torch.Tensor) -> torch.Tensor:

@@ -46,6 +46,7 @@ class Draft:
 
     @property
     def num_tokens(self) -> int:
+        """K, the drafted tokens per row."""
         return int(self.tokens.shape[1])
 
 
@@ -77,6 +78,7 @@ class VerifyOutput:
 
     @property
     def num_emitted(self) -> torch.Tensor:
+        """[B] tokens each row emits this step: the accepted drafts and one more."""
         return self.num_accepted + 1
 
     @property
@@ -133,6 +135,7 @@ class StepStats:
 
     @property
     def mean_accepted_length(self) -> float:
+        """Accepted drafts per row-step (row-steps: steps summed over the rows that were active)."""
         return self.accepted / self.row_steps if self.row_steps else 0.0
 
     @property
@@ -192,6 +195,7 @@ class StepStats:
         self.seconds_total = elapsed + self.seconds_prefill
 
     def as_dict(self) -> dict:
+        """The totals as a flat dict (JSON-ready; per-row lists left out), with the derived rates."""
         out = {k: getattr(self, k) for k in self.__dataclass_fields__
                if k != "extra" and not k.startswith("row_")}
         out.update(

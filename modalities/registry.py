@@ -24,6 +24,8 @@ class AdapterInfo:
 
 
 def register_adapter(name: str, modality: str, adapter: type, models=()) -> None:
+    """Register an adapter class under ``name`` for a modality (image, vlm, speech) and the model
+    classes it serves; the adapter conformance suite then runs over it."""
     if modality not in MODALITIES:
         raise ValueError(f"modality={modality!r}: accepted one of {MODALITIES}")
     _ADAPTERS[name] = AdapterInfo(name, modality, adapter, tuple(models))

@@ -249,13 +249,8 @@ def test_an_out_made_with_other_options_is_refused_and_the_report_states_them(ti
 
 
 @pytest.mark.parametrize("extra,match", [
-    (["--num-prompts", "0"], r"--num-prompts=0: accepted an integer >= 1"),
-    (["--num-prompts", "-2"], r"--num-prompts=-2: accepted an integer >= 1"),
     (["--seeds", "3-1"], r"--seeds '3-1': accepted integers and ascending ranges"),
     (["--seeds", "a"], r"--seeds 'a'"),
-    (["--batch", "-1"], r"--batch=-1: accepted an integer >= 1"),
-    (["--batch", "0"], r"--batch=0: accepted an integer >= 1"),
-    (["--temperature", "-1"], r"--temperature -1.0: accepted a finite number >= 0"),
     (["--methods", "plain,foo"], r"method='foo'"),
     (["--param", "lantern.detla=0.1", "--methods", "plain,lantern"],
      r"unknown parameter\(s\) \['detla'\]"),
@@ -267,10 +262,42 @@ def test_bad_options_are_refused_before_any_unit_runs(tiny_models, tmp_path, ext
     assert not (out / "results.jsonl").exists()
 
 
+@pytest.mark.parametrize("option,value,match", [
+    ("num_prompts", 0, r"--num-prompts=0: accepted an integer >= 1"),
+    ("num_prompts", -2, r"--num-prompts=-2: accepted an integer >= 1"),
+    ("batch", -1, r"--batch=-1: accepted an integer >= 1"),
+    ("batch", 0, r"--batch=0: accepted an integer >= 1"),
+    ("temperature", -1, r"--temperature -1: accepted a finite number >= 0"),
+])
+def test_bad_config_values_are_refused_before_any_unit_runs(tiny_models, tmp_path, option,
+                                                            value, match):
+    """A YAML config skips argparse's ranges: the sweep checks its options itself."""
+    t, d, p = tiny_models
+    cfg = tmp_path / "sweep.yaml"
+    cfg.write_text(f"{option}: {value}\n")
+    out = tmp_path / "bad"
+    argv = ["--config", str(cfg), "--model", t, "--draft", d, "--prompts", p, "--methods",
+            "plain", "--seeds", "0", "--out", str(out)]
+    with pytest.raises(ValueError, match=match):
+        sweep_main(argv)
+    assert not (out / "results.jsonl").exists()
+
+
+@pytest.mark.parametrize("flag,value", [("--num-prompts", "0"), ("--batch", "-1"),
+                                        ("--temperature", "-1")])
+def test_bad_numbers_on_the_command_line_stop_at_parsing(tiny_models, tmp_path, capsys, flag,
+                                                        value):
+    with pytest.raises(SystemExit) as stop:
+        sweep_main(_args(tiny_models, tmp_path / "bad", extra=[flag, value]))
+    assert stop.value.code == 2
+    assert f"argument {flag}: {value}: accepted" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+
+
 def test_the_sweep_command_reports_bad_options_in_one_line(tiny_models, tmp_path):
     res = subprocess.run([sys.executable, "-m", "eval.sweep", *_args(tiny_models, tmp_path / "o",
                           extra=["--batch", "0"])], cwd=ROOT, capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 2 and "Traceback" not in res.stderr
-    assert res.stderr.strip().splitlines()[-1] == ("eval.sweep: error: --batch=0: accepted an "
-                                                   "integer >= 1")
+    assert res.stderr.strip().splitlines() == ["eval.sweep: error: argument --batch: 0: accepted an "
+                                               "integer >= 1 (eval.sweep --help lists the flags)"]

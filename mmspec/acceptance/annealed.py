@@ -44,6 +44,8 @@ class Annealed(Relaxed):
             raise ValueError(f"mu={self.mu!r}: accepted a finite float")
 
     def weight(self, pos: torch.Tensor | int, like: torch.Tensor) -> torch.Tensor:
+        """The acceptance weight w_i = max(1, delta exp(-nu i - mu)) at draft positions ``pos``, in
+        ``like``'s dtype and device."""
         pos = torch.as_tensor(pos, dtype=like.dtype, device=like.device)
         return (self.delta * torch.exp(-self.nu * pos - self.mu)).clamp_min(1.0)
 

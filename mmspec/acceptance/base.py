@@ -199,6 +199,8 @@ class Relaxed(Rule):
         return _residual(p, self.dense_q(x, q, p))
 
     def exact_accept_prob(self, x, p, q):
+        """The exact rule's acceptance probability min(1, p(x) / q(x)) at the drafted tokens
+        (relaxed rules compare theirs to it)."""
         px = p.gather(-1, x[..., None]).squeeze(-1)
         return self.ratio(px, self.draft_mass(x, q, p))
 

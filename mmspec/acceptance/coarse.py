@@ -51,6 +51,8 @@ class CoarseGrained(Rule):
 
     @property
     def groups(self) -> CosineGroups:
+        """The cosine groups of the token embeddings (``theta``): which ids count as one coarse
+        token."""
         return self._groups
 
     def _check(self, v: int) -> None:
@@ -78,6 +80,7 @@ class CoarseGrained(Rule):
         return per_token.gather(-1, x[..., None]).squeeze(-1)
 
     def coarse_residual(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """The residual over groups: norm(max(0, P - Q)) of the group masses [..., G]."""
         return _residual(self.coarse(p), self.coarse(q))
 
     def residual(self, x, p, q, pos):

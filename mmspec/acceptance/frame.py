@@ -50,6 +50,7 @@ class Frame(Rule):
         return all(r.lossless for r in self.rules)
 
     def rule(self, c: int) -> Rule:
+        """The rule of codebook ``c`` (one rule shared by every codebook, or one per codebook)."""
         return self.rules[c] if len(self.rules) > 1 else self.rules[0]
 
     def validate(self, draft_tokens, draft_probs, target_probs, values: bool = True) -> None:

@@ -55,12 +55,19 @@ class Drafter:
 
     def begin(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
               vocab_size: int | None = None, **prompt) -> None:
+        """Start a call: the prompt ([B, P] ids, left-padded, with its mask), the target's
+        vocabulary size V and any modality inputs (``pixel_values`` ...)."""
         raise NotImplementedError
 
     def propose(self, last: torch.Tensor, k_max: int, active: torch.Tensor | None = None) -> Draft:
+        """Up to ``k_max`` draft tokens per row after ``last`` [B] (each row's last emitted token),
+        with their draft distributions (None: a point mass); rows with ``active`` False must not
+        advance."""
         raise NotImplementedError
 
     def observe(self, out: VerifyOutput, target_probs, num_accepted: list[int] | None) -> None:
+        """The step's outcome: the verified tokens and accepted counts (``num_accepted``, host
+        copies, None for host-free drafters), to roll back or reuse its own state."""
         raise NotImplementedError
 
 

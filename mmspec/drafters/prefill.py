@@ -30,6 +30,7 @@ class Prefilled(Drafter):
 
     @property
     def generator(self):
+        """The wrapped drafter's generator (set by the runner to the call's)."""
         return self.inner.generator
 
     @generator.setter

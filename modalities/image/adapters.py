@@ -41,6 +41,9 @@ def _device(model) -> torch.device:
 
 
 class ImageAdapter:
+    """Base class of image-token adapters: the surface the module docstring lists, in the compact
+    id space; subclasses provide ``session``, ``prompt_batch``, ``codebook_embeddings`` and
+    ``decode`` and register themselves with ``register_adapter``."""
     kind = "image"
     class_conditional = False
     jacobi_init = "uniform"
@@ -53,18 +56,23 @@ class ImageAdapter:
     # -- shape -------------------------------------------------------------------------------
     @property
     def num_tokens(self) -> int:
+        """Tokens of one image: rows x cols of the grid."""
         return self.grid[0] * self.grid[1]
 
     @property
     def vocab_size(self) -> int:
+        """Size of the compact id space the rules see."""
         return self.num_visual
 
     @property
     def device(self) -> torch.device:
+        """The device of the model's parameters."""
         return _device(self.model)
 
     @property
     def jacobi_defaults(self) -> dict:
+        """What Jacobi drafts of this model initialise from: the initialisation, id range, grid
+        width and span."""
         return dict(init=self.jacobi_init, init_range=(0, self.num_visual),
                     grid_width=self.grid[1], span_length=self.num_tokens)
 
@@ -85,6 +93,7 @@ class ImageAdapter:
                 "target's codebook")
 
     def max_positions(self) -> int | None:
+        """The text decoder's ``max_position_embeddings`` (None where the config has none)."""
         cfg = self.model.config
         cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
         return getattr(cfg, "max_position_embeddings", None)
@@ -96,12 +105,16 @@ class ImageAdapter:
         raise NotImplementedError
 
     def prompt_batch(self, prompts: list, negative: list | None, guided: bool) -> dict:
+        """The session's prefill inputs (ids, masks; the unconditional rows' when ``guided``) for
+        the prompts and negative prompts."""
         raise NotImplementedError
 
     def codebook_embeddings(self) -> torch.Tensor:
+        """[vocab_size, d] embeddings of the compact ids: the geometry of LANTERN, GSD and PCG."""
         raise NotImplementedError
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Images [B, 3, H, W] in [0, 1] from compact ids [B, num_tokens]."""
         raise NotImplementedError
 
 

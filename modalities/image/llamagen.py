@@ -62,6 +62,7 @@ class LlamaGenConfig(PretrainedConfig):
 
     @property
     def grid_size(self) -> int:
+        """Side of the square token grid: sqrt(block_size)."""
         return int(round(math.sqrt(self.block_size)))
 
 
@@ -215,6 +216,7 @@ class LlamaGenForImageGeneration(PreTrainedModel):
         return self.tok_embeddings
 
     def get_output_embeddings(self):
+        """The output head (codebook logits), as transformers models expose it."""
         return self.output
 
     # -- conditioning ---------------------------------------------------------------------

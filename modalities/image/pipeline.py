@@ -106,6 +106,7 @@ class TextToImage:
 
     @property
     def device(self) -> torch.device:
+        """The device of the target's parameters."""
         return self.target.device
 
     # -- generation ---------------------------------------------------------------------------

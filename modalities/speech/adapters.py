@@ -62,6 +62,8 @@ class CodecAdapter:
         return body
 
     def encode_text(self, texts) -> dict:
+        """Texts -> the padded text batch (``input_ids``, ``attention_mask``) with the model's
+        prefix and suffix ids."""
         from modalities.padding import pad_rows
 
         rows = [list(self.prefix) + self.text_ids(t) + list(self.suffix) for t in texts]
@@ -70,13 +72,16 @@ class CodecAdapter:
 
     @property
     def device(self):
+        """The device of the model's parameters."""
         return next(self.model.parameters()).device
 
     @property
     def sample_rate(self) -> int:
+        """The codec's audio sample rate in Hz."""
         return int(self.codec.sample_rate)
 
     def check_compatible(self, draft) -> None:
+        """Refuse a draft of another kind, other codebooks or another sample rate (named)."""
         if type(draft) is not type(self):
             raise ValueError(f"a {type(self).__name__} target needs a draft of the same kind, got "
                              f"{type(draft).__name__}")
@@ -90,18 +95,23 @@ class CodecAdapter:
 
     # -- layout hooks (defaults: one event per step, frames of C ids) --------------------------
     def prompt(self, texts, guided: bool) -> dict:
+        """The prefill batch for texts (the unconditional rows' too when ``guided``)."""
         return self.encode_text(texts)
 
     def check_engine(self, engine):
+        """The engine this layout can run (refusing what it cannot, with the reason)."""
         return engine
 
     def check_method(self, method) -> None:
+        """Refuse a method this layout cannot run (default: every method runs)."""
         pass
 
     def steps(self, frames: int) -> int:
+        """Decoding steps that make ``frames`` frames (the delay pattern adds C - 1)."""
         return frames
 
     def stops(self) -> Stops:
+        """The stop rule: end-of-speech id(s) and which codebooks must emit them."""
         return Stops(() if self.eos is None else (self.eos,))
 
     @property
@@ -110,6 +120,7 @@ class CodecAdapter:
         return dict(init_range=(0, self.vocab_size - 1), event_shape=(self.codebooks,))
 
     def max_positions(self) -> int | None:
+        """The decoder's position limit (None where positions have no table)."""
         return max_positions(self.model)
 
     def rule(self, scalar):
@@ -161,11 +172,13 @@ class DelayPatternAdapter(CodecAdapter):
         self.frames_per_char = frames_per_char
 
     def session(self, params, guidance_scale, num_frames, **cache):
+        """A ``DelayPatternSession`` over the decoder (guided as a doubled batch)."""
         self.check_cache(cache)
         return DelayPatternSession(self.model, params, guidance_scale, num_frames, self.pad, self.eos)
 
     @staticmethod
     def check_cache(cache: dict) -> None:
+        """Refuse static caches: the decoder takes positions from the cache's length."""
         if cache.get("static_len") is not None:
             raise ValueError("static_cache / compile: not available for delay-pattern models "
                              "(MusicGen, Parler-TTS): their decoder takes its positions from the "
@@ -184,6 +197,7 @@ class DelayPatternAdapter(CodecAdapter):
         return frames + self.codebooks - 1       # the last codebook lags C - 1 steps
 
     def first_tokens(self, batch) -> torch.Tensor:
+        """The first event fed after the prompt: the decoder-start id on every codebook."""
         b = batch["input_ids"].shape[0]
         return torch.full((b, self.codebooks), self.start, dtype=torch.long, device=self.device)
 
@@ -219,6 +233,8 @@ class DelayPatternAdapter(CodecAdapter):
         return table.weight.detach().float()[: self.vocab_size]
 
     def decode(self, frames: torch.Tensor) -> np.ndarray:
+        """Audio [B, samples] from frames [B, N, C] (ids past the codebook, the pad column of
+        transformers layout, are clamped into it for the codec)."""
         with torch.no_grad():
             return self.codec.decode(frames.clamp(0, self.codec.codebook_size - 1))
 
@@ -241,9 +257,11 @@ class SingleCodebookAdapter(CodecAdapter):
         self.max_frames = max_frames
 
     def session(self, params, guidance_scale, num_frames=None, **cache):
+        """A token-span session over the codec ids of the decoder-only model."""
         return TokenSpanSession(self.model, params, guidance_scale, self.to_vocab, **cache)
 
     def prompt(self, texts, guided: bool) -> dict:
+        """The prefill batch: the text prompt with the speech-start suffix."""
         batch = self.encode_text(texts)
         if not guided:
             return batch
@@ -259,6 +277,7 @@ class SingleCodebookAdapter(CodecAdapter):
         return dict(init_range=(0, self.vocab_size - 1))
 
     def first_tokens(self, batch) -> torch.Tensor:
+        """The prompt's last token, fed first after the prompt."""
         return batch["input_ids"][:, -1]
 
     def rule(self, scalar):
@@ -275,9 +294,11 @@ class SingleCodebookAdapter(CodecAdapter):
         return fed, ids, torch.ones_like(ids, dtype=torch.bool)
 
     def codebook_embeddings(self, c: int = 0) -> torch.Tensor:
+        """[V, d] embeddings of the codec ids: the geometry of relaxed rules."""
         return self.model.get_input_embeddings().weight.detach().float()[self.to_vocab]
 
     def decode(self, frames):
+        """Audio samples from the generated codec ids."""
         with torch.no_grad():
             return self.codec.decode(frames)
 

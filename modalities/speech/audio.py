@@ -64,6 +64,7 @@ def mel_db(wave, sample_rate: int) -> np.ndarray:
 
 
 def save_spectrogram(wave, sample_rate: int, path: str, title: str | None = None) -> str:
+    """Write the log-mel spectrogram of ``wave`` to ``path`` (PNG); returns the path."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -147,10 +147,12 @@ class EncodecCodec:
         self.codebook_size = int(model.config.codebook_size)
 
     def to(self, device):
+        """Move the codec model; returns the codec."""
         self.model.to(device)
         return self
 
     def decode(self, frames: torch.Tensor) -> np.ndarray:
+        """Frames [B, N, C] of codes -> audio [B, samples] (float32)."""
         codes = frames.permute(0, 2, 1)[None]                          # [1, B, C, N]
         audio = self.model.decode(codes, [None]).audio_values           # [B, 1, samples]
         return audio[:, 0].float().cpu().numpy()
@@ -175,11 +177,13 @@ class TransformersCodec:
                               and levels else int(cfg.codebook_size))
 
     def to(self, device):
+        """Move the codec model; returns the codec."""
         self.model.to(device)
         return self
 
     @torch.no_grad()
     def decode(self, frames: torch.Tensor) -> np.ndarray:
+        """Frames [B, N, C] of codes -> audio [B, samples] (float32)."""
         if frames.dim() != 3:
             raise ValueError(f"frames must be [B, N, C] codes, got {tuple(frames.shape)}")
         codes = frames.permute(0, 2, 1).to(next(self.model.parameters()).device)   # [B, C, N]

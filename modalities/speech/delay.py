@@ -77,6 +77,7 @@ class DelayPatternSession(Session):
 
     @property
     def guided(self) -> bool:
+        """Classifier-free guidance is on (a doubled batch)."""
         return self.guidance_scale is not None
 
     def prefill(self, input_ids, attention_mask, **kw) -> None:

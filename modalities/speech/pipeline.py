@@ -33,6 +33,9 @@ from .bundled import load_speech_adapter
 
 
 class TextToSpeech:
+    """Codec-token speech generation with any method: ``TextToSpeech.from_pretrained(path,
+    draft=)``, then ``tts(text, method=..., seed=...)`` -> ``AudioOutput`` (``audio``,
+    ``sampling_rate``, codes, stats)."""
     def __init__(self, target, draft=None, defaults=None):
         if draft is not None:
             target.check_compatible(draft)
@@ -58,6 +61,7 @@ class TextToSpeech:
 
     @property
     def device(self) -> torch.device:
+        """The device of the target's parameters."""
         return self.target.device
 
     def _texts(self, text, description) -> list:

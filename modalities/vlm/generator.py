@@ -138,6 +138,7 @@ class VisionLanguageGenerator:
 
     @property
     def device(self) -> torch.device:
+        """The device of the target's parameters."""
         return self.target.device
 
     @classmethod

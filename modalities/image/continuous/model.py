@@ -62,14 +62,17 @@ class ContinuousARConfig(LlamaConfig):
 
     @property
     def null_id(self) -> int:
+        """The unconditional (null) prompt id, after the condition vocabulary."""
         return self.cond_vocab_size
 
     @property
     def bos_id(self) -> int:
+        """The id that starts the image span."""
         return self.cond_vocab_size + 1
 
     @property
     def num_tokens(self) -> int:
+        """Continuous tokens per image: rows x cols of the grid."""
         return int(self.grid[0] * self.grid[1])
 
 
@@ -87,6 +90,8 @@ class MixtureHead(nn.Module):
                                  nn.Linear(cfg.head_width, m * (1 + 2 * d)))
 
     def params(self, h: torch.Tensor):
+        """(logits, means, log-scales) of the Gaussian mixture for hidden states h [..., H], in
+        float32."""
         w = self.net[0].weight
         out = self.net(h.to(w.dtype)).float()        # densities in float32 whatever the weights' dtype
         logits, rest = out[..., : self.m], out[..., self.m:].unflatten(-1, (2, self.m, self.d))
@@ -97,6 +102,7 @@ class MixtureHead(nn.Module):
         return logits, means, log_scales
 
     def density(self, h: torch.Tensor, temperature: float = 1.0) -> GaussianMixture:
+        """The mixture density for hidden states h at ``temperature`` (scales multiplied by it)."""
         logits, means, log_scales = self.params(h)
         return GaussianMixture(logits, means, log_scales + math.log(temperature))
 
@@ -238,6 +244,8 @@ class ContinuousARModel(PreTrainedModel):
 
     @property
     def density_exact(self) -> bool:
+        """The head gives exact densities (a mixture) rather than a bound (a diffusion head's last
+        step)."""
         return self.head.density_exact
 
     def _init_weights(self, module):
@@ -247,6 +255,8 @@ class ContinuousARModel(PreTrainedModel):
             nn.init.zeros_(module.ada[1].bias)
 
     def embed(self, input_ids=None, latents=None, bos_first=False) -> torch.Tensor:
+        """Input embeddings: condition ids through the token table, or continuous latents [B, n, D]
+        through the latent projection (``bos_first``: the span's start embedding first)."""
         if latents is None:
             return self.model.embed_tokens(input_ids)
         dtype = self.latent_in.weight.dtype

@@ -38,6 +38,7 @@ class WordIds:
         self.index = {w: i for i, w in enumerate(self.words)}
 
     def encode(self, text: str) -> list[int]:
+        """A caption -> word ids, refusing words outside the vocabulary (named)."""
         unknown = [w for w in text.split() if w not in self.index]
         if unknown:
             raise ValueError(f"prompt words outside the model's vocabulary: {unknown}; accepted "
@@ -108,6 +109,7 @@ class ContinuousImageGenerator:
         return cls(t, d, decoder=decoder, tokenizer=tokenizer)
 
     def to(self, device) -> "ContinuousImageGenerator":
+        """Move the target and the draft; returns the generator."""
         for m in (self.target, self.draft, self.decoder):
             if m is not None:
                 m.to(device)
@@ -115,6 +117,7 @@ class ContinuousImageGenerator:
 
     @property
     def device(self) -> torch.device:
+        """The device of the target's parameters."""
         return next(self.target.parameters()).device
 
     def _prompts(self, class_labels, prompts, prompt_ids) -> list[list[int]]:
