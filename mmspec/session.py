@@ -96,6 +96,7 @@ class _Static:
     pool: object = None
     fused: object = None
     seq: object = None       # its StaticSequenceMask (buffers the captured steps read)
+    buffers: dict = field(default_factory=dict)   # a session's per-call constants steps read
 
 
 # Static caches (and their captured steps) outlive one generate call: kept per module (weakly)
@@ -206,6 +207,24 @@ class CausalLMSession(Session):
         On the first step after the prompt, column 0 is the prompt's last token."""
         return {"input_ids": tokens}
 
+    def position_ids(self, pos: torch.Tensor, prompt: bool = False) -> torch.Tensor:
+        """The ``position_ids`` the model takes for 1-D positions ``pos`` [R, n] (each row's
+        count of real tokens before the slot; rolled back with the sequence mask). Default:
+        ``pos``. Models with multi-axis rotary positions (Qwen-VL's M-RoPE) map them here;
+        a captured step calls this too, so what it reads must be ``persistent``."""
+        return pos
+
+    def persistent(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        """``value`` in a buffer that outlives the call with the static cache (a captured step
+        reads it at a fixed address; later calls copy theirs in); ``value`` itself on a
+        dynamic cache. Call after ``prefill`` has made the cache."""
+        if self._static is None:
+            return value
+        buf = self._static.buffers.get(name)
+        if buf is None or buf.shape != value.shape or buf.dtype != value.dtype:
+            buf = self._static.buffers[name] = value.clone()
+        return buf.copy_(value)
+
     def logits(self, out) -> torch.Tensor:
         """Logits [R, n, V] from the model's output (adapters select or remap the vocabulary here)."""
         return out.logits
@@ -296,7 +315,8 @@ class CausalLMSession(Session):
         if self.static_len is None:
             attn, pos = self.seq.plan(valid)
             out = self.net(**inputs, **{self._cache_arg: self.cache}, attention_mask=attn,
-                           position_ids=pos, use_cache=True, **model_kwargs)
+                           position_ids=self.position_ids(pos, prompt), use_cache=True,
+                           **model_kwargs)
             self.seq.append(valid)
         else:
             n = valid.shape[1]
@@ -307,18 +327,21 @@ class CausalLMSession(Session):
             if self.compile and not prompt:
                 out, pos = self._replay(inputs, valid, width)
             else:
-                out, pos = self._static_step(self.net, inputs, valid, width, **model_kwargs)
+                out, pos = self._static_step(self.net, inputs, valid, width, prompt,
+                                             **model_kwargs)
             self.seq.appended(n)
         return (None if prompt else self.logits(out)), pos
 
-    def _static_step(self, fn, inputs: dict, valid: torch.Tensor, width: int, **model_kwargs):
+    def _static_step(self, fn, inputs: dict, valid: torch.Tensor, width: int,
+                     prompt: bool = False, **model_kwargs):
         """One step on the static cache, all on the device (what a captured step replays):
         the mask (``width`` slots wide) and positions from the sequence buffers, the forward,
         the buffers moved."""
         mask, pos = self.seq.advance(valid, width, self._additive)
         with prefix(self._sdpa_configs if width < self.static_len else []):
             out = fn(**inputs, **{self._cache_arg: self.cache}, attention_mask=mask,
-                     position_ids=pos, use_cache=True, **model_kwargs)
+                     position_ids=self.position_ids(pos, prompt), use_cache=True,
+                     **model_kwargs)
         return out, pos
 
     def _replay(self, inputs: dict, valid: torch.Tensor, width: int):

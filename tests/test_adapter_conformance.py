@@ -5,9 +5,10 @@ on tiny float32 models built from configs, greedy decoding:
 - static caches give the dynamic caches' tokens (or are refused with a clear error before
   any work, where the layout cannot roll a static cache back);
 - each row of a batch gives the tokens it gives alone (left padding, ragged rows);
-- where transformers can generate with the model (LLaVA, LLaVA-NeXT, MusicGen, CSM), plain
-  greedy decoding gives the model's own ``generate`` tokens, on configs in transformers'
-  own layouts (MusicGen's pad id = vocabulary size; CSM's stop rule).
+- where transformers can generate with the model (LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL,
+  Qwen3-VL, MusicGen, CSM), plain greedy decoding gives the model's own ``generate`` tokens,
+  on configs in transformers' own layouts (MusicGen's pad id = vocabulary size; CSM's stop
+  rule; Qwen-VL's 3-D rotary positions).
 
 Every registered adapter needs a case below: registering one without a case fails
 ``test_every_registered_adapter_has_a_case``.
@@ -71,6 +72,22 @@ def _vlm(kind: str) -> Case:
         out = target.generate(**batch, do_sample=False, max_new_tokens=10)
         return [out[0, batch["input_ids"].shape[1]:].tolist()]
     return Case(run, ("exact", "sjd"), own=own)
+
+
+def _qwen(kind: str) -> Case:
+    from modalities.vlm import VisionLanguageGenerator
+    from test_qwen_vl import _own, _pairs
+    from tiny_vlm import tiny_qwen_processor, tiny_qwen_vl
+
+    target, proc = tiny_qwen_vl(kind), tiny_qwen_processor(kind)
+    ims, msgs = _pairs()
+    gen = VisionLanguageGenerator(target, proc, tiny_qwen_vl(kind, seed=1, layers=1), "image")
+
+    def run(method, rows, static):
+        return gen.generate([ims[i] for i in rows], [msgs[i] for i in rows], method=method,
+                            temperature=0, max_new_tokens=10, seed=0,
+                            static_cache=static).token_ids
+    return Case(run, ("exact", "sjd"), own=lambda i: _own(gen, target, [ims[i]], [msgs[i]], 10))
 
 
 def _speech(tts, texts, methods, static=True, frames=8, own=None) -> Case:
@@ -146,6 +163,8 @@ CASES = {
     "janus": lambda: _image("janus"), "emu3": lambda: _image("emu3"),
     "llamagen": lambda: _image("llamagen"), "token-span": lambda: _image("token-span"),
     "llava": lambda: _vlm("llava"), "llava-next": lambda: _vlm("llava-next"),
+    "qwen2-vl": lambda: _qwen("qwen2-vl"), "qwen2.5-vl": lambda: _qwen("qwen2.5-vl"),
+    "qwen3-vl": lambda: _qwen("qwen3-vl"),
     "delay-pattern": _delay_pattern, "single-codebook": _single_codebook, "csm": _csm,
 }
 NAMES = [a.name for a in adapters()]
@@ -185,7 +204,7 @@ def test_batch_rows_equal_their_single_row_runs(case):
         assert both == case.run(method, [0], False) + case.run(method, [1], False), method
 
 
-OWN = ["llava", "llava-next", "delay-pattern", "csm"]
+OWN = ["llava", "llava-next", "qwen2-vl", "qwen2.5-vl", "qwen3-vl", "delay-pattern", "csm"]
 
 
 @pytest.mark.parametrize("name", OWN)
@@ -199,7 +218,8 @@ def test_readme_lists_every_supported_model_class():
     import pathlib
 
     readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
-    table = readme[readme.index("## Supported models"):readme.index("## Recipes and evaluation")]
+    table = readme[readme.index("## Supported models"):
+                   readme.index("## Command line and web demo")]
     for info in adapters():
         assert f"`{info.name}`" in table, info.name
         assert all(f"`{m}`" in table for m in info.models), info.models

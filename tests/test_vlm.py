@@ -191,11 +191,8 @@ def test_recipe_runs_on_a_saved_tiny_model(tmp_path, capsys):
 
 REFUSED = [("PaliGemmaForConditionalGeneration", "prefix-LM"),
            ("Gemma3ForConditionalGeneration", "bidirectional attention"),
-           ("Qwen2VLForConditionalGeneration", "M-RoPE"),
-           ("Qwen2_5_VLForConditionalGeneration", "M-RoPE"),
-           ("Qwen3VLForConditionalGeneration", "M-RoPE"),
-           ("Qwen3VLMoeForConditionalGeneration", "M-RoPE"),
-           ("Qwen3_5ForConditionalGeneration", "M-RoPE"),
+           ("Qwen3_5ForConditionalGeneration", "Gated DeltaNet"),
+           ("Qwen3_5MoeForConditionalGeneration", "Gated DeltaNet"),
            ("LlavaOnevisionForConditionalGeneration", "does not implement"),
            ("Gemma3nForConditionalGeneration", "does not implement")]
 
@@ -217,8 +214,10 @@ def test_unsupported_vlm_classes_are_refused_with_the_reason(name, why):
     target, _, proc = _models("llava")
     with pytest.raises(ValueError, match=rf"draft {name} .*{why}"):
         VisionLanguageGenerator(target, proc, model, "image")
-    assert supported_classes() == ["LlavaForConditionalGeneration",
-                                   "LlavaNextForConditionalGeneration"]
+    assert supported_classes() == [
+        "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
+        "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+        "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration"]
 
 
 def test_transformers_conventions():

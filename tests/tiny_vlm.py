@@ -99,3 +99,86 @@ def tiny_llava_next(seed: int = 0, hidden: int = 32, layers: int = 2, image_size
         image_grid_pinpoints=[[image_size, image_size], [image_size, 2 * image_size],
                               [2 * image_size, image_size]])
     return LlavaNextForConditionalGeneration(cfg).eval()
+
+
+# -- Qwen-VL (M-RoPE) ----------------------------------------------------------------------------
+QWEN_SPECIAL = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
+QWEN_WORDS = WORDS[:4] + QWEN_SPECIAL + [w for w in WORDS[4:] if w != "<image>"]
+QWEN_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}USER: "
+                 "{% for c in m['content'] %}{% if c['type'] == 'image' %}"
+                 "<|vision_start|><|image_pad|><|vision_end|> "
+                 "{% elif c['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|> "
+                 "{% else %}{{ c['text'] }} {% endif %}{% endfor %}{% endif %}{% endfor %}"
+                 "{% if add_generation_prompt %}ASSISTANT:{% endif %}")
+
+
+def qwen_tokenizer():
+    """A word-level tokenizer with Qwen-VL's vision tokens as special tokens."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(QWEN_WORDS)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                 pre_tokenizers.Punctuation("isolated")])
+    tok.add_special_tokens([AddedToken(w, normalized=False, special=True) for w in QWEN_SPECIAL])
+    tok.add_tokens([AddedToken(w, normalized=False) for w in QWEN_WORDS if w.endswith(":")])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
+                                   eos_token="</s>", unk_token="<unk>")
+    fast.padding_side = "left"
+    return fast
+
+
+QWEN_KINDS = {  # adapter name -> (model type, config class, model class, processor class)
+    "qwen2-vl": ("qwen2_vl", "Qwen2VLConfig", "Qwen2VLForConditionalGeneration",
+                 "Qwen2VLProcessor"),
+    "qwen2.5-vl": ("qwen2_5_vl", "Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration",
+                   "Qwen2_5_VLProcessor"),
+    "qwen3-vl": ("qwen3_vl", "Qwen3VLConfig", "Qwen3VLForConditionalGeneration",
+                 "Qwen3VLProcessor"),
+}
+
+
+def tiny_qwen_processor(kind: str = "qwen2-vl", patch: int = 4):
+    import transformers
+
+    size = dict(shortest_edge=16 * 16, longest_edge=64 * 64)
+    ip = transformers.Qwen2VLImageProcessor(patch_size=patch, merge_size=2, temporal_patch_size=2,
+                                            min_pixels=16 * 16, max_pixels=64 * 64, size=size)
+    vp_cls = transformers.Qwen3VLVideoProcessor if kind == "qwen3-vl" else \
+        transformers.Qwen2VLVideoProcessor
+    vp = vp_cls(patch_size=patch, merge_size=2, temporal_patch_size=2, size=size)
+    proc_cls = getattr(transformers, QWEN_KINDS[kind][3])
+    return proc_cls(image_processor=ip, tokenizer=qwen_tokenizer(), video_processor=vp,
+                    chat_template=QWEN_TEMPLATE)
+
+
+def tiny_qwen_vl(kind: str = "qwen2-vl", seed: int = 0, hidden: int = 32, layers: int = 2,
+                 patch: int = 4):
+    import transformers
+
+    torch.manual_seed(seed)
+    ids = {k: QWEN_WORDS.index(w) for k, w in (("image_token_id", "<|image_pad|>"),
+                                                ("video_token_id", "<|video_pad|>"),
+                                                ("vision_start_token_id", "<|vision_start|>"),
+                                                ("vision_end_token_id", "<|vision_end|>"))}
+    text = dict(vocab_size=len(QWEN_WORDS), hidden_size=hidden, intermediate_size=2 * hidden,
+                num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=2,
+                max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                initializer_range=0.3,        # positions move the argmax (0.02 hides them)
+                rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                     mrope_section=[2, 3, 3]))
+    if kind == "qwen2-vl":
+        vision = dict(depth=1, embed_dim=16, hidden_size=hidden, num_heads=2, patch_size=patch,
+                      spatial_merge_size=2, temporal_patch_size=2)
+    elif kind == "qwen2.5-vl":
+        vision = dict(depth=1, hidden_size=16, intermediate_size=32, out_hidden_size=hidden,
+                      num_heads=2, patch_size=patch, spatial_merge_size=2, temporal_patch_size=2,
+                      window_size=16, fullatt_block_indexes=[0])
+    else:
+        text.update(head_dim=hidden // 2)
+        text["rope_parameters"].update(mrope_section=[3, 3, 2], mrope_interleaved=True)
+        vision = dict(depth=2, hidden_size=16, intermediate_size=32, out_hidden_size=hidden,
+                      num_heads=2, patch_size=patch, spatial_merge_size=2, temporal_patch_size=2,
+                      num_position_embeddings=64, deepstack_visual_indexes=[0])
+    cfg = getattr(transformers, QWEN_KINDS[kind][1])(text_config=text, vision_config=vision, **ids)
+    return getattr(transformers, QWEN_KINDS[kind][2])(cfg).eval()

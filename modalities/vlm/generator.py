@@ -1,4 +1,4 @@
-"""``VisionLanguageGenerator``: speculative decoding for LLaVA-family models.
+"""``VisionLanguageGenerator``: speculative decoding for LLaVA- and Qwen-VL-family models.
 
     gen = VisionLanguageGenerator.from_pretrained("llava-hf/llava-1.5-7b-hf", draft="...")
     out = gen.generate(image, "What is in the picture?", method="exact", max_new_tokens=64)
@@ -6,11 +6,13 @@
     for piece in gen.generate(image, "Describe it.", stream=True): print(piece, end="")
 
 Targets: LlavaForConditionalGeneration and LlavaNextForConditionalGeneration (anyres:
-``image_sizes`` and per-image token counts come from the processor) through transformers'
-Auto classes and processors (chat templates). Image features are computed once, in the
-prefill; verification passes carry no pixels. Other VLM classes are refused up front with
-the reason (``check_supported``): prefix-LM attention (PaliGemma, Gemma 3), 3-D rotary
-positions (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5), or not implemented.
+``image_sizes`` and per-image token counts come from the processor), and Qwen2-VL,
+Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE (3-D rotary positions: ``modalities.vlm.mrope``; images
+of any size and videos, as the processor gives them), through transformers' Auto classes and
+processors (chat templates). Image features are computed once, in the prefill; verification
+passes carry no pixels. Other VLM classes are refused up front with the reason
+(``check_supported``): prefix-LM attention (PaliGemma, Gemma 3), linear-attention layers whose
+recurrent state is not rolled back (Qwen3.5), or not implemented.
 
 Drafts (``draft_mode``):
 - ``"text"``: a causal LM that never sees the image: the prompt's text with the image
@@ -44,6 +46,8 @@ from mmspec.types import StepStats
 
 from modalities.registry import adapters, load_pretrained, register_adapter
 
+from .mrope import POSITION_INPUTS, MRopeSession, uses_mrope
+
 
 @dataclass
 class VLMOutput:
@@ -58,16 +62,17 @@ def _is_vlm(model) -> bool:
 
 
 # Processor outputs ``generate(**inputs)`` takes as keyword arguments.
-PROCESSOR_OUTPUTS = ("input_ids", "attention_mask", "pixel_values", "image_sizes")
+PROCESSOR_OUTPUTS = ("input_ids", "attention_mask", "pixel_values", "image_sizes",
+                     "pixel_values_videos", *POSITION_INPUTS)
 
 # Model families mmspec does not implement yet, and why its loop would give other tokens.
 _REFUSED = {
     "paligemma": "prefix-LM: the image and prompt attend to each other bidirectionally, and a "
                  "causal verification of the last prompt token would leave that prefix",
     "gemma3": "bidirectional attention within each image's tokens (prefix-LM style)",
-    **dict.fromkeys(("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5",
-                     "qwen3_5_moe"),
-                    "3-D rotary positions (M-RoPE) that mmspec does not yet plan per step"),
+    **dict.fromkeys(("qwen3_5", "qwen3_5_moe"),
+                    "linear-attention (Gated DeltaNet) layers whose recurrent state mmspec does "
+                    "not yet roll back to the accepted length"),
 }
 
 
@@ -86,8 +91,9 @@ def check_supported(model, role: str) -> None:
 
 
 class VisionLanguageGenerator:
-    """target: a LLaVA-family model; processor: its processor (tokenizer, image processor,
-    chat template); draft: a causal LM (text draft) or a VLM (image / ensemble draft)."""
+    """target: a LLaVA- or Qwen-VL-family model; processor: its processor (tokenizer, image
+    processor, chat template); draft: a causal LM (text draft) or a VLM of the target's family
+    (image / ensemble draft; another family needs ``draft_processor``)."""
 
     def __init__(self, target, processor, draft=None, draft_mode: str | None = None,
                  draft_processor=None, assistant_model=None):
@@ -108,6 +114,7 @@ class VisionLanguageGenerator:
                 raise ValueError(f"draft_mode={draft_mode!r} needs a vision-language draft")
             if draft_mode != "text":
                 check_supported(draft, "draft")
+                _check_family(target, draft, draft_processor is None)
             vt, vd = output_vocab_size(target), output_vocab_size(draft)
             if vd > vt:
                 raise ValueError(f"vocabulary mismatch: the draft has {vd} ids, the target {vt}: "
@@ -230,8 +237,8 @@ class VisionLanguageGenerator:
                 raise ValueError("draft_mode='ensemble' builds its own prompts: accepted images "
                                  "and prompts, not processor outputs")
             dbatch = self._ensemble_batch(images, prompts, captions)
-            session = CausalLMSession(self.draft, params,
-                                      **plan.cache(*dbatch["input_ids"].shape[::-1]))
+            session = _session(self.draft, params,
+                               **plan.cache(*dbatch["input_ids"].shape[::-1]))
             drafter = EnsembleDrafter(PaddedSession(session, vt), dbatch["modes"],
                                       spec.num_draft_tokens())
             dbatch = {k: v for k, v in dbatch.items() if k != "modes"}
@@ -240,7 +247,7 @@ class VisionLanguageGenerator:
             images, prompts, batch)
         cache = plan.cache(*dbatch["input_ids"].shape[::-1])
         context = dataclasses.replace(context, draft_session=lambda: PaddedSession(
-            CausalLMSession(self.draft, params, **cache), vt))
+            _session(self.draft, params, **cache), vt))
         drafter, rule = spec.build(context)
         return drafter, rule, dbatch
 
@@ -348,7 +355,7 @@ class VisionLanguageGenerator:
                            draft_model=queueable, positions=width + max_new_tokens + k,
                            limits=[limit, max_positions(self.draft) if queueable else None])
         drafter, rule, dbatch = self._method(spec, plan, params, batch, images, prompts, captions)
-        session = CausalLMSession(self.target, params, **plan.cache(*batch["input_ids"].shape[::-1]))
+        session = _session(self.target, params, **plan.cache(*batch["input_ids"].shape[::-1]))
         run = prepare(session, drafter, rule, plan=plan, seed=seed, device=self.target.device)
         it = self._run(run, batch, dbatch, streamer)
         return _in_inference_mode(it) if stream else self._collect(it)
@@ -382,6 +389,21 @@ class VisionLanguageGenerator:
         for pieces, rows, stats, seconds in it:
             texts = pieces if texts is None else [a + b for a, b in zip(texts, pieces)]
         return VLMOutput(texts=texts, token_ids=rows, stats=stats, seconds=seconds)
+
+
+def _check_family(target, draft, shared_processor: bool) -> None:
+    """An image draft reads the target's processor outputs unless given its own: it must be
+    of the target's family (its image tokens, grids and positions are the target's)."""
+    kinds = (target.config.model_type, draft.config.model_type)
+    if shared_processor and kinds[0] != kinds[1]:
+        raise ValueError(f"an image draft of another family ({kinds[1]}) than the target "
+                         f"({kinds[0]}) cannot read the target's processor outputs: accepted a "
+                         "draft of the target's family, or draft_processor=its own processor")
+
+
+def _session(model, params, **cache) -> CausalLMSession:
+    """The session a model decodes in: M-RoPE positions for Qwen-VL models."""
+    return (MRopeSession if uses_mrope(model) else CausalLMSession)(model, params, **cache)
 
 
 def _refuse_unknown_words(tok, texts: list[str], ids: torch.Tensor) -> None:
@@ -421,3 +443,8 @@ def _stack(pairs, pad):
 register_adapter("llava", "vlm", VisionLanguageGenerator, ("LlavaForConditionalGeneration",))
 register_adapter("llava-next", "vlm", VisionLanguageGenerator,
                  ("LlavaNextForConditionalGeneration",))
+register_adapter("qwen2-vl", "vlm", VisionLanguageGenerator, ("Qwen2VLForConditionalGeneration",))
+register_adapter("qwen2.5-vl", "vlm", VisionLanguageGenerator,
+                 ("Qwen2_5_VLForConditionalGeneration",))
+register_adapter("qwen3-vl", "vlm", VisionLanguageGenerator,
+                 ("Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration"))

@@ -1,0 +1,65 @@
+"""3-D rotary positions (M-RoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL and its MoE) for the loop.
+
+A Qwen-VL prompt's positions are three axes (time, height, width): text tokens count up on
+all three, an image's tokens take their grid coordinates from where the image starts, and
+the text after it resumes at the largest position + 1. The model's own position function
+(``model.model.get_rope_index``) computes them from the prompt's ids, token types and image
+or video grids, and returns each row's offset ``rope_delta`` = (largest position + 1) - (the
+row's real prompt tokens). Every token after the prompt then has position
+
+    p_axis = p_1d + rope_delta        on each of the three axes,
+
+where p_1d counts the row's real tokens before it: exactly what the session's sequence mask
+gives every slot, for K + 1 draft positions, ragged rows with holes, static caches and
+captured steps alike, rolled back with the cache. So the session maps its 1-D positions
+(``position_ids`` hook) and nothing else changes; transformers' own decoding does the same
+(``compute_3d_position_ids``: cumulative mask + delta).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mmspec.session import CausalLMSession
+
+# Model types whose decoder takes M-RoPE positions, and their position function's extra inputs.
+MROPE_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+POSITION_INPUTS = ("mm_token_type_ids", "image_grid_thw", "video_grid_thw", "second_per_grid_ts")
+
+
+def uses_mrope(model) -> bool:
+    """The model's decoder takes 3-D rotary positions (one of ``MROPE_TYPES``)."""
+    return getattr(model.config, "model_type", None) in MROPE_TYPES
+
+
+def token_types(model, input_ids: torch.Tensor) -> torch.Tensor:
+    """Token types as the processors give them (text 0, image 1, video 2), from the ids."""
+    cfg = model.config
+    types = torch.zeros_like(input_ids)
+    types[input_ids == cfg.image_token_id] = 1
+    types[input_ids == cfg.video_token_id] = 2
+    return types
+
+
+class MRopeSession(CausalLMSession):
+    """A Qwen-VL session: the prompt's 3-D positions from the model's position function, and
+    every later slot's from its 1-D position plus the row's ``rope_delta``."""
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **model_kwargs):
+        """As ``CausalLMSession.prefill``; ``model_kwargs`` carries the processor's outputs
+        (``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids`` ...)."""
+        if model_kwargs.get("mm_token_type_ids") is None:
+            model_kwargs["mm_token_type_ids"] = token_types(self.model, input_ids)
+        given = {k: model_kwargs[k] for k in POSITION_INPUTS if model_kwargs.get(k) is not None}
+        pos, delta = self.model.model.get_rope_index(input_ids, attention_mask=attention_mask,
+                                                     **given)
+        self._prompt_pos = pos[:, :, :-1]       # the last column is fed by the first step
+        model_kwargs["mm_token_type_ids"] = model_kwargs["mm_token_type_ids"][:, :-1]
+        super().prefill(input_ids, attention_mask, **model_kwargs)
+        self._delta = self.persistent("rope_delta", delta.reshape(-1).to(input_ids.device))
+
+    def position_ids(self, pos: torch.Tensor, prompt: bool = False) -> torch.Tensor:
+        """[3, R, n]: the prompt's from ``get_rope_index``, later slots' p_1d + rope_delta."""
+        if prompt:
+            return self._prompt_pos
+        return (pos + self._delta[:, None])[None].expand(3, -1, -1)

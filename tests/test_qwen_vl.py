@@ -1,0 +1,154 @@
+"""Qwen-VL targets (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): 3-D rotary positions through the loop.
+
+Tiny float32 models whose weights are large enough that wrong positions change the argmax
+(positions planned without the row's rope delta fail these tests). Greedy: speculative =
+plain = the model's own ``generate``, K in {1, 3, 8}, static and dynamic caches, a batch of
+three images of different sizes (different numbers of visual tokens, left-padded), image,
+text and Jacobi drafts, and video inputs. Sampling: the first two tokens under exact
+speculative decoding against plain sampling."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from modalities.vlm import VisionLanguageGenerator
+from tiny_vlm import QWEN_KINDS, QWEN_WORDS, tiny_qwen_processor, tiny_qwen_vl, tiny_text_lm
+
+KINDS = list(QWEN_KINDS)
+QUESTIONS = ["what colour is the circle ?", "a", "is it red ?"]
+
+
+def _pairs(n: int = 3):
+    """Images of 32x32, 32x48 and 48x32 pixels: 16, 24 and 24 visual tokens."""
+    rng = np.random.default_rng(0)
+    sizes = [(32, 32), (32, 48), (48, 32)][:n]
+    ims = [Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) for h, w in sizes]
+    msgs = [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]}]
+            for q in QUESTIONS[:n]]
+    return ims, msgs
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def qwen(request):
+    kind = request.param
+    target = tiny_qwen_vl(kind)
+    draft = tiny_qwen_vl(kind, seed=1, layers=1)
+    return kind, target, draft, tiny_qwen_processor(kind)
+
+
+def _own(gen, target, ims, msgs, n):
+    rows = []
+    for im, m in zip(ims, msgs):
+        batch = gen.encode([im], [m])
+        out = target.generate(**batch, do_sample=False, max_new_tokens=n)
+        rows.append(out[0, batch["input_ids"].shape[1]:].tolist())
+    return rows
+
+
+def test_plain_greedy_equals_the_models_own_generate_on_a_ragged_batch(qwen):
+    _, target, _, proc = qwen
+    ims, msgs = _pairs()
+    gen = VisionLanguageGenerator(target, proc)
+    batch = gen.encode(ims, msgs)
+    assert len(set(batch["attention_mask"].sum(1).tolist())) > 1     # ragged, left-padded
+    plain = gen.generate(ims, msgs, method="plain", temperature=0, max_new_tokens=10)
+    assert plain.token_ids == _own(gen, target, ims, msgs, 10)
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("static", [False, True])
+def test_speculative_greedy_equals_plain_greedy(qwen, k, static):
+    _, target, draft, proc = qwen
+    ims, msgs = _pairs()
+    plain = VisionLanguageGenerator(target, proc).generate(ims, msgs, method="plain",
+                                                           temperature=0, max_new_tokens=12)
+    image = VisionLanguageGenerator(target, proc, draft, "image")
+    text = VisionLanguageGenerator(target, proc, tiny_text_lm(vocab=len(QWEN_WORDS)), "text")
+    for gen, method, knob in ((image, "exact", "num_draft_tokens"),
+                              (text, "exact", "num_draft_tokens"), (image, "sjd", "window")):
+        out = gen.generate(ims, msgs, method=method, temperature=0, max_new_tokens=12, seed=0,
+                           static_cache=static, **{knob: k})
+        assert out.token_ids == plain.token_ids, (method, gen.draft_mode)
+
+
+def test_each_row_equals_its_single_row_run(qwen):
+    _, target, draft, proc = qwen
+    ims, msgs = _pairs()
+    gen = VisionLanguageGenerator(target, proc, draft, "image")
+    both = gen.generate(ims, msgs, method="exact", temperature=0, max_new_tokens=10).token_ids
+    alone = [gen.generate([i], [m], method="exact", temperature=0,
+                          max_new_tokens=10).token_ids[0] for i, m in zip(ims, msgs)]
+    assert both == alone
+
+
+def test_the_positions_matter():
+    """Without the rope delta (1-D positions on every axis) the tokens differ from the
+    model's own: the tests above would catch a session that dropped it."""
+    from modalities.vlm.mrope import MRopeSession
+
+    target, proc = tiny_qwen_vl("qwen2-vl"), tiny_qwen_processor("qwen2-vl")
+    ims, msgs = _pairs(2)
+    gen = VisionLanguageGenerator(target, proc)
+    own = _own(gen, target, ims, msgs, 10)
+    original = MRopeSession.position_ids
+    try:
+        MRopeSession.position_ids = lambda self, pos, prompt=False: (
+            self._prompt_pos if prompt else pos)
+        wrong = gen.generate(ims, msgs, method="plain", temperature=0, max_new_tokens=10)
+    finally:
+        MRopeSession.position_ids = original
+    assert wrong.token_ids != own
+
+
+@pytest.mark.parametrize("kind", ["qwen2-vl", "qwen3-vl"])
+def test_video_inputs_through_processor_outputs(kind):
+    target, proc = tiny_qwen_vl(kind, seed=2), tiny_qwen_processor(kind)
+    video = np.random.default_rng(1).integers(0, 255, (4, 32, 32, 3), dtype=np.uint8)
+    msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "a"}]}]
+    text = proc.apply_chat_template(msgs, add_generation_prompt=True)
+    batch = proc(text=[text], videos=[video], return_tensors="pt", do_sample_frames=False)
+    gen = VisionLanguageGenerator(target, proc, tiny_qwen_vl(kind, seed=1, layers=1), "image")
+    plain = gen.generate(**batch, method="plain", temperature=0, max_new_tokens=8).token_ids
+    own = target.generate(**batch, do_sample=False, max_new_tokens=8)
+    assert plain == [own[0, batch["input_ids"].shape[1]:].tolist()]
+    for method in ("exact", "sjd"):
+        assert gen.generate(**batch, method=method, temperature=0, max_new_tokens=8,
+                            seed=0).token_ids == plain, method
+
+
+def _first_two(gen, batch, method, seed):
+    v, n = len(QWEN_WORDS), batch["input_ids"].shape[0]
+    out = gen.generate(**batch, method=method, seed=seed, max_new_tokens=2, num_draft_tokens=2)
+    rows = [r[0] * (v + 1) + (r[1] if len(r) > 1 else v) for r in out.token_ids]
+    return np.bincount(rows, minlength=v * (v + 1)) / n, out.stats
+
+
+def test_exact_sampling_matches_plain_sampling():
+    """TV distance of the first two tokens' joint histogram (20,000 samples each) between
+    exact speculative and plain sampling, against the distance between two plain runs."""
+    target, proc = tiny_qwen_vl("qwen2-vl"), tiny_qwen_processor("qwen2-vl")
+    draft = tiny_text_lm(vocab=len(QWEN_WORDS))
+    with torch.no_grad():                        # flat enough that many pairs show up
+        target.lm_head.weight.mul_(0.1)
+        draft.lm_head.weight.mul_(0.1)
+    ims, msgs = _pairs(1)
+    gen = VisionLanguageGenerator(target, proc, draft, "text")
+    one, n = gen.encode(ims, msgs), 20_000      # one image's processor outputs, n rows
+    batch = {k: v.repeat(n, *[1] * (v.dim() - 1)) for k, v in one.items()}
+    a, _ = _first_two(gen, batch, "plain", seed=0)
+    b, _ = _first_two(gen, batch, "plain", seed=1)
+    c, stats = _first_two(gen, batch, "exact", seed=2)
+    assert stats.acceptance_rate > 0.05
+    reference = 0.5 * np.abs(a - b).sum()
+    assert 0.5 * np.abs(a - c).sum() < 1.5 * reference + 0.01, reference
+
+
+def test_mismatched_families_are_refused_before_any_work():
+    from tiny_vlm import tiny_llava
+
+    target, proc = tiny_qwen_vl("qwen2-vl"), tiny_qwen_processor("qwen2-vl")
+    with pytest.raises(ValueError, match="family"):
+        VisionLanguageGenerator(target, proc, tiny_llava(), "image")
