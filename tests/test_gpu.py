@@ -129,6 +129,29 @@ def test_captured_speculative_decoding_is_pipelined_by_default():
     mmspec.release_graphs()
 
 
+@pytest.mark.parametrize("kind", ["qwen2-vl", "qwen3-vl"])
+def test_captured_qwen_vl_equals_eager(kind):
+    """Qwen-VL with compile=True: the eager tokens; a second call with other images (other
+    rope deltas) replays the steps captured in the first, reading its own deltas."""
+    from modalities.vlm import VisionLanguageGenerator
+    from test_qwen_vl import _pairs
+    from tiny_vlm import tiny_qwen_processor, tiny_qwen_vl
+
+    dev = torch.device("cuda")
+    target, proc = tiny_qwen_vl(kind).to(dev), tiny_qwen_processor(kind)
+    g = VisionLanguageGenerator(target, proc, tiny_qwen_vl(kind, seed=1, layers=1).to(dev),
+                                "image")
+    ims, msgs = _pairs()
+    kw = dict(temperature=0, max_new_tokens=16, seed=0)
+    for rows in ([0, 1], [1, 2], [2, 1]):        # [2, 1]: [1, 2]'s shapes, swapped deltas
+        a, m = [ims[i] for i in rows], [msgs[i] for i in rows]
+        for method in ("plain", "exact", "sjd"):
+            eager = g.generate(a, m, method=method, **kw).token_ids
+            assert g.generate(a, m, method=method, compile=True, **kw).token_ids == eager, \
+                (rows, method)
+    mmspec.release_graphs()
+
+
 def test_captured_vlm_equals_eager(monkeypatch):
     """VisionLanguageGenerator(compile=True) for every draft kind, Jacobi and plain decoding:
     the eager tokens; text and image drafts are queued ahead (host-free), the ensemble not."""
