@@ -47,6 +47,16 @@ def crop(cache, remove: int) -> None:
         return
     target = getattr(cache, "self_attention_cache", cache)  # EncoderDecoderCache
     layers = getattr(target, "layers", None) or []
+    if recurrent_layers(cache):
+        # Recurrent states cannot drop slots: the session restores them (``StateSnapshot``);
+        # only the attention layers' slots are cropped here.
+        for layer in layers:
+            if _is_recurrent(layer) and hasattr(layer, "keys"):
+                raise TypeError(f"cannot roll back a {type(layer).__name__} cache layer (attention "
+                                "and recurrent states in one layer)")
+            if not _is_recurrent(layer):
+                layer.crop(-remove)
+        return
     if any(not hasattr(layer, "crop") for layer in layers):
         # transformers < 5.18: static layers have no crop; their write pointer is
         # ``cumulative_length`` (what later versions' crop moves), one tensor per layer,
@@ -64,6 +74,52 @@ def crop(cache, remove: int) -> None:
             torch._foreach_sub_(pointers, remove)
         return
     target.crop(-remove)
+
+
+def _is_recurrent(layer) -> bool:
+    return hasattr(layer, "recurrent_states") and hasattr(layer, "conv_states")
+
+
+def recurrent_layers(cache) -> list:
+    """The cache's layers that hold recurrent and convolution states (linear attention such
+    as Qwen3.5's Gated DeltaNet): a rollback restores them, it cannot move a length."""
+    target = getattr(cache, "self_attention_cache", cache)
+    return [layer for layer in getattr(target, "layers", None) or [] if _is_recurrent(layer)]
+
+
+@dataclass
+class StateSnapshot:
+    """Copies of every recurrent layer's states at one point of a sequence, restored in place
+    (the tensors keep their addresses, so captured steps still read them).
+
+    A recurrent layer's state after a verification step has consumed all K + 1 fed tokens;
+    the state at an accepted length n is the snapshot from before the step with the n kept
+    tokens fed again (the session's ``commit`` does that), which is exactly the state plain
+    decoding of those tokens reaches."""
+
+    saved: list          # (layer, {state index: (conv, recurrent, has previous state)})
+
+    @classmethod
+    def take(cls, layers: list) -> "StateSnapshot":
+        def copy(t):
+            return None if t is None else t.clone()
+        return cls([(layer, {i: (copy(layer.conv_states[i]), copy(layer.recurrent_states[i]),
+                                 layer.has_previous_state[i])
+                             for i in range(layer.number_of_states)}) for layer in layers])
+
+    def restore(self, rows: torch.Tensor | None = None) -> None:
+        """The saved states back, in place: every row, or only ``rows`` (indices)."""
+        for layer, states in self.saved:
+            for i, (conv, recurrent, seen) in states.items():
+                for now, then in ((layer.conv_states, conv), (layer.recurrent_states, recurrent)):
+                    if now[i] is None:
+                        continue
+                    if rows is None:                # not started then: zeros, as fresh
+                        now[i].copy_(then) if then is not None else now[i].zero_()
+                    elif then is not None:
+                        now[i][rows] = then[rows]
+                if rows is None:
+                    layer.has_previous_state[i] = seen
 
 
 @dataclass

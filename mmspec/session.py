@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .attention import bucket, prefix, sdpa_configs
-from .cache import DynamicCache, SequenceMask, StaticSequenceMask, cache_argument, crop
+from .cache import (DynamicCache, SequenceMask, StateSnapshot, StaticSequenceMask, cache_argument,
+                    crop, recurrent_layers)
 from .sampling import SamplingParams, guide
 
 
@@ -155,6 +156,7 @@ class CausalLMSession(Session):
     # neighbours (7B, H100: 6.3 -> 5.6 ms per step; compilation 34 -> 53 s per width;
     # ``python -m eval.profile_gpu --modes inductor-untuned,inductor`` compares).
     inductor_options = {"coordinate_descent_tuning": True}
+    _recurrent: list = []         # the cache's recurrent layers (set by ``prefill``)
 
     def __init__(self, model, params: SamplingParams, guidance_scale: float | None = None,
                  static_len: int | None = None, compile: bool = False, net=None):
@@ -284,6 +286,9 @@ class CausalLMSession(Session):
             self.seq = SequenceMask.from_prompt(attention_mask)
         if input_ids.shape[1] > 1:
             self._forward(input_ids[:, :-1], attention_mask[:, :-1], prompt=True, **model_kwargs)
+        # Recurrent layers (linear attention) roll back by snapshot and replay (``commit``).
+        self._recurrent = recurrent_layers(self.cache)
+        self._fed: list = []
         self._since_commit = 0
         self._base = self.seq.next_pos[: self.batch_size].clone()   # position of the last prompt token
         self._first = True
@@ -389,7 +394,13 @@ class CausalLMSession(Session):
         if valid is None:
             valid = torch.ones(tokens.shape[:2], dtype=torch.long, device=tokens.device)
         b = self.batch_size
-        out, pos = self._forward(self._input_rows(tokens), self._rows(valid))
+        if self._recurrent and self._since_commit == 0:
+            self._snapshot = StateSnapshot.take(self._recurrent)
+            self._fed, self._fed_first = [], self._first
+        rows, rows_valid = self._input_rows(tokens), self._rows(valid)
+        if self._recurrent:
+            self._fed.append((rows, rows_valid))
+        out, pos = self._forward(rows, rows_valid)
         gen_index = pos[:b] - self._base[:, None]
         self._first = False
         self._since_commit += tokens.shape[1]
@@ -409,6 +420,8 @@ class CausalLMSession(Session):
         n = self._since_commit
         if not 0 <= keep <= n:
             raise ValueError(f"keep={keep}: accepted 0..{n} (slots appended since last commit)")
+        if self._recurrent:
+            return self._commit_recurrent(n, keep, self._rows(valid))
         crop(self.cache, n - keep)
         self.seq.rollback(n - keep)
         if keep:
@@ -418,6 +431,51 @@ class CausalLMSession(Session):
         if self.static_len is None and self.cache.get_seq_length() != expected:
             raise RuntimeError(f"cache length {self.cache.get_seq_length()} != committed "
                                f"length {expected}")
+
+
+    def _commit_recurrent(self, n: int, keep: int, valid: torch.Tensor) -> None:
+        """Commit on a cache with recurrent layers, which cannot drop slots.
+
+        Each row r keeps m_r tokens of the step (``valid`` [R, keep]: a prefix of ones). Its
+        recurrent states must be those after exactly m_r of the fed tokens: for every
+        m_r < n that occurs, the step is undone (attention slots cropped, states restored
+        from the snapshot taken before it) and its first m_r tokens fed again, at the same
+        positions, and those rows' states kept; then the ``keep`` kept slots are fed once more
+        for every row (holes marked as on any cache) and each row gets its own states back.
+        Plain decoding of the kept tokens reaches the same states. One host read (the
+        m_r) and one extra forward per distinct m_r < keep, plus one when keep < n."""
+        kept = valid.sum(1).tolist()
+        if all(m == n for m in kept):
+            self._since_commit = 0
+            return
+        tokens, fed_valid = (torch.cat(t, 1) for t in zip(*self._fed))
+        own, fed = {}, n                   # fed: this step's slots in the cache now
+        for m in sorted(set(kept) - {keep}):
+            self._undo_step(fed)
+            if m:
+                self._refeed(tokens[:, :m], fed_valid[:, :m])
+            own[m], fed = StateSnapshot.take(self._recurrent), m
+        self._undo_step(fed)
+        if keep:
+            self._refeed(tokens[:, :keep], fed_valid[:, :keep])
+            self.seq.invalidate_tail(keep, valid)
+        for m, states in own.items():
+            states.restore(torch.tensor([r for r, k in enumerate(kept) if k == m],
+                                        device=valid.device))
+        self._since_commit = 0
+
+    def _undo_step(self, fed: int) -> None:
+        """Back to the state before this step's tokens: ``fed`` slots off every attention
+        layer and the sequence mask, the recurrent states from the snapshot."""
+        if fed:
+            crop(self.cache, fed)
+            self.seq.rollback(fed)
+        self._snapshot.restore()
+
+    def _refeed(self, tokens: torch.Tensor, valid: torch.Tensor) -> None:
+        first, self._first = self._first, self._fed_first
+        self._forward(tokens, valid)
+        self._first = first
 
 
 class PaddedSession(Session):

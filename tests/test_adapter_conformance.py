@@ -6,7 +6,7 @@ on tiny float32 models built from configs, greedy decoding:
   any work, where the layout cannot roll a static cache back);
 - each row of a batch gives the tokens it gives alone (left padding, ragged rows);
 - where transformers can generate with the model (LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL,
-  Qwen3-VL, MusicGen, CSM), plain greedy decoding gives the model's own ``generate`` tokens,
+  Qwen3-VL, Qwen3.5, MusicGen, CSM), plain greedy decoding gives the model's own ``generate`` tokens,
   on configs in transformers' own layouts (MusicGen's pad id = vocabulary size; CSM's stop
   rule; Qwen-VL's 3-D rotary positions).
 
@@ -164,7 +164,7 @@ CASES = {
     "llamagen": lambda: _image("llamagen"), "token-span": lambda: _image("token-span"),
     "llava": lambda: _vlm("llava"), "llava-next": lambda: _vlm("llava-next"),
     "qwen2-vl": lambda: _qwen("qwen2-vl"), "qwen2.5-vl": lambda: _qwen("qwen2.5-vl"),
-    "qwen3-vl": lambda: _qwen("qwen3-vl"),
+    "qwen3-vl": lambda: _qwen("qwen3-vl"), "qwen3.5": lambda: _qwen("qwen3.5"),
     "delay-pattern": _delay_pattern, "single-codebook": _single_codebook, "csm": _csm,
 }
 NAMES = [a.name for a in adapters()]
@@ -204,7 +204,8 @@ def test_batch_rows_equal_their_single_row_runs(case):
         assert both == case.run(method, [0], False) + case.run(method, [1], False), method
 
 
-OWN = ["llava", "llava-next", "qwen2-vl", "qwen2.5-vl", "qwen3-vl", "delay-pattern", "csm"]
+OWN = ["llava", "llava-next", "qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5", "delay-pattern",
+       "csm"]
 
 
 @pytest.mark.parametrize("name", OWN)

@@ -1,4 +1,5 @@
-"""Qwen-VL targets (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): 3-D rotary positions through the loop.
+"""Qwen-VL targets (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5): 3-D rotary positions through
+the loop, and Qwen3.5's linear-attention layers rolled back by snapshot and replay.
 
 Tiny float32 models whose weights are large enough that wrong positions change the argmax
 (positions planned without the row's rope delta fail these tests). Greedy: speculative =
@@ -119,31 +120,36 @@ def test_video_inputs_through_processor_outputs(kind):
                             seed=0).token_ids == plain, method
 
 
-def _first_two(gen, batch, method, seed):
-    v, n = len(QWEN_WORDS), batch["input_ids"].shape[0]
-    out = gen.generate(**batch, method=method, seed=seed, max_new_tokens=2, num_draft_tokens=2)
-    rows = [r[0] * (v + 1) + (r[1] if len(r) > 1 else v) for r in out.token_ids]
-    return np.bincount(rows, minlength=v * (v + 1)) / n, out.stats
+def _histogram(rows, v):
+    """Joint counts of the first two tokens (a row that ended has an "ended" second slot)."""
+    keys = [r[0] * (v + 1) + (r[1] if len(r) > 1 and r[0] != 2 else v) for r in rows]
+    return np.bincount(keys, minlength=v * (v + 1)) / len(rows)
 
 
-def test_exact_sampling_matches_plain_sampling():
+@pytest.mark.parametrize("kind", ["qwen2-vl", "qwen3.5"])
+def test_exact_sampling_matches_the_models_own_sampling(kind):
     """TV distance of the first two tokens' joint histogram (20,000 samples each) between
-    exact speculative and plain sampling, against the distance between two plain runs."""
-    target, proc = tiny_qwen_vl("qwen2-vl"), tiny_qwen_processor("qwen2-vl")
+    exact speculative sampling and the model's own ``generate(do_sample=True)``, against the
+    distance between the model's own and mmspec's plain sampling."""
+    target, proc = tiny_qwen_vl(kind), tiny_qwen_processor(kind)
     draft = tiny_text_lm(vocab=len(QWEN_WORDS))
     with torch.no_grad():                        # flat enough that many pairs show up
         target.lm_head.weight.mul_(0.1)
         draft.lm_head.weight.mul_(0.1)
     ims, msgs = _pairs(1)
     gen = VisionLanguageGenerator(target, proc, draft, "text")
-    one, n = gen.encode(ims, msgs), 20_000      # one image's processor outputs, n rows
-    batch = {k: v.repeat(n, *[1] * (v.dim() - 1)) for k, v in one.items()}
-    a, _ = _first_two(gen, batch, "plain", seed=0)
-    b, _ = _first_two(gen, batch, "plain", seed=1)
-    c, stats = _first_two(gen, batch, "exact", seed=2)
-    assert stats.acceptance_rate > 0.05
+    one, n, v = gen.encode(ims, msgs), 20_000, len(QWEN_WORDS)
+    batch = {k: t.repeat(n, *[1] * (t.dim() - 1)) for k, t in one.items()}
+    torch.manual_seed(0)
+    own = target.generate(**batch, do_sample=True, top_k=0, top_p=1.0, temperature=1.0,
+                          max_new_tokens=2)[:, one["input_ids"].shape[1]:]
+    a = _histogram(own.tolist(), v)
+    kw = dict(max_new_tokens=2, num_draft_tokens=2)
+    b = _histogram(gen.generate(**batch, method="plain", seed=1, **kw).token_ids, v)
+    exact = gen.generate(**batch, method="exact", seed=2, **kw)
+    assert exact.stats.acceptance_rate > 0.05
     reference = 0.5 * np.abs(a - b).sum()
-    assert 0.5 * np.abs(a - c).sum() < 1.5 * reference + 0.01, reference
+    assert 0.5 * np.abs(a - _histogram(exact.token_ids, v)).sum() < 1.5 * reference + 0.01
 
 
 def test_mismatched_families_are_refused_before_any_work():

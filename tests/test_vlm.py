@@ -191,8 +191,6 @@ def test_recipe_runs_on_a_saved_tiny_model(tmp_path, capsys):
 
 REFUSED = [("PaliGemmaForConditionalGeneration", "prefix-LM"),
            ("Gemma3ForConditionalGeneration", "bidirectional attention"),
-           ("Qwen3_5ForConditionalGeneration", "Gated DeltaNet"),
-           ("Qwen3_5MoeForConditionalGeneration", "Gated DeltaNet"),
            ("LlavaOnevisionForConditionalGeneration", "does not implement"),
            ("Gemma3nForConditionalGeneration", "does not implement")]
 
@@ -217,7 +215,8 @@ def test_unsupported_vlm_classes_are_refused_with_the_reason(name, why):
     assert supported_classes() == [
         "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
         "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
-        "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration"]
+        "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
+        "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"]
 
 
 def test_transformers_conventions():

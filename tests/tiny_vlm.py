@@ -135,6 +135,8 @@ QWEN_KINDS = {  # adapter name -> (model type, config class, model class, proces
                    "Qwen2_5_VLProcessor"),
     "qwen3-vl": ("qwen3_vl", "Qwen3VLConfig", "Qwen3VLForConditionalGeneration",
                  "Qwen3VLProcessor"),
+    "qwen3.5": ("qwen3_5", "Qwen3_5Config", "Qwen3_5ForConditionalGeneration",
+                "Qwen3VLProcessor"),
 }
 
 
@@ -144,7 +146,7 @@ def tiny_qwen_processor(kind: str = "qwen2-vl", patch: int = 4):
     size = dict(shortest_edge=16 * 16, longest_edge=64 * 64)
     ip = transformers.Qwen2VLImageProcessor(patch_size=patch, merge_size=2, temporal_patch_size=2,
                                             min_pixels=16 * 16, max_pixels=64 * 64, size=size)
-    vp_cls = transformers.Qwen3VLVideoProcessor if kind == "qwen3-vl" else \
+    vp_cls = transformers.Qwen3VLVideoProcessor if kind in ("qwen3-vl", "qwen3.5") else \
         transformers.Qwen2VLVideoProcessor
     vp = vp_cls(patch_size=patch, merge_size=2, temporal_patch_size=2, size=size)
     proc_cls = getattr(transformers, QWEN_KINDS[kind][3])
@@ -177,8 +179,14 @@ def tiny_qwen_vl(kind: str = "qwen2-vl", seed: int = 0, hidden: int = 32, layers
     else:
         text.update(head_dim=hidden // 2)
         text["rope_parameters"].update(mrope_section=[3, 3, 2], mrope_interleaved=True)
+        if kind == "qwen3.5":           # 3 Gated DeltaNet layers, then full attention
+            text.update(num_hidden_layers=max(layers, 2) * 2, linear_num_key_heads=2,
+                        linear_num_value_heads=2, linear_key_head_dim=8,
+                        linear_value_head_dim=8, linear_conv_kernel_dim=4, full_attention_interval=2)
+            text["rope_parameters"].update(partial_rotary_factor=1.0)
         vision = dict(depth=2, hidden_size=16, intermediate_size=32, out_hidden_size=hidden,
                       num_heads=2, patch_size=patch, spatial_merge_size=2, temporal_patch_size=2,
-                      num_position_embeddings=64, deepstack_visual_indexes=[0])
+                      num_position_embeddings=64,
+                      **({} if kind == "qwen3.5" else dict(deepstack_visual_indexes=[0])))
     cfg = getattr(transformers, QWEN_KINDS[kind][1])(text_config=text, vision_config=vision, **ids)
     return getattr(transformers, QWEN_KINDS[kind][2])(cfg).eval()

@@ -7,12 +7,13 @@
 
 Targets: LlavaForConditionalGeneration and LlavaNextForConditionalGeneration (anyres:
 ``image_sizes`` and per-image token counts come from the processor), and Qwen2-VL,
-Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE (3-D rotary positions: ``modalities.vlm.mrope``; images
-of any size and videos, as the processor gives them), through transformers' Auto classes and
-processors (chat templates). Image features are computed once, in the prefill; verification
-passes carry no pixels. Other VLM classes are refused up front with the reason
-(``check_supported``): prefix-LM attention (PaliGemma, Gemma 3), linear-attention layers whose
-recurrent state is not rolled back (Qwen3.5), or not implemented.
+Qwen2.5-VL, Qwen3-VL, Qwen3.5 and their MoE variants (3-D rotary positions:
+``modalities.vlm.mrope``; images of any size and videos, as the processor gives them;
+Qwen3.5's linear-attention layers roll back by snapshot and replay, ``mmspec.cache``), through
+transformers' Auto classes and processors (chat templates). Image features are computed once,
+in the prefill; verification passes carry no pixels. Other VLM classes are refused up front
+with the reason (``check_supported``): prefix-LM attention (PaliGemma, Gemma 3), or not
+implemented.
 
 Drafts (``draft_mode``):
 - ``"text"``: a causal LM that never sees the image: the prompt's text with the image
@@ -70,9 +71,6 @@ _REFUSED = {
     "paligemma": "prefix-LM: the image and prompt attend to each other bidirectionally, and a "
                  "causal verification of the last prompt token would leave that prefix",
     "gemma3": "bidirectional attention within each image's tokens (prefix-LM style)",
-    **dict.fromkeys(("qwen3_5", "qwen3_5_moe"),
-                    "linear-attention (Gated DeltaNet) layers whose recurrent state mmspec does "
-                    "not yet roll back to the accepted length"),
 }
 
 
@@ -448,3 +446,5 @@ register_adapter("qwen2.5-vl", "vlm", VisionLanguageGenerator,
                  ("Qwen2_5_VLForConditionalGeneration",))
 register_adapter("qwen3-vl", "vlm", VisionLanguageGenerator,
                  ("Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration"))
+register_adapter("qwen3.5", "vlm", VisionLanguageGenerator,
+                 ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"))

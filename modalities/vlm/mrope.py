@@ -1,4 +1,5 @@
-"""3-D rotary positions (M-RoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL and its MoE) for the loop.
+"""3-D rotary positions (M-RoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5 and their MoE
+variants) for the loop.
 
 A Qwen-VL prompt's positions are three axes (time, height, width): text tokens count up on
 all three, an image's tokens take their grid coordinates from where the image starts, and
@@ -23,7 +24,7 @@ import torch
 from mmspec.session import CausalLMSession
 
 # Model types whose decoder takes M-RoPE positions, and their position function's extra inputs.
-MROPE_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+MROPE_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
 POSITION_INPUTS = ("mm_token_type_ids", "image_grid_thw", "video_grid_thw", "second_per_grid_ts")
 
 

@@ -1,0 +1,119 @@
+"""Rollback of recurrent layers (Qwen3.5's Gated DeltaNet linear attention): after a step
+that keeps m of its fed tokens, every row's recurrent and convolution states equal those of
+feeding the kept tokens alone, exactly in float32, for every m and ragged rows; speculative
+greedy equals plain greedy and transformers' own generate, on dynamic and static caches."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import mmspec
+from mmspec.cache import recurrent_layers
+from mmspec.sampling import SamplingParams
+from mmspec.session import CausalLMSession
+
+
+def tiny_qwen35(seed: int = 0, layers: int = 4):
+    """A Qwen3.5 text decoder: linear-attention and full-attention layers alternating."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    cfg = Qwen3_5TextConfig(
+        vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=2, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
+        linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+        linear_conv_kernel_dim=4, full_attention_interval=2, max_position_embeddings=256,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, initializer_range=0.3)
+    torch.manual_seed(seed)
+    return Qwen3_5ForCausalLM(cfg).eval()
+
+
+def _prompt():
+    ids = torch.randint(3, 48, (3, 9), generator=torch.Generator().manual_seed(0))
+    ids[0, :3] = 0                                   # left padding: ragged prompts
+    ids[2, :5] = 0
+    return ids, (ids != 0).long()
+
+
+def _states(session):
+    return [(layer.conv_states[0].clone(), layer.recurrent_states[0].clone())
+            for layer in recurrent_layers(session.cache)]
+
+
+def _session(model, static):
+    return CausalLMSession(model, SamplingParams(temperature=0),
+                           static_len=64 if static else None)
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_states_after_a_commit_equal_feeding_the_kept_tokens_alone(static):
+    model = tiny_qwen35()
+    ids, mask = _prompt()
+    k = 4
+    fed = torch.randint(3, 48, (3, k + 1), generator=torch.Generator().manual_seed(1))
+    for kept in ([1, 1, 1], [5, 5, 5], [2, 5, 1], [3, 1, 4], [5, 2, 2]):   # per row, ragged
+        s = _session(model, static)
+        s.prefill(ids, mask)
+        s.step(fed)
+        keep = max(kept)
+        valid = torch.tensor([[1] * m + [0] * (keep - m) for m in kept])
+        s.commit(keep, valid)
+        got = _states(s)
+        for row, m in enumerate(kept):
+            ref = _fed_alone(model, static, ids, mask, fed[:, :m])
+            for (conv, rec), (conv_ref, rec_ref) in zip(got, _states(ref)):
+                assert torch.equal(conv[row], conv_ref[row]), (kept, row)
+                assert torch.equal(rec[row], rec_ref[row]), (kept, row)
+        # the next step continues from there: each row as after its kept tokens alone
+        nxt = torch.randint(3, 48, (3, 2), generator=torch.Generator().manual_seed(2))
+        p = s.step(nxt)
+        for row, m in enumerate(kept):
+            ref = _fed_alone(model, static, ids, mask, fed[:, :m])
+            torch.testing.assert_close(p[row], ref.step(nxt)[row], rtol=1e-5, atol=1e-6)
+
+
+def _fed_alone(model, static, ids, mask, tokens):
+    """A session that was fed only ``tokens`` after the prompt (every row the same count)."""
+    ref = _session(model, static)
+    ref.prefill(ids, mask)
+    if tokens.shape[1]:
+        ref.step(tokens)
+        ref.commit(tokens.shape[1], torch.ones_like(tokens))
+    return ref
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_speculative_greedy_equals_plain_and_the_models_own(static, k):
+    target = tiny_qwen35()
+    draft = copy.deepcopy(target)                 # close to the target: partial acceptance
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(3)
+        for p in draft.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=g))
+    ids, mask = _prompt()
+    own = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=16)
+    kw = dict(attention_mask=mask, max_new_tokens=16, temperature=0, static_cache=static)
+    plain = mmspec.generate(target, None, ids, **kw)
+    assert torch.equal(plain.sequences, own)
+    spec = mmspec.generate(target, draft, ids, num_draft_tokens=k, **kw)
+    assert torch.equal(spec.sequences, plain.sequences)
+    assert 0 < spec.stats.acceptance_rate < 1             # rollbacks happened
+    jacobi = mmspec.generate(target, mmspec.Jacobi(window=k), ids, **kw)
+    assert torch.equal(jacobi.sequences, plain.sequences)
+
+
+def test_without_the_restore_the_tokens_differ(monkeypatch):
+    """The check above can fail: skipping the snapshot's restore changes the tokens."""
+    from mmspec.cache import StateSnapshot
+
+    target = tiny_qwen35()
+    draft = tiny_qwen35(seed=1)
+    ids, mask = _prompt()
+    kw = dict(attention_mask=mask, max_new_tokens=16, temperature=0, stop_token_ids=[])
+    plain = mmspec.generate(target, None, ids, **kw)
+    monkeypatch.setattr(StateSnapshot, "restore", lambda self, rows=None: None)
+    spec = mmspec.generate(target, draft, ids, num_draft_tokens=3, **kw)
+    assert not torch.equal(spec.sequences, plain.sequences)
