@@ -11,6 +11,11 @@ plain decoding against speculative decoding, through the adapters' own calls.
   (``"image"``). As in ``eval.bench_gpu``, layers >= 2 of the target write into the residual
   stream scaled by ``eps``, so at eps = 0 the image draft is exact while the text draft still
   misses the image; acceptance is measured and reported.
+- ``qwen2.5-vl``, ``qwen3.5``: ``VisionLanguageGenerator`` on a Qwen2.5-VL-7B shape and a
+  Qwen3.5-9B shape (three in four decoder layers Gated DeltaNet linear attention, rolled back
+  by snapshot and replay), a 336 px image (144 visual tokens), random bf16 weights; the draft
+  is the same class with the target's first decoder layers (``"image"``: two; Qwen3.5 four,
+  up to its first full-attention layer), eps as above.
 - ``tts``: ``TextToSpeech`` with a ``SingleCodebookAdapter`` on a Llasa-1B shape (Llama 1B:
   16 layers of hidden 2048, a 193,800-id vocabulary of text and 65,536 codec ids); the draft is
   its first two layers the same way. Codes only (``decode=False``): the codec is not timed.
@@ -88,6 +93,64 @@ def build_vlm(dev, dtype, tiny: bool):
     return target, {"text": text_draft, "image": image_draft}, proc, residual_writes(lm.layers[2:])
 
 
+QWEN_SHAPES = {  # (model type, text config, vision config) at 7B / 9B; tiny for smoke runs
+    "qwen2.5-vl": ("Qwen2_5_VL", dict(hidden_size=3584, intermediate_size=18944,
+                                      num_hidden_layers=28, num_attention_heads=28,
+                                      num_key_value_heads=4, vocab_size=152064),
+                   dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16,
+                        out_hidden_size=3584, window_size=112, fullatt_block_indexes=[7, 15, 23, 31])),
+    "qwen3.5": ("Qwen3_5", dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=32,
+                                num_attention_heads=16, num_key_value_heads=4, head_dim=256,
+                                vocab_size=248320),
+                dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16,
+                     out_hidden_size=4096)),
+}
+
+
+def build_qwen(kind: str, dev, dtype, tiny: bool):
+    """A Qwen2.5-VL-7B or Qwen3.5-9B shape (random weights), its processor, and an image draft
+    of the same class made of the target's first decoder layers (two; Qwen3.5: four, its first
+    full-attention layer included; vision tower, embeddings and head shared); the later layers
+    write scaled by eps."""
+    import transformers
+
+    from recipes.train.vlm import QWEN_SPECIAL, WORDS, qwen_processor
+
+    words = ["<pad>", "<s>", "</s>", "<unk>", *QWEN_SPECIAL] + WORDS[5:]
+    name, text, vision = QWEN_SHAPES[kind]
+    if tiny:
+        text = {**text, **dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                               num_attention_heads=4, num_key_value_heads=2)}
+        text.update(head_dim=16, rope_parameters=dict(
+            rope_type="default", rope_theta=1e4, mrope_section=[2, 3, 3],
+            partial_rotary_factor=1.0, mrope_interleaved=kind == "qwen3.5"))
+        vision = {**vision, **dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                                   out_hidden_size=64, fullatt_block_indexes=[0])}
+    ids = {f"{k}_token_id": words.index(f"<|{t}|>") for k, t in (
+        ("image", "image_pad"), ("video", "video_pad"), ("vision_start", "vision_start"),
+        ("vision_end", "vision_end"))}
+    cfg = getattr(transformers, f"{name}Config")(
+        text_config=dict(max_position_embeddings=4096, pad_token_id=0, bos_token_id=1,
+                         eos_token_id=None, **text),
+        vision_config=dict(patch_size=14, spatial_merge_size=2, temporal_patch_size=2, **vision),
+        **ids)
+    cls = getattr(transformers, f"{name}ForConditionalGeneration")
+    torch.manual_seed(0)
+    with torch.device(dev):
+        target = cls(cfg).to(dtype).eval()
+    n = 4 if kind == "qwen3.5" else 2       # Qwen3.5: three linear layers and one full
+    with torch.device("meta"):
+        draft = cls(type(cfg)(text_config={**cfg.text_config.to_dict(), "num_hidden_layers": n,
+                                           "layer_types": cfg.text_config.layer_types[:n]},
+                              vision_config=cfg.vision_config.to_dict(), **ids))
+    lm, dlm = target.model.language_model, draft.model.language_model
+    draft.model.visual, draft.lm_head = target.model.visual, target.lm_head
+    dlm.embed_tokens, dlm.norm, dlm.rotary_emb = lm.embed_tokens, lm.norm, lm.rotary_emb
+    dlm.layers = torch.nn.ModuleList(list(lm.layers[:n]))
+    proc = qwen_processor(words, kind, patch=14, max_pixels=336 * 336)
+    return target, {"image": draft.eval()}, proc, residual_writes(lm.layers[n:])
+
+
 def build_tts(dev, dtype, tiny: bool):
     from modalities.speech import SingleCodebookAdapter
 
@@ -108,7 +171,8 @@ def build_tts(dev, dtype, tiny: bool):
 
 def build_parser() -> argparse.ArgumentParser:
     ap = Parser(description=__doc__.splitlines()[0])
-    ap.add_argument("--which", type=Names(("vlm", "tts")), default="vlm,tts", help="adapters")
+    ap.add_argument("--which", type=Names(("vlm", "tts", *QWEN_SHAPES)), default="vlm,tts",
+                    help="adapters: vlm (LLaVA-1.5-7B), qwen2.5-vl (7B), qwen3.5 (9B), tts")
     ap.add_argument("--device", default="cuda", help="cuda, cuda:1 ... (cpu: eager only)")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (a smoke run)")
     ap.add_argument("--eps", type=Numbers(Number(float, 0)), default="0.0,0.05",
@@ -149,6 +213,24 @@ def main(argv=None):
                 out = g.generate(image, prompt, method=method, max_new_tokens=n, temperature=0,
                                  num_draft_tokens=args.k, compile=compile)
                 return out.token_ids, out.stats
+        elif which in QWEN_SHAPES:
+            from PIL import Image
+
+            from modalities.vlm import VisionLanguageGenerator
+            from recipes.train.vlm import WORDS
+
+            target, drafts, proc, originals = build_qwen(which, dev, dtype, args.tiny)
+            decoder = [target.model.language_model, target.lm_head]
+            side = 32 if args.tiny else 336
+            image = Image.new("RGB", (side, side), (200, 40, 40))
+            msgs = [{"role": "user", "content": [
+                {"type": "image"}, {"type": "text", "text": " ".join(WORDS[12:40])}]}]
+
+            def call(draft_name, method, compile):
+                g = VisionLanguageGenerator(target, proc, drafts.get(draft_name), draft_name)
+                out = g.generate(image, msgs, method=method, max_new_tokens=n, temperature=0,
+                                 num_draft_tokens=args.k, compile=compile)
+                return out.token_ids, out.stats
         elif which == "tts":
             from modalities.speech import TextToSpeech
 
@@ -163,7 +245,7 @@ def main(argv=None):
                           **({} if method == "plain" else dict(num_draft_tokens=args.k)))
                 return [c.tolist() for c in out.codes], out.stats
         else:
-            raise ValueError(f"--which {which!r}: accepted vlm, tts")
+            raise ValueError(f"--which {which!r}: accepted vlm, tts, {', '.join(QWEN_SHAPES)}")
         floor_ms = 1e3 * step_bytes(decoder) / bw
         emit(dict(kind=f"{which}-shape", step_gb=step_bytes(decoder) / 1e9, floor_ms=floor_ms))
         for eps in args.eps:

@@ -126,10 +126,16 @@ def first_layers(body, head, n: int = 2):
     return draft.eval()
 
 
+def _writes(layer) -> tuple:
+    """The two projections a decoder layer writes into the residual stream with: attention's
+    output (softmax or linear attention) and the MLP's down projection."""
+    attn = layer.self_attn.o_proj if hasattr(layer, "self_attn") else layer.linear_attn.out_proj
+    return attn, layer.mlp.down_proj
+
+
 def residual_writes(layers) -> list:
-    """What ``set_eps`` scales: each layer with copies of its o_proj and down_proj weights."""
-    return [(layer, layer.self_attn.o_proj.weight.detach().clone(),
-             layer.mlp.down_proj.weight.detach().clone()) for layer in layers]
+    """What ``set_eps`` scales: each layer with copies of its two residual writes' weights."""
+    return [(layer, *(m.weight.detach().clone() for m in _writes(layer))) for layer in layers]
 
 
 def set_eps(originals: list, eps: float) -> None:
@@ -137,8 +143,9 @@ def set_eps(originals: list, eps: float) -> None:
     0: they write nothing, so a draft of the layers before them is exact)."""
     with torch.no_grad():
         for layer, o, d in originals:
-            layer.self_attn.o_proj.weight.copy_(o * eps)
-            layer.mlp.down_proj.weight.copy_(d * eps)
+            attn, down = _writes(layer)
+            attn.weight.copy_(o * eps)
+            down.weight.copy_(d * eps)
 
 
 def timed(fn, dev, repeats=2):

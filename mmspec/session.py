@@ -42,12 +42,16 @@ class Session:
                 False where positions follow the cache length (the loop then commits every
                 row to the shortest accepted length, which is still exact).
     greedy:     its distributions are one-hot (temperature 0).
+    recurrent:  its cache holds recurrent states (linear attention): a slot fed is consumed
+                for good, so rollback replays (``commit``) and no step may feed a hole before
+                a real token (drafts are not queued ahead with holes).
     """
 
     vocab_size: int = 0
     batch_size: int = 0
     params: SamplingParams = SamplingParams()
     ragged: bool = True
+    recurrent: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -174,6 +178,7 @@ class CausalLMSession(Session):
         self.params = params
         self.guidance_scale = guidance_scale
         self.vocab_size = output_vocab_size(model)
+        self.recurrent = bool(recurrent_layers(DynamicCache(config=self.net.config)))
         self._cache_arg = cache_argument(self.net)
         # Prefix attention (mmspec.attention) for SDPA models on a static cache; not under
         # "inductor", whose fused steps would be compiled again for every width.
@@ -370,11 +375,14 @@ class CausalLMSession(Session):
             n = valid.shape[1]
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
+            states = StateSnapshot.take(self._recurrent) if self._recurrent else None
             with torch.cuda.stream(side):
                 for _ in range(2):                 # warm up, then undo the writes
                     self._static_step(fn, static_inputs, static["valid"], width)
                     crop(self.cache, n)
                     self.seq.undo(static["valid"])
+                    if states is not None:         # recurrent states: from the snapshot
+                        states.restore()
             torch.cuda.current_stream().wait_stream(side)
             if st.pool is None:
                 st.pool = torch.cuda.graph_pool_handle()
@@ -497,6 +505,10 @@ class PaddedSession(Session):
     @property
     def batch_size(self) -> int:
         return self.inner.batch_size
+
+    @property
+    def recurrent(self) -> bool:
+        return self.inner.recurrent
 
     def prefill(self, *args, **kwargs):
         return self.inner.prefill(*args, **kwargs)

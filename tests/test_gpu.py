@@ -129,7 +129,7 @@ def test_captured_speculative_decoding_is_pipelined_by_default():
     mmspec.release_graphs()
 
 
-@pytest.mark.parametrize("kind", ["qwen2-vl", "qwen3-vl"])
+@pytest.mark.parametrize("kind", ["qwen2-vl", "qwen3-vl", "qwen3.5"])
 def test_captured_qwen_vl_equals_eager(kind):
     """Qwen-VL with compile=True: the eager tokens; a second call with other images (other
     rope deltas) replays the steps captured in the first, reading its own deltas."""

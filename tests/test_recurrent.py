@@ -117,3 +117,32 @@ def test_without_the_restore_the_tokens_differ(monkeypatch):
     monkeypatch.setattr(StateSnapshot, "restore", lambda self, rows=None: None)
     spec = mmspec.generate(target, draft, ids, num_draft_tokens=3, **kw)
     assert not torch.equal(spec.sequences, plain.sequences)
+
+
+def test_a_recurrent_draft_holds_exactly_the_tokens_its_rows_kept():
+    """A draft model with recurrent layers is never queued with holes (``host_free`` off),
+    and after a step whose rows accepted K, 1 and 0 of its drafts, each row's states are
+    those of feeding the last emitted token and its accepted drafts alone."""
+    from mmspec.drafters import ModelDrafter
+    from mmspec.types import PAD, VerifyOutput
+
+    model, k = tiny_qwen35(seed=1), 3
+    ids, mask = _prompt()
+    drafter = ModelDrafter(_session(model, False), num_tokens=k, host_free=True)
+    assert not drafter.host_free
+    drafter.begin(ids, mask)
+    last = torch.tensor([5, 6, 7])
+    draft = drafter.propose(last, k)
+    n = torch.tensor([k, 1, 0])
+    tokens = torch.full((3, k + 1), PAD)
+    for row, m in enumerate(n.tolist()):
+        tokens[row, :m] = draft.tokens[row, :m]
+        tokens[row, m] = 9                                       # the recovered or bonus token
+    drafter.observe(VerifyOutput(tokens=tokens, num_accepted=n), None, n.tolist())
+    got = _states(drafter.session)
+    fed = torch.cat([last[:, None], draft.tokens], 1)
+    for row, m in enumerate(n.tolist()):
+        ref = _states(_fed_alone(model, False, ids, mask, fed[:, :m + 1]))
+        for (conv, rec), (conv_ref, rec_ref) in zip(got, ref):
+            torch.testing.assert_close(conv[row], conv_ref[row], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(rec[row], rec_ref[row], rtol=1e-5, atol=1e-6)

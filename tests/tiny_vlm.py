@@ -104,28 +104,6 @@ def tiny_llava_next(seed: int = 0, hidden: int = 32, layers: int = 2, image_size
 # -- Qwen-VL (M-RoPE) ----------------------------------------------------------------------------
 QWEN_SPECIAL = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
 QWEN_WORDS = WORDS[:4] + QWEN_SPECIAL + [w for w in WORDS[4:] if w != "<image>"]
-QWEN_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}USER: "
-                 "{% for c in m['content'] %}{% if c['type'] == 'image' %}"
-                 "<|vision_start|><|image_pad|><|vision_end|> "
-                 "{% elif c['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|> "
-                 "{% else %}{{ c['text'] }} {% endif %}{% endfor %}{% endif %}{% endfor %}"
-                 "{% if add_generation_prompt %}ASSISTANT:{% endif %}")
-
-
-def qwen_tokenizer():
-    """A word-level tokenizer with Qwen-VL's vision tokens as special tokens."""
-    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(QWEN_WORDS)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
-                                                 pre_tokenizers.Punctuation("isolated")])
-    tok.add_special_tokens([AddedToken(w, normalized=False, special=True) for w in QWEN_SPECIAL])
-    tok.add_tokens([AddedToken(w, normalized=False) for w in QWEN_WORDS if w.endswith(":")])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
-                                   eos_token="</s>", unk_token="<unk>")
-    fast.padding_side = "left"
-    return fast
 
 
 QWEN_KINDS = {  # adapter name -> (model type, config class, model class, processor class)
@@ -141,17 +119,9 @@ QWEN_KINDS = {  # adapter name -> (model type, config class, model class, proces
 
 
 def tiny_qwen_processor(kind: str = "qwen2-vl", patch: int = 4):
-    import transformers
+    from recipes.train.vlm import qwen_processor
 
-    size = dict(shortest_edge=16 * 16, longest_edge=64 * 64)
-    ip = transformers.Qwen2VLImageProcessor(patch_size=patch, merge_size=2, temporal_patch_size=2,
-                                            min_pixels=16 * 16, max_pixels=64 * 64, size=size)
-    vp_cls = transformers.Qwen3VLVideoProcessor if kind in ("qwen3-vl", "qwen3.5") else \
-        transformers.Qwen2VLVideoProcessor
-    vp = vp_cls(patch_size=patch, merge_size=2, temporal_patch_size=2, size=size)
-    proc_cls = getattr(transformers, QWEN_KINDS[kind][3])
-    return proc_cls(image_processor=ip, tokenizer=qwen_tokenizer(), video_processor=vp,
-                    chat_template=QWEN_TEMPLATE)
+    return qwen_processor(QWEN_WORDS, kind, patch)
 
 
 def tiny_qwen_vl(kind: str = "qwen2-vl", seed: int = 0, hidden: int = 32, layers: int = 2,

@@ -40,7 +40,8 @@ class ModelDrafter(Drafter):
         self.session = session
         self.num_tokens = check_count("num_draft_tokens", num_tokens)
         self.generator = generator
-        self.host_free = bool(host_free)
+        # A recurrent draft cannot keep rejected slots as holes: its steps need the counts.
+        self.host_free = bool(host_free) and not session.recurrent
         # Committed tokens not yet in the draft's cache ([B, P] ids and 0/1 validity).
         self._backlog: torch.Tensor | None = None
         self._backlog_valid: torch.Tensor | None = None
@@ -105,6 +106,15 @@ class ModelDrafter(Drafter):
         kept_drafts = min(max_n, k - 1)
         cols = torch.arange(kept_drafts, device=n.device)
         valid = torch.cat([self._fed_valid, (cols[None] < n[:, None]).long() * self._on[:, None]], 1)
+        if max_n == k and self.session.recurrent:
+            # Recurrent states take no hole before a real token: the K-th drafts of the rows
+            # that accepted every draft are fed now (the other rows' slot, a trailing hole,
+            # is replayed away by the commit) instead of waiting at the front of next step.
+            all_in = (n == k).long()[:, None] * self._on[:, None]
+            self.session.step(torch.where(all_in.bool(), out.tokens[:, k - 1 : k], 0), all_in)
+            self.session.commit(self._fed + k, torch.cat([valid, all_in], 1))
+            self._backlog = self._backlog_valid = None
+            return
         self.session.commit(self._fed + kept_drafts, valid)
         if max_n == k:  # rows that accepted every draft: their K-th token is not cached yet
             all_in = (n == k)[:, None]

@@ -59,6 +59,48 @@ def tokenizer(words=WORDS, chat_template: str | None = CHAT):
     return fast
 
 
+QWEN_SPECIAL = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>")
+QWEN_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}USER: "
+                 "{% for c in m['content'] %}{% if c['type'] == 'image' %}"
+                 "<|vision_start|><|image_pad|><|vision_end|> "
+                 "{% elif c['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|> "
+                 "{% else %}{{ c['text'] }} {% endif %}{% endfor %}{% endif %}{% endfor %}"
+                 "{% if add_generation_prompt %}ASSISTANT:{% endif %}")
+
+
+def qwen_tokenizer(words):
+    """A word-level fast tokenizer over ``words`` with Qwen-VL's vision tokens
+    (``QWEN_SPECIAL``, which ``words`` must contain) as special tokens; left padding."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                 pre_tokenizers.Punctuation("isolated")])
+    tok.add_special_tokens([AddedToken(w, normalized=False, special=True) for w in QWEN_SPECIAL])
+    tok.add_tokens([AddedToken(w, normalized=False) for w in words if w.endswith(":")])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
+                                   eos_token="</s>", unk_token="<unk>")
+    fast.padding_side = "left"
+    return fast
+
+
+def qwen_processor(words, kind: str = "qwen2-vl", patch: int = 4, max_pixels: int = 64 * 64):
+    """A Qwen-VL processor (image and video processors, chat template) over ``words``."""
+    import transformers
+
+    size = dict(shortest_edge=16 * 16, longest_edge=max_pixels)
+    ip = transformers.Qwen2VLImageProcessor(patch_size=patch, merge_size=2, temporal_patch_size=2,
+                                            min_pixels=16 * 16, max_pixels=max_pixels, size=size)
+    qwen3 = kind in ("qwen3-vl", "qwen3.5")
+    vp = (transformers.Qwen3VLVideoProcessor if qwen3 else transformers.Qwen2VLVideoProcessor)(
+        patch_size=patch, merge_size=2, temporal_patch_size=2, size=size)
+    cls = {"qwen2-vl": "Qwen2VLProcessor", "qwen2.5-vl": "Qwen2_5_VLProcessor"}.get(
+        kind, "Qwen3VLProcessor")
+    return getattr(transformers, cls)(image_processor=ip, tokenizer=qwen_tokenizer(words),
+                                      video_processor=vp, chat_template=QWEN_TEMPLATE)
+
+
 def processor():
     from transformers import CLIPImageProcessor, LlavaProcessor
 
