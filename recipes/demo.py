@@ -9,7 +9,8 @@ in this run, compositional accuracy by the shapes-world parser) and writes
 out/demo/comparison.png (images side by side at the same seed) and out/demo/quality_vs_speedup.png.
 
 Then vision-language answers (samples/models/shapes-vlm with its text-only, image and
-ensemble drafts; quality: answer accuracy) and text-to-speech (samples/models/shapes-tts and
+ensemble drafts, and the Qwen2-VL-architecture pair samples/models/shapes-qwen-vl with its
+draft; quality: answer accuracy) and text-to-speech (samples/models/shapes-tts and
 its draft; quality: mel cepstral distortion against espeak-ng), with the same columns, WAV
 files and a spectrogram comparison under out/demo/; then continuous-token text-to-image
 (samples/models/shapes-continuous and its draft: plain decoding and exact continuous
@@ -138,29 +139,45 @@ def print_image_table(rows, n_prompts):
           f"on {torch.get_num_threads()} threads")
 
 
-def vlm_demo(n: int = 24, seed: int = 0):
+VLM_SETUPS = {   # family -> (target, [(row, draft, draft mode, method)])
+    "llava": ("shapes-vlm", [("plain", "shapes-vlm-text-draft", "text", "plain"),
+                             ("exact, text-only draft", "shapes-vlm-text-draft", "text", "exact"),
+                             ("exact, VLM draft", "shapes-vlm-draft", "image", "exact"),
+                             ("exact, ensemble draft", "shapes-vlm-draft", "ensemble", "exact"),
+                             ("sjd", "shapes-vlm-text-draft", "text", "sjd")]),
+    "qwen2-vl": ("shapes-qwen-vl", [("plain", "shapes-qwen-vl-draft", "image", "plain"),
+                                    ("exact, VLM draft", "shapes-qwen-vl-draft", "image", "exact"),
+                                    ("sjd", "shapes-qwen-vl-draft", "image", "sjd")]),
+}
+
+
+def vlm_questions(n: int = 24):
+    """(image, chat messages, answer) for n held-out shapes-world questions."""
     import random
 
     from modalities import shapes_world as sw
-    from modalities.vlm import VisionLanguageGenerator
     from recipes.train.vlm import spaced
 
-    models = os.path.join(ROOT, "samples", "models")
     qs = []
     for s in range(20_000_000, 20_000_000 + n):
         scene, img, _ = sw.sample(s)
         q, a = sw.questions(scene, random.Random(s))[s % 4 + 2]
         qs.append((img, [{"role": "user", "content": [{"type": "image"},
                                                       {"type": "text", "text": spaced(q)}]}], spaced(a)))
+    return qs
+
+
+def vlm_demo(n: int = 24, seed: int = 0, family: str = "llava"):
+    """Rows of the bundled VLM pair of ``family`` (LLaVA or Qwen2-VL) on n questions."""
+    from modalities.vlm import VisionLanguageGenerator
+
+    models = os.path.join(ROOT, "samples", "models")
+    qs = vlm_questions(n)
     images, msgs = [q[0] for q in qs], [q[1] for q in qs]
+    target, setups = VLM_SETUPS[family]
     rows = []
-    setups = [("plain", "shapes-vlm-text-draft", "text", "plain"),
-              ("exact, text-only draft", "shapes-vlm-text-draft", "text", "exact"),
-              ("exact, VLM draft", "shapes-vlm-draft", "image", "exact"),
-              ("exact, ensemble draft", "shapes-vlm-draft", "ensemble", "exact"),
-              ("sjd", "shapes-vlm-text-draft", "text", "sjd")]
     for name, draft, mode, method in setups:
-        gen = VisionLanguageGenerator.from_pretrained(os.path.join(models, "shapes-vlm"),
+        gen = VisionLanguageGenerator.from_pretrained(os.path.join(models, target),
                                                       draft=os.path.join(models, draft), draft_mode=mode)
         gen.generate(images[:1], msgs[:1], method=method, temperature=0, max_new_tokens=4)  # warm
         out, secs = timed(lambda: gen.generate(images, msgs, method=method, temperature=0,
@@ -283,6 +300,8 @@ def main(argv=None) -> None:
     print("\nvision-language answers on the bundled shapes-world VLM (24 held-out questions, greedy)")
     rows, example = vlm_demo()
     print_rows(rows, "accuracy")
+    print("\nthe same questions on the bundled Qwen2-VL-architecture pair (3-D rotary positions)")
+    print_rows(vlm_demo(family="qwen2-vl")[0], "accuracy")
     print("\ntext-to-speech on the bundled shapes-world TTS (2 sentences, seed 0; quality: MCD in dB "
           "against espeak-ng, lower is better)")
     print_rows(tts_demo(args.out), "MCD (dB)")

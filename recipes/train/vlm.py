@@ -3,6 +3,8 @@
     python -m recipes.train.vlm --which target --time-budget 300   # LLaVA, ~6M parameters
     python -m recipes.train.vlm --which text-draft                  # Llama, text only, ~0.6M
     python -m recipes.train.vlm --which vlm-draft                   # small LLaVA, ~1M
+    python -m recipes.train.vlm --arch qwen2-vl --which target      # Qwen2-VL, ~6M
+    python -m recipes.train.vlm --arch qwen2-vl --which vlm-draft   # small Qwen2-VL, ~1M
 
 LlavaForConditionalGeneration with a CLIP vision tower (64x64 images, 8x8 patches, 64 image
 tokens) and a Llama language model, trained on shapes-world images with questions (colour,
@@ -11,6 +13,9 @@ tokenizer and CLIP image processor saved with a chat template, so the folder loa
 AutoProcessor / AutoModelForImageTextToText. The text-only draft sees the same conversations
 with the image placeholder removed (Gagrani et al.). Writes safetensors, processor files and a
 model card with the answer accuracy on 500 held-out questions under greedy decoding.
+``--arch qwen2-vl``: the same sizes as Qwen2VLForConditionalGeneration (a Qwen2-VL vision
+tower: 8x8 patches merged 2x2, 16 image tokens with 3-D rotary positions; the word-level
+tokenizer with Qwen's vision tokens; Qwen2VLProcessor).
 """
 
 from __future__ import annotations
@@ -70,11 +75,13 @@ QWEN_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}USER: "
 
 def qwen_tokenizer(words):
     """A word-level fast tokenizer over ``words`` with Qwen-VL's vision tokens
-    (``QWEN_SPECIAL``, which ``words`` must contain) as special tokens; left padding."""
-    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+    (``QWEN_SPECIAL``, which ``words`` must contain) as special tokens; lower-cased, left
+    padding."""
+    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
                                                  pre_tokenizers.Punctuation("isolated")])
     tok.add_special_tokens([AddedToken(w, normalized=False, special=True) for w in QWEN_SPECIAL])
@@ -109,6 +116,40 @@ def processor():
     return LlavaProcessor(image_processor=ip, tokenizer=tokenizer(), patch_size=8,
                           vision_feature_select_strategy="default", chat_template=CHAT,
                           num_additional_image_tokens=1)
+
+
+QWEN_WORDS = (["<pad>", "<s>", "</s>", "<unk>", *QWEN_SPECIAL, "USER:", "ASSISTANT:"]
+              + [w for w in WORDS if w not in ("<pad>", "<s>", "</s>", "<unk>", "<image>", "USER:",
+                                               "ASSISTANT:")])
+OUT = {("llava", "target"): "shapes-vlm", ("llava", "vlm-draft"): "shapes-vlm-draft",
+       ("llava", "text-draft"): "shapes-vlm-text-draft",
+       ("qwen2-vl", "target"): "shapes-qwen-vl", ("qwen2-vl", "vlm-draft"): "shapes-qwen-vl-draft"}
+
+
+def build_qwen(which: str):
+    """A Qwen2VLForConditionalGeneration of ``SIZES[which]`` (64x64 images, 8x8 patches
+    merged 2x2: 16 image tokens)."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    s = SIZES[which]
+    ids = {f"{k}_token_id": QWEN_WORDS.index(f"<|{t}|>") for k, t in (
+        ("image", "image_pad"), ("video", "video_pad"), ("vision_start", "vision_start"),
+        ("vision_end", "vision_end"))}
+    half = s["hidden"] // s["heads"] // 2
+    section = [half - 2 * (half * 3 // 8), half * 3 // 8, half * 3 // 8]    # t, h, w
+    cfg = Qwen2VLConfig(
+        text_config=dict(vocab_size=len(QWEN_WORDS), hidden_size=s["hidden"],
+                         intermediate_size=s["inter"], num_hidden_layers=s["layers"],
+                         num_attention_heads=s["heads"], num_key_value_heads=s["heads"],
+                         max_position_embeddings=160, pad_token_id=0, bos_token_id=1,
+                         eos_token_id=2, tie_word_embeddings=True,
+                         rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                              mrope_section=section)),
+        vision_config=dict(depth=s["vlayers"], embed_dim=s["vision"], hidden_size=s["hidden"],
+                           num_heads=4, patch_size=8, spatial_merge_size=2,
+                           temporal_patch_size=2),
+        tie_word_embeddings=True, **ids)
+    return Qwen2VLForConditionalGeneration(cfg)
 
 
 def spaced(text: str) -> str:
@@ -158,10 +199,11 @@ def examples(seeds, rng, all_questions: bool = False):
     return out
 
 
-def encode_batch(proc, batch, with_image: bool, dev):
+def encode_batch(proc, batch, with_image: bool, dev, arch: str = "llava"):
     """Left-padded prompt + answer + </s>; labels only on the answer."""
     tok = proc.tokenizer
-    prompts = [f"USER: {'<image> ' if with_image else ''}{q} ASSISTANT:" for _, q, _ in batch]
+    image = "<image> " if arch == "llava" else "<|vision_start|><|image_pad|><|vision_end|> "
+    prompts = [f"USER: {image if with_image else ''}{q} ASSISTANT:" for _, q, _ in batch]
     enc = proc(images=[b[0] for b in batch], text=prompts, return_tensors="pt", padding=True) \
         if with_image else tok(prompts, return_tensors="pt", padding=True)
     ans = [tok(a + " </s>", add_special_tokens=False)["input_ids"] for _, _, a in batch]
@@ -171,8 +213,12 @@ def encode_batch(proc, batch, with_image: bool, dev):
     ids = torch.cat([enc["input_ids"], a_ids], 1)
     mask = torch.cat([enc["attention_mask"], a_mask], 1)
     labels = torch.cat([torch.full_like(enc["input_ids"], -100), torch.where(a_mask == 1, a_ids, -100)], 1)
-    out = dict(input_ids=ids.to(dev), attention_mask=mask.to(dev), labels=labels.to(dev),
-               position_ids=(mask.cumsum(1) - 1).clamp(min=0).to(dev))
+    out = dict(input_ids=ids.to(dev), attention_mask=mask.to(dev), labels=labels.to(dev))
+    if arch == "llava":
+        out["position_ids"] = (mask.cumsum(1) - 1).clamp(min=0).to(dev)
+    else:       # the model's own 3-D positions, from the token types and image grids
+        types = torch.cat([enc["mm_token_type_ids"], torch.zeros_like(a_ids)], 1)
+        out.update(mm_token_type_ids=types.to(dev), image_grid_thw=enc["image_grid_thw"].to(dev))
     if with_image:
         out["pixel_values"] = enc["pixel_values"].to(dev)
     return out
@@ -213,6 +259,8 @@ def accuracy(model, proc, which: str, n: int, dev) -> float:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--which", choices=list(SIZES), default="target")
+    ap.add_argument("--arch", choices=["llava", "qwen2-vl"], default="llava",
+                    help="LlavaForConditionalGeneration or Qwen2VLForConditionalGeneration")
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--time-budget", type=float, default=1e9,
                     help="seconds: training stops early past it (the card gives the steps run)")
@@ -222,14 +270,17 @@ def main(argv=None):
     ap.add_argument("--eval", type=int, default=500)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    out_dir = args.out or os.path.join("samples", "models", {"target": "shapes-vlm",
-                                                             "vlm-draft": "shapes-vlm-draft",
-                                                             "text-draft": "shapes-vlm-text-draft"}[args.which])
+    if (args.arch, args.which) not in OUT:
+        raise SystemExit(f"--arch {args.arch} --which {args.which}: accepted "
+                         f"{', '.join(f'{a}/{w}' for a, w in OUT)}")
+    out_dir = args.out or os.path.join("samples", "models", OUT[args.arch, args.which])
     dev = device()
     torch.manual_seed(0)
     t0 = time.time()
-    proc = processor()
-    model = build(args.which).to(dev)
+    qwen = args.arch == "qwen2-vl"
+    proc = qwen_processor(QWEN_WORDS, "qwen2-vl", patch=8, max_pixels=64 * 64) if qwen else \
+        processor()
+    model = (build_qwen if qwen else build)(args.which).to(dev)
     with_image = args.which != "text-draft"
     rng = random.Random(0)
     data = examples(range(args.data), rng, all_questions=True)   # a fresh question per visit
@@ -239,7 +290,7 @@ def main(argv=None):
             img, _, qa = data[rng.randrange(len(data))]
             q, a = qa[rng.randrange(len(qa))]
             batch.append((img, q, a))
-        inputs = encode_batch(proc, batch, with_image, dev)
+        inputs = encode_batch(proc, batch, with_image, dev, args.arch)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             return model(**inputs).loss
 
@@ -256,12 +307,17 @@ def main(argv=None):
         json.dump(metrics, f, indent=1)
     s = SIZES[args.which]
     arch = ("LlamaForCausalLM (text only: never sees the image)" if args.which == "text-draft" else
+            f"Qwen2VLForConditionalGeneration: Qwen2-VL vision tower ({s['vlayers']} layers, "
+            f"width {s['vision']}, 64x64 images, 8x8 patches merged 2x2 -> 16 image tokens, "
+            "3-D rotary positions) + Qwen2" if qwen else
             f"LlavaForConditionalGeneration: CLIP vision tower ({s['vlayers']} layers, width "
             f"{s['vision']}, 64x64 images, 8x8 patches -> 64 image tokens) + Llama")
+    template = ("USER: <|vision_start|><|image_pad|><|vision_end|> question ASSISTANT:" if qwen
+                else "USER: <image> question ASSISTANT:")
     write_card(out_dir, f"{os.path.basename(out_dir)}: vision-language {args.which}", {
         "architecture": f"{arch}; language model {s['layers']} layers, hidden {s['hidden']}; "
-                        f"word-level tokenizer of {len(WORDS)} words, chat template 'USER: <image> "
-                        "question ASSISTANT:'",
+                        f"word-level tokenizer of {len(QWEN_WORDS if qwen else WORDS)} words, "
+                        f"chat template '{template}'",
         "parameters": f"{metrics['params']:,} (stored in bfloat16)",
         "data": f"{args.data} shapes-world images, a random one of each scene's questions per "
                 "visit (colour, shape, size, count, position, yes/no, describe)",
@@ -269,7 +325,8 @@ def main(argv=None):
         "final loss": f"{metrics['final_loss']:.4f} (answer tokens)",
         "quality": f"answer accuracy {acc:.3f} on {args.eval} held-out questions, greedy decoding "
                    "(exact string match)",
-        "trained by": f"`python -m recipes.train.vlm --which {args.which} --steps {steps}` "
+        "trained by": f"`python -m recipes.train.vlm --arch {args.arch} --which {args.which} "
+                      f"--steps {steps}` "
                       f"({metrics['train_seconds']} s)",
     })
 
