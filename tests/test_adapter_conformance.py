@@ -5,8 +5,8 @@ on tiny float32 models built from configs, greedy decoding:
 - static caches give the dynamic caches' tokens (or are refused with a clear error before
   any work, where the layout cannot roll a static cache back);
 - each row of a batch gives the tokens it gives alone (left padding, ragged rows);
-- where transformers can generate with the model (LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL,
-  Qwen3-VL, Qwen3.5, MusicGen, CSM), plain greedy decoding gives the model's own ``generate`` tokens,
+- where transformers can generate with the model (LLaVA, LLaVA-NeXT, LLaVA-OneVision,
+  Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, MusicGen, CSM), plain greedy decoding gives the model's own ``generate`` tokens,
   on configs in transformers' own layouts (MusicGen's pad id = vocabulary size; CSM's stop
   rule; Qwen-VL's 3-D rotary positions).
 
@@ -90,6 +90,30 @@ def _qwen(kind: str) -> Case:
     return Case(run, ("exact", "sjd"), own=lambda i: _own(gen, target, [ims[i]], [msgs[i]], 10))
 
 
+def _onevision() -> Case:
+    from PIL import Image
+
+    from modalities.vlm import VisionLanguageGenerator
+    from tiny_vlm import images, tiny_onevision, tiny_onevision_processor
+
+    target, proc = tiny_onevision(), tiny_onevision_processor()
+    gen = VisionLanguageGenerator(target, proc, tiny_onevision(seed=1, layers=1), "image")
+    ims = images(2)
+    ims[1] = ims[1].resize((64, 32), Image.NEAREST)             # anyres: another tile grid
+    prompts = ["USER: <image> what colour is the circle ? ASSISTANT:", "USER: <image> a ASSISTANT:"]
+
+    def run(method, rows, static):
+        return gen.generate([ims[i] for i in rows], [prompts[i] for i in rows], method=method,
+                            temperature=0, max_new_tokens=10, seed=0,
+                            static_cache=static).token_ids
+
+    def own(i):
+        batch = gen.encode([ims[i]], [prompts[i]])
+        out = target.generate(**batch, do_sample=False, max_new_tokens=10)
+        return [out[0, batch["input_ids"].shape[1]:].tolist()]
+    return Case(run, ("exact", "sjd"), own=own)
+
+
 def _speech(tts, texts, methods, static=True, frames=8, own=None) -> Case:
     def run(method, rows, static_):
         out = tts([texts[i] for i in rows], method=method, temperature=0, max_frames=frames,
@@ -163,6 +187,7 @@ CASES = {
     "janus": lambda: _image("janus"), "emu3": lambda: _image("emu3"),
     "llamagen": lambda: _image("llamagen"), "token-span": lambda: _image("token-span"),
     "llava": lambda: _vlm("llava"), "llava-next": lambda: _vlm("llava-next"),
+    "llava-onevision": _onevision,
     "qwen2-vl": lambda: _qwen("qwen2-vl"), "qwen2.5-vl": lambda: _qwen("qwen2.5-vl"),
     "qwen3-vl": lambda: _qwen("qwen3-vl"), "qwen3.5": lambda: _qwen("qwen3.5"),
     "delay-pattern": _delay_pattern, "single-codebook": _single_codebook, "csm": _csm,
@@ -204,7 +229,7 @@ def test_batch_rows_equal_their_single_row_runs(case):
         assert both == case.run(method, [0], False) + case.run(method, [1], False), method
 
 
-OWN = ["llava", "llava-next", "qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5", "delay-pattern",
+OWN = ["llava", "llava-next", "llava-onevision", "qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5", "delay-pattern",
        "csm"]
 
 

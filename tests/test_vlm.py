@@ -191,7 +191,6 @@ def test_recipe_runs_on_a_saved_tiny_model(tmp_path, capsys):
 
 REFUSED = [("PaliGemmaForConditionalGeneration", "prefix-LM"),
            ("Gemma3ForConditionalGeneration", "bidirectional attention"),
-           ("LlavaOnevisionForConditionalGeneration", "does not implement"),
            ("Gemma3nForConditionalGeneration", "does not implement")]
 
 
@@ -214,6 +213,7 @@ def test_unsupported_vlm_classes_are_refused_with_the_reason(name, why):
         VisionLanguageGenerator(target, proc, model, "image")
     assert supported_classes() == [
         "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
+        "LlavaOnevisionForConditionalGeneration",
         "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
         "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
         "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"]

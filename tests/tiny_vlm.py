@@ -160,3 +160,43 @@ def tiny_qwen_vl(kind: str = "qwen2-vl", seed: int = 0, hidden: int = 32, layers
                       **({} if kind == "qwen3.5" else dict(deepstack_visual_indexes=[0])))
     cfg = getattr(transformers, QWEN_KINDS[kind][1])(text_config=text, vision_config=vision, **ids)
     return getattr(transformers, QWEN_KINDS[kind][2])(cfg).eval()
+
+
+# -- LLaVA-OneVision (anyres, SigLIP + Qwen2) ----------------------------------------------------
+OV_WORDS = WORDS + ["<video>"]
+OV_PINPOINTS = [[32, 32], [32, 64], [64, 32]]
+
+
+def tiny_onevision_processor():
+    from transformers import (LlavaOnevisionImageProcessor, LlavaOnevisionProcessor,
+                              LlavaOnevisionVideoProcessor)
+
+    tok = word_tokenizer(OV_WORDS)
+    tok.add_special_tokens({"additional_special_tokens": ["<image>", "<video>"]})
+    ip = LlavaOnevisionImageProcessor(size={"height": 32, "width": 32},
+                                      crop_size={"height": 32, "width": 32},
+                                      image_grid_pinpoints=OV_PINPOINTS)
+    vp = LlavaOnevisionVideoProcessor(size={"height": 32, "width": 32})
+    return LlavaOnevisionProcessor(image_processor=ip, tokenizer=tok, video_processor=vp,
+                                   chat_template=CHAT_TEMPLATE, num_image_tokens=16,
+                                   vision_feature_select_strategy="full",
+                                   vision_aspect_ratio="anyres_max_9")
+
+
+def tiny_onevision(seed: int = 0, hidden: int = 32, layers: int = 2):
+    from transformers import LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration
+
+    torch.manual_seed(seed)
+    cfg = LlavaOnevisionConfig(
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=32,
+                           num_hidden_layers=1, num_attention_heads=2, image_size=32,
+                           patch_size=8),
+        text_config=dict(model_type="qwen2", vocab_size=len(OV_WORDS), hidden_size=hidden,
+                         intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=2, num_key_value_heads=2,
+                         max_position_embeddings=1024, pad_token_id=0, bos_token_id=1,
+                         eos_token_id=2, initializer_range=0.3),
+        image_token_index=OV_WORDS.index("<image>"), video_token_index=OV_WORDS.index("<video>"),
+        vision_feature_select_strategy="full", vision_feature_layer=-1,
+        image_grid_pinpoints=OV_PINPOINTS)
+    return LlavaOnevisionForConditionalGeneration(cfg).eval()

@@ -5,8 +5,9 @@
     print(out.texts[0], out.stats)
     for piece in gen.generate(image, "Describe it.", stream=True): print(piece, end="")
 
-Targets: LlavaForConditionalGeneration and LlavaNextForConditionalGeneration (anyres:
-``image_sizes`` and per-image token counts come from the processor), and Qwen2-VL,
+Targets: LlavaForConditionalGeneration, LlavaNextForConditionalGeneration and
+LlavaOnevisionForConditionalGeneration (anyres: ``image_sizes`` and per-image token counts
+come from the processor), and Qwen2-VL,
 Qwen2.5-VL, Qwen3-VL, Qwen3.5 and their MoE variants (3-D rotary positions:
 ``modalities.vlm.mrope``; images of any size and videos, as the processor gives them;
 Qwen3.5's linear-attention layers roll back by snapshot and replay, ``mmspec.cache``), through
@@ -64,7 +65,7 @@ def _is_vlm(model) -> bool:
 
 # Processor outputs ``generate(**inputs)`` takes as keyword arguments.
 PROCESSOR_OUTPUTS = ("input_ids", "attention_mask", "pixel_values", "image_sizes",
-                     "pixel_values_videos", *POSITION_INPUTS)
+                     "batch_num_images", "pixel_values_videos", *POSITION_INPUTS)
 
 # Model families mmspec does not implement yet, and why its loop would give other tokens.
 _REFUSED = {
@@ -441,6 +442,8 @@ def _stack(pairs, pad):
 register_adapter("llava", "vlm", VisionLanguageGenerator, ("LlavaForConditionalGeneration",))
 register_adapter("llava-next", "vlm", VisionLanguageGenerator,
                  ("LlavaNextForConditionalGeneration",))
+register_adapter("llava-onevision", "vlm", VisionLanguageGenerator,
+                 ("LlavaOnevisionForConditionalGeneration",))
 register_adapter("qwen2-vl", "vlm", VisionLanguageGenerator, ("Qwen2VLForConditionalGeneration",))
 register_adapter("qwen2.5-vl", "vlm", VisionLanguageGenerator,
                  ("Qwen2_5_VLForConditionalGeneration",))
