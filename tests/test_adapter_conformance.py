@@ -6,7 +6,7 @@ on tiny float32 models built from configs, greedy decoding:
   any work, where the layout cannot roll a static cache back);
 - each row of a batch gives the tokens it gives alone (left padding, ragged rows);
 - where transformers can generate with the model (LLaVA, LLaVA-NeXT, LLaVA-OneVision,
-  Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, MusicGen, CSM), plain greedy decoding gives the model's own ``generate`` tokens,
+  Mistral3, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, MusicGen, CSM), plain greedy decoding gives the model's own ``generate`` tokens,
   on configs in transformers' own layouts (MusicGen's pad id = vocabulary size; CSM's stop
   rule; Qwen-VL's 3-D rotary positions).
 
@@ -91,16 +91,29 @@ def _qwen(kind: str) -> Case:
 
 
 def _onevision() -> Case:
+    from tiny_vlm import tiny_onevision, tiny_onevision_processor
+
+    return _llava_like(tiny_onevision, tiny_onevision_processor(), (64, 32), "<image>")
+
+
+def _mistral3() -> Case:
+    from tiny_vlm import tiny_mistral3, tiny_mistral3_processor
+
+    return _llava_like(tiny_mistral3, tiny_mistral3_processor(), (32, 16), "[IMG]")
+
+
+def _llava_like(build, proc, other_size, token) -> Case:
+    """Two images of different sizes (other tile grids or token counts), an image draft."""
     from PIL import Image
 
     from modalities.vlm import VisionLanguageGenerator
-    from tiny_vlm import images, tiny_onevision, tiny_onevision_processor
+    from tiny_vlm import images
 
-    target, proc = tiny_onevision(), tiny_onevision_processor()
-    gen = VisionLanguageGenerator(target, proc, tiny_onevision(seed=1, layers=1), "image")
+    target = build()
+    gen = VisionLanguageGenerator(target, proc, build(seed=1, layers=1), "image")
     ims = images(2)
-    ims[1] = ims[1].resize((64, 32), Image.NEAREST)             # anyres: another tile grid
-    prompts = ["USER: <image> what colour is the circle ? ASSISTANT:", "USER: <image> a ASSISTANT:"]
+    ims[1] = ims[1].resize(other_size, Image.NEAREST)
+    prompts = [f"USER: {token} what colour is the circle ? ASSISTANT:", f"USER: {token} a ASSISTANT:"]
 
     def run(method, rows, static):
         return gen.generate([ims[i] for i in rows], [prompts[i] for i in rows], method=method,
@@ -187,7 +200,7 @@ CASES = {
     "janus": lambda: _image("janus"), "emu3": lambda: _image("emu3"),
     "llamagen": lambda: _image("llamagen"), "token-span": lambda: _image("token-span"),
     "llava": lambda: _vlm("llava"), "llava-next": lambda: _vlm("llava-next"),
-    "llava-onevision": _onevision,
+    "llava-onevision": _onevision, "mistral3": _mistral3,
     "qwen2-vl": lambda: _qwen("qwen2-vl"), "qwen2.5-vl": lambda: _qwen("qwen2.5-vl"),
     "qwen3-vl": lambda: _qwen("qwen3-vl"), "qwen3.5": lambda: _qwen("qwen3.5"),
     "delay-pattern": _delay_pattern, "single-codebook": _single_codebook, "csm": _csm,
@@ -229,7 +242,7 @@ def test_batch_rows_equal_their_single_row_runs(case):
         assert both == case.run(method, [0], False) + case.run(method, [1], False), method
 
 
-OWN = ["llava", "llava-next", "llava-onevision", "qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5", "delay-pattern",
+OWN = ["llava", "llava-next", "llava-onevision", "mistral3", "qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5", "delay-pattern",
        "csm"]
 
 

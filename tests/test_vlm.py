@@ -213,7 +213,7 @@ def test_unsupported_vlm_classes_are_refused_with_the_reason(name, why):
         VisionLanguageGenerator(target, proc, model, "image")
     assert supported_classes() == [
         "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
-        "LlavaOnevisionForConditionalGeneration",
+        "LlavaOnevisionForConditionalGeneration", "Mistral3ForConditionalGeneration",
         "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
         "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
         "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"]

@@ -200,3 +200,45 @@ def tiny_onevision(seed: int = 0, hidden: int = 32, layers: int = 2):
         vision_feature_select_strategy="full", vision_feature_layer=-1,
         image_grid_pinpoints=OV_PINPOINTS)
     return LlavaOnevisionForConditionalGeneration(cfg).eval()
+
+
+# -- Mistral3 (Pixtral vision tower + Mistral) ---------------------------------------------------
+PIXTRAL_SPECIAL = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
+PIXTRAL_WORDS = [w for w in WORDS if w != "<image>"] + PIXTRAL_SPECIAL
+
+
+def tiny_mistral3_processor():
+    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
+    from transformers import PixtralImageProcessor, PixtralProcessor, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(PIXTRAL_WORDS)}, unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                 pre_tokenizers.Punctuation("isolated")])
+    tok.add_special_tokens([AddedToken(w, normalized=False, special=True) for w in PIXTRAL_SPECIAL])
+    tok.add_tokens([AddedToken(w, normalized=False) for w in PIXTRAL_WORDS if w.endswith(":")])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
+                                   eos_token="</s>", unk_token="<unk>")
+    fast.padding_side = "left"
+    return PixtralProcessor(image_processor=PixtralImageProcessor(size={"longest_edge": 32},
+                                                                  patch_size=8),
+                            tokenizer=fast, patch_size=8, spatial_merge_size=2,
+                            chat_template=CHAT_TEMPLATE.replace("<image> ", "[IMG] "))
+
+
+def tiny_mistral3(seed: int = 0, hidden: int = 32, layers: int = 2):
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    cfg = Mistral3Config(
+        vision_config=dict(model_type="pixtral", hidden_size=16, intermediate_size=32,
+                           num_hidden_layers=1, num_attention_heads=2, image_size=32,
+                           patch_size=8, head_dim=8),
+        text_config=dict(model_type="mistral", vocab_size=len(PIXTRAL_WORDS), hidden_size=hidden,
+                         intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=2, num_key_value_heads=2, head_dim=hidden // 2,
+                         max_position_embeddings=1024, pad_token_id=0, bos_token_id=1,
+                         eos_token_id=2, initializer_range=0.3),
+        image_token_index=PIXTRAL_WORDS.index("[IMG]"), spatial_merge_size=2,
+        vision_feature_layer=-1)
+    return Mistral3ForConditionalGeneration(cfg).eval()
