@@ -6,7 +6,7 @@ on tiny float32 models built from configs, greedy decoding:
   any work, where the layout cannot roll a static cache back);
 - each row of a batch gives the tokens it gives alone (left padding, ragged rows);
 - where transformers can generate with the model (LLaVA, LLaVA-NeXT, LLaVA-OneVision,
-  Mistral3, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, MusicGen, CSM), plain greedy decoding gives the model's own ``generate`` tokens,
+  Mistral3, InternVL, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, MusicGen, CSM), plain greedy decoding gives the model's own ``generate`` tokens,
   on configs in transformers' own layouts (MusicGen's pad id = vocabulary size; CSM's stop
   rule; Qwen-VL's 3-D rotary positions).
 
@@ -100,6 +100,12 @@ def _mistral3() -> Case:
     from tiny_vlm import tiny_mistral3, tiny_mistral3_processor
 
     return _llava_like(tiny_mistral3, tiny_mistral3_processor(), (32, 16), "[IMG]")
+
+
+def _internvl() -> Case:
+    from tiny_vlm import tiny_internvl, tiny_internvl_processor
+
+    return _llava_like(tiny_internvl, tiny_internvl_processor(), (48, 32), "<IMG_CONTEXT>")
 
 
 def _llava_like(build, proc, other_size, token) -> Case:
@@ -200,7 +206,7 @@ CASES = {
     "janus": lambda: _image("janus"), "emu3": lambda: _image("emu3"),
     "llamagen": lambda: _image("llamagen"), "token-span": lambda: _image("token-span"),
     "llava": lambda: _vlm("llava"), "llava-next": lambda: _vlm("llava-next"),
-    "llava-onevision": _onevision, "mistral3": _mistral3,
+    "llava-onevision": _onevision, "mistral3": _mistral3, "internvl": _internvl,
     "qwen2-vl": lambda: _qwen("qwen2-vl"), "qwen2.5-vl": lambda: _qwen("qwen2.5-vl"),
     "qwen3-vl": lambda: _qwen("qwen3-vl"), "qwen3.5": lambda: _qwen("qwen3.5"),
     "delay-pattern": _delay_pattern, "single-codebook": _single_codebook, "csm": _csm,
@@ -242,7 +248,7 @@ def test_batch_rows_equal_their_single_row_runs(case):
         assert both == case.run(method, [0], False) + case.run(method, [1], False), method
 
 
-OWN = ["llava", "llava-next", "llava-onevision", "mistral3", "qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5", "delay-pattern",
+OWN = ["llava", "llava-next", "llava-onevision", "mistral3", "internvl", "qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5", "delay-pattern",
        "csm"]
 
 

@@ -242,3 +242,49 @@ def tiny_mistral3(seed: int = 0, hidden: int = 32, layers: int = 2):
         image_token_index=PIXTRAL_WORDS.index("[IMG]"), spatial_merge_size=2,
         vision_feature_layer=-1)
     return Mistral3ForConditionalGeneration(cfg).eval()
+
+
+# -- InternVL (InternViT + Qwen2) ---------------------------------------------------------------
+INTERN_SPECIAL = ["<img>", "</img>", "<IMG_CONTEXT>", "<video>"]
+INTERN_WORDS = [w for w in WORDS if w != "<image>"] + INTERN_SPECIAL
+
+
+def tiny_internvl_processor():
+    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
+    from transformers import (GotOcr2ImageProcessor, InternVLProcessor, InternVLVideoProcessor,
+                              PreTrainedTokenizerFast)
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(INTERN_WORDS)}, unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                 pre_tokenizers.Punctuation("isolated")])
+    tok.add_special_tokens([AddedToken(w, normalized=False, special=True) for w in INTERN_SPECIAL])
+    tok.add_tokens([AddedToken(w, normalized=False) for w in INTERN_WORDS if w.endswith(":")])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+        unk_token="<unk>", extra_special_tokens={
+            "start_image_token": "<img>", "end_image_token": "</img>",
+            "context_image_token": "<IMG_CONTEXT>", "video_token": "<video>"})
+    fast.padding_side = "left"
+    size = {"height": 32, "width": 32}
+    return InternVLProcessor(image_processor=GotOcr2ImageProcessor(size=size, crop_to_patches=False),
+                             tokenizer=fast, video_processor=InternVLVideoProcessor(size=size),
+                             image_seq_length=4,
+                             chat_template=CHAT_TEMPLATE.replace("<image> ", "<IMG_CONTEXT> "))
+
+
+def tiny_internvl(seed: int = 0, hidden: int = 32, layers: int = 2):
+    from transformers import InternVLConfig, InternVLForConditionalGeneration
+
+    torch.manual_seed(seed)
+    cfg = InternVLConfig(
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                           num_attention_heads=2, image_size=[32, 32], patch_size=[8, 8]),
+        text_config=dict(model_type="qwen2", vocab_size=len(INTERN_WORDS), hidden_size=hidden,
+                         intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=2, num_key_value_heads=2,
+                         max_position_embeddings=1024, pad_token_id=0, bos_token_id=1,
+                         eos_token_id=2, initializer_range=0.3),
+        image_token_id=INTERN_WORDS.index("<IMG_CONTEXT>"), image_seq_length=4,
+        downsample_ratio=0.5)
+    return InternVLForConditionalGeneration(cfg).eval()

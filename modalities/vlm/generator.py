@@ -6,8 +6,9 @@
     for piece in gen.generate(image, "Describe it.", stream=True): print(piece, end="")
 
 Targets: LlavaForConditionalGeneration, LlavaNextForConditionalGeneration,
-LlavaOnevisionForConditionalGeneration and Mistral3ForConditionalGeneration (Pixtral;
-``image_sizes`` and per-image token counts come from the processor), and Qwen2-VL,
+LlavaOnevisionForConditionalGeneration, Mistral3ForConditionalGeneration (Pixtral) and
+InternVLForConditionalGeneration (``image_sizes`` and per-image token counts come from the
+processor), and Qwen2-VL,
 Qwen2.5-VL, Qwen3-VL, Qwen3.5 and their MoE variants (3-D rotary positions:
 ``modalities.vlm.mrope``; images of any size and videos, as the processor gives them;
 Qwen3.5's linear-attention layers roll back by snapshot and replay, ``mmspec.cache``), through
@@ -446,6 +447,8 @@ register_adapter("llava-onevision", "vlm", VisionLanguageGenerator,
                  ("LlavaOnevisionForConditionalGeneration",))
 register_adapter("mistral3", "vlm", VisionLanguageGenerator,
                  ("Mistral3ForConditionalGeneration",))
+register_adapter("internvl", "vlm", VisionLanguageGenerator,
+                 ("InternVLForConditionalGeneration",))
 register_adapter("qwen2-vl", "vlm", VisionLanguageGenerator, ("Qwen2VLForConditionalGeneration",))
 register_adapter("qwen2.5-vl", "vlm", VisionLanguageGenerator,
                  ("Qwen2_5_VLForConditionalGeneration",))
