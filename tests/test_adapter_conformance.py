@@ -62,10 +62,10 @@ def _vlm(kind: str) -> Case:
     ims, prompts = _pairs(kind)
     gen = VisionLanguageGenerator(target, proc, draft, "image")
 
-    def run(method, rows, static):
+    def run(method, rows, static, **params):
         return gen.generate([ims[i] for i in rows], [prompts[i] for i in rows], method=method,
                             temperature=0, max_new_tokens=10, seed=0,
-                            static_cache=static).token_ids
+                            static_cache=static, **params).token_ids
 
     def own(i):
         batch = gen.encode([ims[i]], [prompts[i]])
@@ -83,10 +83,10 @@ def _qwen(kind: str) -> Case:
     ims, msgs = _pairs()
     gen = VisionLanguageGenerator(target, proc, tiny_qwen_vl(kind, seed=1, layers=1), "image")
 
-    def run(method, rows, static):
+    def run(method, rows, static, **params):
         return gen.generate([ims[i] for i in rows], [msgs[i] for i in rows], method=method,
                             temperature=0, max_new_tokens=10, seed=0,
-                            static_cache=static).token_ids
+                            static_cache=static, **params).token_ids
     return Case(run, ("exact", "sjd"), own=lambda i: _own(gen, target, [ims[i]], [msgs[i]], 10))
 
 
@@ -121,10 +121,10 @@ def _llava_like(build, proc, other_size, token) -> Case:
     ims[1] = ims[1].resize(other_size, Image.NEAREST)
     prompts = [f"USER: {token} what colour is the circle ? ASSISTANT:", f"USER: {token} a ASSISTANT:"]
 
-    def run(method, rows, static):
+    def run(method, rows, static, **params):
         return gen.generate([ims[i] for i in rows], [prompts[i] for i in rows], method=method,
                             temperature=0, max_new_tokens=10, seed=0,
-                            static_cache=static).token_ids
+                            static_cache=static, **params).token_ids
 
     def own(i):
         batch = gen.encode([ims[i]], [prompts[i]])
@@ -246,6 +246,21 @@ def test_batch_rows_equal_their_single_row_runs(case):
     for method in ("plain", case.methods[0]):
         both = case.run(method, [0, 1], False)
         assert both == case.run(method, [0], False) + case.run(method, [1], False), method
+
+
+VLMS = [a.name for a in adapters("vlm")]
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("name", VLMS)
+def test_every_vlm_draft_width_gives_plain_greedy(name, k):
+    """Every vision-language adapter, K in {1, 3, 8} drafts per step and Jacobi windows,
+    static and dynamic caches, rows with images of different sizes."""
+    case = CASES[name]()
+    plain = case.run("plain", [0, 1], False)
+    for static in (False, True):
+        assert case.run("exact", [0, 1], static, num_draft_tokens=k) == plain, (static, "exact")
+        assert case.run("sjd", [0, 1], static, window=k) == plain, (static, "sjd")
 
 
 OWN = ["llava", "llava-next", "llava-onevision", "mistral3", "internvl", "qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5", "delay-pattern",

@@ -158,3 +158,17 @@ def test_mismatched_families_are_refused_before_any_work():
     target, proc = tiny_qwen_vl("qwen2-vl"), tiny_qwen_processor("qwen2-vl")
     with pytest.raises(ValueError, match="family"):
         VisionLanguageGenerator(target, proc, tiny_llava(), "image")
+
+
+def test_video_to_a_draft_that_cannot_read_it_is_refused_before_any_work():
+    """Processor outputs (a video) reach an image draft only through the target's processor:
+    a draft with its own processor is refused, naming what is accepted."""
+    target, proc = tiny_qwen_vl("qwen2-vl"), tiny_qwen_processor("qwen2-vl")
+    gen = VisionLanguageGenerator(target, proc, tiny_qwen_vl("qwen2-vl", seed=1, layers=1),
+                                  "image", draft_processor=tiny_qwen_processor("qwen2-vl"))
+    video = np.zeros((4, 32, 32, 3), dtype=np.uint8)
+    msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "a"}]}]
+    batch = proc(text=[proc.apply_chat_template(msgs, add_generation_prompt=True)],
+                 videos=[video], return_tensors="pt", do_sample_frames=False)
+    with pytest.raises(ValueError, match="accepted images and prompts"):
+        gen.generate(**batch, method="exact", temperature=0, max_new_tokens=4)
