@@ -206,13 +206,14 @@ def test_unsupported_vlm_classes_are_refused_with_the_reason(name, why):
     with torch.device("meta"):
         model = cls(cls.config_class())
     with pytest.raises(ValueError, match=rf"target {name} .*{why}.*accepted "
-                                         r"InternVLForConditionalGeneration, LlavaForConditionalGeneration"):
+                                         r"Idefics3ForConditionalGeneration, InternVLForConditionalGeneration"):
         VisionLanguageGenerator(model, tiny_processor())
     target, _, proc = _models("llava")
     with pytest.raises(ValueError, match=rf"draft {name} .*{why}"):
         VisionLanguageGenerator(target, proc, model, "image")
     assert supported_classes() == [
-        "InternVLForConditionalGeneration", "LlavaForConditionalGeneration",
+        "Idefics3ForConditionalGeneration", "InternVLForConditionalGeneration",
+        "LlavaForConditionalGeneration",
         "LlavaNextForConditionalGeneration", "LlavaOnevisionForConditionalGeneration",
         "Mistral3ForConditionalGeneration",
         "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",

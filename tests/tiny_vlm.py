@@ -288,3 +288,44 @@ def tiny_internvl(seed: int = 0, hidden: int = 32, layers: int = 2):
         image_token_id=INTERN_WORDS.index("<IMG_CONTEXT>"), image_seq_length=4,
         downsample_ratio=0.5)
     return InternVLForConditionalGeneration(cfg).eval()
+
+
+# -- Idefics3 (SigLIP + pixel shuffle + Llama) ---------------------------------------------------
+IDEFICS_SPECIAL = (["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"]
+                   + [f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)])
+IDEFICS_WORDS = [w for w in WORDS if w != "<image>"] + IDEFICS_SPECIAL
+
+
+def tiny_idefics3_processor():
+    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
+    from transformers import Idefics3ImageProcessor, Idefics3Processor, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(IDEFICS_WORDS)}, unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                 pre_tokenizers.Punctuation("isolated")])
+    tok.add_special_tokens([AddedToken(w, normalized=False, special=True) for w in IDEFICS_SPECIAL])
+    tok.add_tokens([AddedToken(w, normalized=False) for w in IDEFICS_WORDS if w.endswith(":")])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
+                                   eos_token="</s>", unk_token="<unk>")
+    fast.padding_side = "left"
+    ip = Idefics3ImageProcessor(do_image_splitting=False, size={"longest_edge": 32},
+                                max_image_size={"longest_edge": 32}, resample=3)
+    return Idefics3Processor(image_processor=ip, tokenizer=fast, image_seq_len=4,
+                             chat_template=CHAT_TEMPLATE)
+
+
+def tiny_idefics3(seed: int = 0, hidden: int = 32, layers: int = 2):
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    cfg = Idefics3Config(
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                           num_attention_heads=2, image_size=32, patch_size=8),
+        text_config=dict(model_type="llama", vocab_size=len(IDEFICS_WORDS), hidden_size=hidden,
+                         intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=2, num_key_value_heads=2,
+                         max_position_embeddings=1024, pad_token_id=0, bos_token_id=1,
+                         eos_token_id=2, initializer_range=0.3),
+        image_token_id=IDEFICS_WORDS.index("<image>"), scale_factor=2)
+    return Idefics3ForConditionalGeneration(cfg).eval()

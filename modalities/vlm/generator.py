@@ -6,8 +6,8 @@
     for piece in gen.generate(image, "Describe it.", stream=True): print(piece, end="")
 
 Targets: LlavaForConditionalGeneration, LlavaNextForConditionalGeneration,
-LlavaOnevisionForConditionalGeneration, Mistral3ForConditionalGeneration (Pixtral) and
-InternVLForConditionalGeneration (``image_sizes`` and per-image token counts come from the
+LlavaOnevisionForConditionalGeneration, Mistral3ForConditionalGeneration (Pixtral),
+InternVLForConditionalGeneration and Idefics3ForConditionalGeneration (``image_sizes`` and per-image token counts come from the
 processor), and Qwen2-VL,
 Qwen2.5-VL, Qwen3-VL, Qwen3.5 and their MoE variants (3-D rotary positions:
 ``modalities.vlm.mrope``; images of any size and videos, as the processor gives them;
@@ -66,7 +66,8 @@ def _is_vlm(model) -> bool:
 
 # Processor outputs ``generate(**inputs)`` takes as keyword arguments.
 PROCESSOR_OUTPUTS = ("input_ids", "attention_mask", "pixel_values", "image_sizes",
-                     "batch_num_images", "pixel_values_videos", *POSITION_INPUTS)
+                     "batch_num_images", "pixel_attention_mask", "pixel_values_videos",
+                     *POSITION_INPUTS)
 
 # Model families mmspec does not implement yet, and why its loop would give other tokens.
 _REFUSED = {
@@ -449,6 +450,8 @@ register_adapter("mistral3", "vlm", VisionLanguageGenerator,
                  ("Mistral3ForConditionalGeneration",))
 register_adapter("internvl", "vlm", VisionLanguageGenerator,
                  ("InternVLForConditionalGeneration",))
+register_adapter("idefics3", "vlm", VisionLanguageGenerator,
+                 ("Idefics3ForConditionalGeneration",))
 register_adapter("qwen2-vl", "vlm", VisionLanguageGenerator, ("Qwen2VLForConditionalGeneration",))
 register_adapter("qwen2.5-vl", "vlm", VisionLanguageGenerator,
                  ("Qwen2_5_VLForConditionalGeneration",))
