@@ -218,7 +218,8 @@ def test_unsupported_vlm_classes_are_refused_with_the_reason(name, why):
         "Mistral3ForConditionalGeneration",
         "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
         "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
-        "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"]
+        "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+        "SmolVLMForConditionalGeneration"]
 
 
 def test_transformers_conventions():

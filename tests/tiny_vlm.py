@@ -315,11 +315,13 @@ def tiny_idefics3_processor():
                              chat_template=CHAT_TEMPLATE)
 
 
-def tiny_idefics3(seed: int = 0, hidden: int = 32, layers: int = 2):
-    from transformers import Idefics3Config, Idefics3ForConditionalGeneration
+def tiny_idefics3(seed: int = 0, hidden: int = 32, layers: int = 2, family: str = "Idefics3"):
+    """An Idefics3 (or, ``family="SmolVLM"``, a SmolVLM: the same architecture, whose own
+    processor needs the num2words package; the Idefics3 processor's outputs feed it)."""
+    import transformers
 
     torch.manual_seed(seed)
-    cfg = Idefics3Config(
+    cfg = getattr(transformers, f"{family}Config")(
         vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                            num_attention_heads=2, image_size=32, patch_size=8),
         text_config=dict(model_type="llama", vocab_size=len(IDEFICS_WORDS), hidden_size=hidden,
@@ -328,4 +330,4 @@ def tiny_idefics3(seed: int = 0, hidden: int = 32, layers: int = 2):
                          max_position_embeddings=1024, pad_token_id=0, bos_token_id=1,
                          eos_token_id=2, initializer_range=0.3),
         image_token_id=IDEFICS_WORDS.index("<image>"), scale_factor=2)
-    return Idefics3ForConditionalGeneration(cfg).eval()
+    return getattr(transformers, f"{family}ForConditionalGeneration")(cfg).eval()

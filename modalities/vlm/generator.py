@@ -7,7 +7,8 @@
 
 Targets: LlavaForConditionalGeneration, LlavaNextForConditionalGeneration,
 LlavaOnevisionForConditionalGeneration, Mistral3ForConditionalGeneration (Pixtral),
-InternVLForConditionalGeneration and Idefics3ForConditionalGeneration (``image_sizes`` and per-image token counts come from the
+InternVLForConditionalGeneration, Idefics3ForConditionalGeneration and
+SmolVLMForConditionalGeneration (``image_sizes`` and per-image token counts come from the
 processor), and Qwen2-VL,
 Qwen2.5-VL, Qwen3-VL, Qwen3.5 and their MoE variants (3-D rotary positions:
 ``modalities.vlm.mrope``; images of any size and videos, as the processor gives them;
@@ -452,6 +453,7 @@ register_adapter("internvl", "vlm", VisionLanguageGenerator,
                  ("InternVLForConditionalGeneration",))
 register_adapter("idefics3", "vlm", VisionLanguageGenerator,
                  ("Idefics3ForConditionalGeneration",))
+register_adapter("smolvlm", "vlm", VisionLanguageGenerator, ("SmolVLMForConditionalGeneration",))
 register_adapter("qwen2-vl", "vlm", VisionLanguageGenerator, ("Qwen2VLForConditionalGeneration",))
 register_adapter("qwen2.5-vl", "vlm", VisionLanguageGenerator,
                  ("Qwen2_5_VLForConditionalGeneration",))
