@@ -191,6 +191,7 @@ def test_recipe_runs_on_a_saved_tiny_model(tmp_path, capsys):
 
 REFUSED = [("PaliGemmaForConditionalGeneration", "prefix-LM"),
            ("Gemma3ForConditionalGeneration", "bidirectional attention"),
+           ("Gemma4ForConditionalGeneration", "bidirectional attention"),
            ("Gemma3nForConditionalGeneration", "does not implement")]
 
 

@@ -75,6 +75,7 @@ _REFUSED = {
     "paligemma": "prefix-LM: the image and prompt attend to each other bidirectionally, and a "
                  "causal verification of the last prompt token would leave that prefix",
     "gemma3": "bidirectional attention within each image's tokens (prefix-LM style)",
+    "gemma4": "bidirectional attention within each image's tokens on its sliding-window layers",
 }
 
 
