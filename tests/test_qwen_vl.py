@@ -172,3 +172,16 @@ def test_video_to_a_draft_that_cannot_read_it_is_refused_before_any_work():
                  videos=[video], return_tensors="pt", do_sample_frames=False)
     with pytest.raises(ValueError, match="accepted images and prompts"):
         gen.generate(**batch, method="exact", temperature=0, max_new_tokens=4)
+
+
+def test_the_ensemble_draft_reads_qwen_positions(qwen):
+    """The ensemble stacks image + text and text-only prompts as one draft batch: its token
+    types and 3-D positions follow from the stacked ids (the target as its own draft: the
+    image block agrees with it, the mixture still accepts most drafts)."""
+    _, target, _, proc = qwen
+    ims, msgs = _pairs()
+    plain = VisionLanguageGenerator(target, proc).generate(ims, msgs, method="plain",
+                                                           temperature=0, max_new_tokens=10)
+    out = VisionLanguageGenerator(target, proc, target, "ensemble").generate(
+        ims, msgs, method="exact", temperature=0, max_new_tokens=10)
+    assert out.token_ids == plain.token_ids and out.stats.acceptance_rate > 0.4

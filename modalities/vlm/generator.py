@@ -275,7 +275,9 @@ class VisionLanguageGenerator:
                 self.draft_processor)))
         ids, mask = _stack([(p["input_ids"], p["attention_mask"]) for p in pieces],
                            self.processor.tokenizer.pad_token_id or 0)
-        extra = {k: v for k, v in pieces[0].items() if k not in ("input_ids", "attention_mask")}
+        # token types (M-RoPE) follow from the stacked ids; the image block's rows keep grids
+        extra = {k: v for k, v in pieces[0].items()
+                 if k not in ("input_ids", "attention_mask", "mm_token_type_ids")}
         return dict(input_ids=ids, attention_mask=mask, modes=len(pieces), **extra)
 
     @staticmethod
