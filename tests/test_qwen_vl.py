@@ -185,3 +185,25 @@ def test_the_ensemble_draft_reads_qwen_positions(qwen):
     out = VisionLanguageGenerator(target, proc, target, "ensemble").generate(
         ims, msgs, method="exact", temperature=0, max_new_tokens=10)
     assert out.token_ids == plain.token_ids and out.stats.acceptance_rate > 0.4
+
+
+def test_a_padded_target_vocabulary_maps_the_family_draft():
+    """Family members pad their vocabularies differently (151,936 vs 152,064 ids): a draft
+    whose vocabulary is a prefix of the target's is mapped by zero-padding."""
+    proc = tiny_qwen_processor("qwen2-vl")
+    target = tiny_qwen_vl("qwen2-vl", vocab=len(QWEN_WORDS) + 16)
+    with torch.no_grad():
+        target.lm_head.weight[len(QWEN_WORDS):] = 0.0           # padded ids: never the argmax
+        target.lm_head.weight[len(QWEN_WORDS):, 0] = -50.0
+    ims, msgs = _pairs()
+    draft = tiny_qwen_vl("qwen2-vl", seed=1, layers=1)
+    plain = VisionLanguageGenerator(target, proc).generate(ims, msgs, method="plain",
+                                                           temperature=0, max_new_tokens=10)
+    for mode in ("image", "text"):
+        d = draft if mode == "image" else tiny_text_lm(vocab=len(QWEN_WORDS))
+        out = VisionLanguageGenerator(target, proc, d, mode).generate(
+            ims, msgs, method="exact", temperature=0, max_new_tokens=10)
+        assert out.token_ids == plain.token_ids, mode
+    with pytest.raises(ValueError, match="vocabulary mismatch"):
+        VisionLanguageGenerator(tiny_qwen_vl("qwen2-vl"), proc,
+                                tiny_qwen_vl("qwen2-vl", vocab=len(QWEN_WORDS) + 16), "image")

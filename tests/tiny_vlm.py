@@ -125,7 +125,7 @@ def tiny_qwen_processor(kind: str = "qwen2-vl", patch: int = 4):
 
 
 def tiny_qwen_vl(kind: str = "qwen2-vl", seed: int = 0, hidden: int = 32, layers: int = 2,
-                 patch: int = 4):
+                 patch: int = 4, vocab: int | None = None):
     import transformers
 
     torch.manual_seed(seed)
@@ -133,7 +133,7 @@ def tiny_qwen_vl(kind: str = "qwen2-vl", seed: int = 0, hidden: int = 32, layers
                                                 ("video_token_id", "<|video_pad|>"),
                                                 ("vision_start_token_id", "<|vision_start|>"),
                                                 ("vision_end_token_id", "<|vision_end|>"))}
-    text = dict(vocab_size=len(QWEN_WORDS), hidden_size=hidden, intermediate_size=2 * hidden,
+    text = dict(vocab_size=vocab or len(QWEN_WORDS), hidden_size=hidden, intermediate_size=2 * hidden,
                 num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=2,
                 max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                 initializer_range=0.3,        # positions move the argmax (0.02 hides them)
