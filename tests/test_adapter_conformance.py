@@ -6,7 +6,7 @@ on tiny float32 models built from configs, greedy decoding:
   any work, where the layout cannot roll a static cache back);
 - each row of a batch gives the tokens it gives alone (left padding, ragged rows);
 - where transformers can generate with the model (LLaVA, LLaVA-NeXT, LLaVA-OneVision,
-  Mistral3, InternVL, Idefics3, SmolVLM, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, MusicGen, CSM), plain greedy decoding gives the model's own ``generate`` tokens,
+  Mistral3, InternVL, Idefics3, SmolVLM, Chameleon, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, MusicGen, CSM), plain greedy decoding gives the model's own ``generate`` tokens,
   on configs in transformers' own layouts (MusicGen's pad id = vocabulary size; CSM's stop
   rule; Qwen-VL's 3-D rotary positions).
 
@@ -123,6 +123,12 @@ def _smolvlm() -> Case:
                        (48, 32), "<image>", seed=3)
 
 
+def _chameleon() -> Case:
+    from tiny_vlm import tiny_chameleon, tiny_chameleon_processor
+
+    return _llava_like(tiny_chameleon, tiny_chameleon_processor(), (48, 32), "<image>")
+
+
 def _llava_like(build, proc, other_size, token, seed: int = 0) -> Case:
     """Two images of different sizes (other tile grids or token counts), an image draft."""
     from PIL import Image
@@ -222,7 +228,7 @@ CASES = {
     "llamagen": lambda: _image("llamagen"), "token-span": lambda: _image("token-span"),
     "llava": lambda: _vlm("llava"), "llava-next": lambda: _vlm("llava-next"),
     "llava-onevision": _onevision, "mistral3": _mistral3, "internvl": _internvl,
-    "idefics3": _idefics3, "smolvlm": _smolvlm,
+    "idefics3": _idefics3, "smolvlm": _smolvlm, "chameleon": _chameleon,
     "qwen2-vl": lambda: _qwen("qwen2-vl"), "qwen2.5-vl": lambda: _qwen("qwen2.5-vl"),
     "qwen3-vl": lambda: _qwen("qwen3-vl"), "qwen3.5": lambda: _qwen("qwen3.5"),
     "delay-pattern": _delay_pattern, "single-codebook": _single_codebook, "csm": _csm,
@@ -280,7 +286,7 @@ def test_every_vlm_draft_width_gives_plain_greedy(name, k):
 
 
 OWN = ["llava", "llava-next", "llava-onevision", "mistral3", "internvl", "idefics3", "smolvlm",
-       "qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5", "delay-pattern",
+       "chameleon", "qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5", "delay-pattern",
        "csm"]
 
 

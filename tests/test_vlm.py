@@ -207,13 +207,13 @@ def test_unsupported_vlm_classes_are_refused_with_the_reason(name, why):
     with torch.device("meta"):
         model = cls(cls.config_class())
     with pytest.raises(ValueError, match=rf"target {name} .*{why}.*accepted "
-                                         r"Idefics3ForConditionalGeneration, InternVLForConditionalGeneration"):
+                                         r"ChameleonForConditionalGeneration, Idefics3ForConditionalGeneration"):
         VisionLanguageGenerator(model, tiny_processor())
     target, _, proc = _models("llava")
     with pytest.raises(ValueError, match=rf"draft {name} .*{why}"):
         VisionLanguageGenerator(target, proc, model, "image")
     assert supported_classes() == [
-        "Idefics3ForConditionalGeneration", "InternVLForConditionalGeneration",
+        "ChameleonForConditionalGeneration", "Idefics3ForConditionalGeneration", "InternVLForConditionalGeneration",
         "LlavaForConditionalGeneration",
         "LlavaNextForConditionalGeneration", "LlavaOnevisionForConditionalGeneration",
         "Mistral3ForConditionalGeneration",

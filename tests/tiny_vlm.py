@@ -331,3 +331,50 @@ def tiny_idefics3(seed: int = 0, hidden: int = 32, layers: int = 2, family: str 
                          eos_token_id=2, initializer_range=0.3),
         image_token_id=IDEFICS_WORDS.index("<image>"), scale_factor=2)
     return getattr(transformers, f"{family}ForConditionalGeneration")(cfg).eval()
+
+
+# -- Chameleon as a vision-language model (a VQ image tokenizer inside the model) -----------------
+def _code_name(i: int) -> str:
+    """Chameleon's vocabulary names image code i as IMGIMG + its digits as letters + Z."""
+    return "IMGIMG" + "".join(chr(ord("A") + int(d)) for d in str(i)) + "Z"
+
+
+CHAMELEON_SPECIAL = ["<image>", "<racm3:break>", "<eoss>", "<reserved08706>"]
+CHAMELEON_WORDS = ([w for w in WORDS if w != "<image>"] + CHAMELEON_SPECIAL
+                   + [_code_name(i) for i in range(16)])
+
+
+def tiny_chameleon_processor():
+    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
+    from transformers import ChameleonImageProcessor, ChameleonProcessor, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(CHAMELEON_WORDS)},
+                                     unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                 pre_tokenizers.Punctuation("isolated")])
+    tok.add_special_tokens([AddedToken(w, normalized=False, special=True)
+                            for w in CHAMELEON_SPECIAL])
+    tok.add_tokens([AddedToken(w, normalized=False) for w in CHAMELEON_WORDS if w.endswith(":")])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
+                                   eos_token="</s>", unk_token="<unk>", sep_token="<reserved08706>")
+    fast.padding_side = "left"
+    ip = ChameleonImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    proc = ChameleonProcessor(image_processor=ip, tokenizer=fast, image_seq_length=16)
+    proc.chat_template = CHAT_TEMPLATE
+    return proc
+
+
+def tiny_chameleon(seed: int = 0, hidden: int = 32, layers: int = 2):
+    from transformers import ChameleonConfig, ChameleonForConditionalGeneration
+
+    torch.manual_seed(seed)
+    cfg = ChameleonConfig(
+        vocab_size=len(CHAMELEON_WORDS), hidden_size=hidden, intermediate_size=2 * hidden,
+        num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=2,
+        max_position_embeddings=1024, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        initializer_range=0.3, vocabulary_map={w: i for i, w in enumerate(CHAMELEON_WORDS)},
+        image_token_id=CHAMELEON_WORDS.index("<image>"),
+        vq_config=dict(embed_dim=32, num_embeddings=16, latent_channels=32, resolution=32,
+                       base_channels=32, channel_multiplier=[1, 1, 1, 1], num_res_blocks=1))
+    return ChameleonForConditionalGeneration(cfg).eval()

@@ -7,8 +7,9 @@
 
 Targets: LlavaForConditionalGeneration, LlavaNextForConditionalGeneration,
 LlavaOnevisionForConditionalGeneration, Mistral3ForConditionalGeneration (Pixtral),
-InternVLForConditionalGeneration, Idefics3ForConditionalGeneration and
-SmolVLMForConditionalGeneration (``image_sizes`` and per-image token counts come from the
+InternVLForConditionalGeneration, Idefics3ForConditionalGeneration,
+SmolVLMForConditionalGeneration and ChameleonForConditionalGeneration (its VQ image tokenizer
+inside the model; ``image_sizes`` and per-image token counts come from the
 processor), and Qwen2-VL,
 Qwen2.5-VL, Qwen3-VL, Qwen3.5 and their MoE variants (3-D rotary positions:
 ``modalities.vlm.mrope``; images of any size and videos, as the processor gives them;
@@ -61,8 +62,14 @@ class VLMOutput:
     seconds: float
 
 
+def _sees_images(config) -> bool:
+    """A vision-language config: a vision tower (``vision_config``) or an image tokenizer
+    (``vq_config``: Chameleon)."""
+    return hasattr(config, "vision_config") or hasattr(config, "vq_config")
+
+
 def _is_vlm(model) -> bool:
-    return hasattr(model.config, "vision_config")
+    return _sees_images(model.config)
 
 
 # Processor outputs ``generate(**inputs)`` takes as keyword arguments.
@@ -105,7 +112,8 @@ class VisionLanguageGenerator:
                 raise ValueError("draft and assistant_model: accepted one of them")
             draft = assistant_model
         if not _is_vlm(target):
-            raise ValueError("target must be a vision-language model (a config with vision_config)")
+            raise ValueError("target must be a vision-language model (a config with vision_config "
+                             "or vq_config)")
         check_supported(target, "target")
         self.target, self.processor, self.draft = target, processor, draft
         self.draft_processor = draft_processor or processor
@@ -162,7 +170,7 @@ class VisionLanguageGenerator:
         def load(spec):
             if not isinstance(spec, (str, os.PathLike)):
                 return spec
-            vision = hasattr(load_pretrained(AutoConfig, spec), "vision_config")
+            vision = _sees_images(load_pretrained(AutoConfig, spec))
             auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
             return load_pretrained(auto, spec, **load_kwargs).eval()
 
@@ -457,6 +465,8 @@ register_adapter("internvl", "vlm", VisionLanguageGenerator,
 register_adapter("idefics3", "vlm", VisionLanguageGenerator,
                  ("Idefics3ForConditionalGeneration",))
 register_adapter("smolvlm", "vlm", VisionLanguageGenerator, ("SmolVLMForConditionalGeneration",))
+register_adapter("chameleon", "vlm", VisionLanguageGenerator,
+                 ("ChameleonForConditionalGeneration",))
 register_adapter("qwen2-vl", "vlm", VisionLanguageGenerator, ("Qwen2VLForConditionalGeneration",))
 register_adapter("qwen2.5-vl", "vlm", VisionLanguageGenerator,
                  ("Qwen2_5_VLForConditionalGeneration",))
