@@ -22,7 +22,9 @@ plain decoding against speculative decoding, through the adapters' own calls.
 
 Greedy decoding at batch 1; every speculative and captured output is checked token for token
 against eager plain decoding. Each row: ms per generated token, acceptance, tokens per step,
-the speedup against eager plain decoding and against plain decoding in the same mode. JSON
+the speedup against eager plain decoding and against plain decoding in the same mode, and
+the analytic bound (tokens per step x a plain step / (a K + 1 verification step + K draft
+steps), single steps timed on a static cache) with efficiency = speedup / bound. JSON
 lines on stdout and in bench.jsonl; report.md summarises.
 """
 
@@ -30,12 +32,14 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 import mmspec
 from eval.bench_gpu import (build, copy_bandwidth, first_layers, open_log, residual_writes, set_eps,
-                            timed)
+                            step_cost, timed)
 from recipes.cli import COUNT, Names, Number, Numbers, Parser, describe, run
 
 
@@ -184,6 +188,93 @@ def build_parser() -> argparse.ArgumentParser:
     return describe(ap)
 
 
+@dataclass
+class Setup:
+    """One adapter shape ready to time: ``call(draft, method, compile) -> (ids, stats)``, the
+    decoder modules a step reads, the drafts, the layers eps scales, and the causal LMs whose
+    single steps are timed for the analytic bound (``"target"`` and each draft's name)."""
+
+    call: Callable
+    decoder: list
+    drafts: dict
+    originals: list
+    lms: dict
+
+
+def setup_vlm(which: str, args, dev, dtype) -> Setup:
+    from PIL import Image
+
+    from modalities.vlm import VisionLanguageGenerator
+    from recipes.train.vlm import WORDS
+
+    build = build_vlm if which == "vlm" else (lambda *a: build_qwen(which, *a))
+    target, drafts, proc, originals = build(dev, dtype, args.tiny)
+    side = 32 if args.tiny else 336
+    image = Image.new("RGB", (side, side), (200, 40, 40))
+    question = " ".join(WORDS[12:40])
+    prompt = (f"USER: <image> describe the image {question} ASSISTANT:" if which == "vlm" else
+              [{"role": "user", "content": [{"type": "image"},
+                                            {"type": "text", "text": question}]}])
+
+    def call(draft_name, method, compile):
+        g = VisionLanguageGenerator(target, proc, drafts.get(draft_name), draft_name)
+        out = g.generate(image, prompt, method=method, max_new_tokens=args.new_tokens,
+                         temperature=0, num_draft_tokens=args.k, compile=compile)
+        return out.token_ids, out.stats
+    return Setup(call, [target.model.language_model, target.lm_head], drafts, originals,
+                 {"target": target, **drafts})
+
+
+def setup_tts(args, dev, dtype) -> Setup:
+    from modalities.speech import TextToSpeech
+
+    target, drafts, _, originals = build_tts(dev, dtype, args.tiny)
+    text = [list(range(3, 40))]
+
+    def call(draft_name, method, compile):
+        tts = TextToSpeech(target, drafts.get(draft_name))
+        out = tts(text, method=method, temperature=0, max_frames=args.new_tokens, decode=False,
+                  progress=False, compile=compile,
+                  **({} if method == "plain" else dict(num_draft_tokens=args.k)))
+        return [c.tolist() for c in out.codes], out.stats
+    return Setup(call, [target.model], drafts, originals,
+                 {"target": target.model, **{k: d.model for k, d in drafts.items()}})
+
+
+def bound(stats, costs: dict, draft: str, k: int) -> float:
+    """The analytic speedup: tokens per step x a plain step's cost / (a verification step of
+    K + 1 tokens + K draft steps), from the measured single-step costs."""
+    return stats.tokens_per_step * costs["t1"] / (costs["tk"] + k * costs[draft])
+
+
+def measure(which: str, st: Setup, args, modes, emit, bw, dev) -> None:
+    floor_ms = 1e3 * step_bytes(st.decoder) / bw
+    emit(dict(kind=f"{which}-shape", step_gb=step_bytes(st.decoder) / 1e9, floor_ms=floor_ms))
+    n = args.new_tokens
+    for eps in args.eps:
+        set_eps(st.originals, eps)
+        base = None
+        for mode in modes:
+            cap = mode == "captured"
+            costs = dict(t1=step_cost(st.lms["target"], 1, 1, dev, cap),
+                         tk=step_cost(st.lms["target"], 1, args.k + 1, dev, cap),
+                         **{d: step_cost(st.lms[d], 1, 1, dev, cap) for d in st.drafts})
+            (ref, _), t_plain = timed(lambda: st.call(None, "plain", cap), dev)
+            base = base or (ref, t_plain)
+            emit(dict(kind=f"{which}-plain", mode=mode, eps=eps, ms_per_token=1e3 * t_plain / n,
+                      step_over_floor=1e3 * t_plain / n / floor_ms,
+                      speedup_vs_eager_plain=base[1] / t_plain, identical=ref == base[0]))
+            for name in st.drafts:
+                (toks, stats), t = timed(lambda: st.call(name, "exact", cap), dev)
+                b = bound(stats, costs, name, args.k)
+                emit(dict(kind=f"{which}-spec", mode=mode, eps=eps, draft=name, k=args.k,
+                          acceptance=stats.acceptance_rate, tokens_per_step=stats.tokens_per_step,
+                          ms_per_token=1e3 * t / n, speedup=t_plain / t, bound=b,
+                          efficiency=t_plain / t / b, speedup_vs_eager_plain=base[1] / t,
+                          identical=toks == base[0]))
+        mmspec.release_graphs()
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     dev = torch.device(args.device)
@@ -194,79 +285,10 @@ def main(argv=None):
               copy_tb_s=bw / 1e12, torch=torch.__version__,
               transformers=__import__("transformers").__version__))
     modes = [m for m in args.modes if dev.type == "cuda" or m == "eager"]
-    n = args.new_tokens
     for which in args.which:
-        if which == "vlm":
-            from modalities.vlm import VisionLanguageGenerator
-            from recipes.train.vlm import WORDS
-
-            target, drafts, proc, originals = build_vlm(dev, dtype, args.tiny)
-            decoder = [target.model.language_model, target.lm_head]
-            from PIL import Image
-            side = 32 if args.tiny else 336
-            image = Image.new("RGB", (side, side), (200, 40, 40))
-            words = " ".join(WORDS[12:40])
-            prompt = f"USER: <image> describe the image {words} ASSISTANT:"
-
-            def call(draft_name, method, compile):
-                g = VisionLanguageGenerator(target, proc, drafts.get(draft_name), draft_name)
-                out = g.generate(image, prompt, method=method, max_new_tokens=n, temperature=0,
-                                 num_draft_tokens=args.k, compile=compile)
-                return out.token_ids, out.stats
-        elif which in QWEN_SHAPES:
-            from PIL import Image
-
-            from modalities.vlm import VisionLanguageGenerator
-            from recipes.train.vlm import WORDS
-
-            target, drafts, proc, originals = build_qwen(which, dev, dtype, args.tiny)
-            decoder = [target.model.language_model, target.lm_head]
-            side = 32 if args.tiny else 336
-            image = Image.new("RGB", (side, side), (200, 40, 40))
-            msgs = [{"role": "user", "content": [
-                {"type": "image"}, {"type": "text", "text": " ".join(WORDS[12:40])}]}]
-
-            def call(draft_name, method, compile):
-                g = VisionLanguageGenerator(target, proc, drafts.get(draft_name), draft_name)
-                out = g.generate(image, msgs, method=method, max_new_tokens=n, temperature=0,
-                                 num_draft_tokens=args.k, compile=compile)
-                return out.token_ids, out.stats
-        elif which == "tts":
-            from modalities.speech import TextToSpeech
-
-            target, drafts, _, originals = build_tts(dev, dtype, args.tiny)
-            decoder = [target.model]
-            text = [list(range(3, 40))]
-
-            def call(draft_name, method, compile):
-                tts = TextToSpeech(target, drafts.get(draft_name))
-                out = tts(text, method=method, temperature=0, max_frames=n, decode=False,
-                          progress=False, compile=compile,
-                          **({} if method == "plain" else dict(num_draft_tokens=args.k)))
-                return [c.tolist() for c in out.codes], out.stats
-        else:
-            raise ValueError(f"--which {which!r}: accepted vlm, tts, {', '.join(QWEN_SHAPES)}")
-        floor_ms = 1e3 * step_bytes(decoder) / bw
-        emit(dict(kind=f"{which}-shape", step_gb=step_bytes(decoder) / 1e9, floor_ms=floor_ms))
-        for eps in args.eps:
-            set_eps(originals, eps)
-            base = None
-            for mode in modes:
-                cap = mode == "captured"
-                (ref, _), t_plain = timed(lambda: call(None, "plain", cap), dev)
-                if base is None:
-                    base = (ref, t_plain)
-                emit(dict(kind=f"{which}-plain", mode=mode, eps=eps, ms_per_token=1e3 * t_plain / n,
-                          step_over_floor=1e3 * t_plain / n / floor_ms,
-                          speedup_vs_eager_plain=base[1] / t_plain, identical=ref == base[0]))
-                for name in drafts:
-                    (toks, st), t = timed(lambda: call(name, "exact", cap), dev)
-                    emit(dict(kind=f"{which}-spec", mode=mode, eps=eps, draft=name, k=args.k,
-                              acceptance=st.acceptance_rate, tokens_per_step=st.tokens_per_step,
-                              ms_per_token=1e3 * t / n, speedup=t_plain / t,
-                              speedup_vs_eager_plain=base[1] / t, identical=toks == base[0]))
-            mmspec.release_graphs()
-        del target, drafts, originals, call      # free one shape before building the next
+        st = setup_tts(args, dev, dtype) if which == "tts" else setup_vlm(which, args, dev, dtype)
+        measure(which, st, args, modes, emit, bw, dev)
+        del st                                   # free one shape before building the next
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     write_report(args.out, rows)
@@ -279,17 +301,18 @@ def write_report(out_dir, rows):
              f"bandwidth {s['copy_tb_s']:.2f} TB/s. Greedy, batch 1. Floor: the decoder's "
              "weights (input embeddings excepted) read once per step.", "",
              "| what | mode | eps | draft | K | acceptance | tokens/step | ms/token | step / floor "
-             "| speedup (same mode) | speedup vs eager plain | identical |", "|" + "---|" * 12]
+             "| speedup (same mode) | analytic bound | efficiency | speedup vs eager plain "
+             "| identical |", "|" + "---|" * 14]
     for r in rows[1:]:
         if r["kind"].endswith("-shape"):
             lines.append(f"| {r['kind']}: {r['step_gb']:.2f} GB per step, floor "
-                         f"{r['floor_ms']:.2f} ms |" + " |" * 11)
+                         f"{r['floor_ms']:.2f} ms |" + " |" * 13)
             continue
         lines.append("| " + " | ".join(str(v) if not isinstance(v, float) else f"{v:.2f}" for v in (
             r["kind"], r["mode"], r["eps"], r.get("draft", ""), r.get("k", ""),
             r.get("acceptance", ""), r.get("tokens_per_step", ""), r["ms_per_token"],
-            r.get("step_over_floor", ""), r.get("speedup", ""), r["speedup_vs_eager_plain"],
-            r["identical"])) + " |")
+            r.get("step_over_floor", ""), r.get("speedup", ""), r.get("bound", ""),
+            r.get("efficiency", ""), r["speedup_vs_eager_plain"], r["identical"])) + " |")
     with open(os.path.join(out_dir, "report.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
 

@@ -163,7 +163,7 @@ def step_cost(model, batch, width, dev, compile: bool, prompt_len=128, reps=20) 
     """Seconds of one decoding step of ``width`` tokens at ``batch`` rows (static cache)."""
     s = CausalLMSession(model, mmspec.SamplingParams(temperature=0), static_len=prompt_len + 64 + 4 * reps,
                         compile=compile)
-    ids = torch.randint(1, model.config.vocab_size, (batch, prompt_len), device=dev)
+    ids = torch.randint(1, model.config.get_text_config().vocab_size, (batch, prompt_len), device=dev)
     with torch.inference_mode():
         s.prefill(ids, torch.ones_like(ids))
         tok = ids[:, :width]
@@ -181,7 +181,7 @@ def step_cost(model, batch, width, dev, compile: bool, prompt_len=128, reps=20) 
 
 def prefill_cost(model, batch, dev, prompt_len=128, reps=3) -> float:
     """Seconds of one prompt pass (all prompt tokens but the last, static cache)."""
-    ids = torch.randint(1, model.config.vocab_size, (batch, prompt_len), device=dev)
+    ids = torch.randint(1, model.config.get_text_config().vocab_size, (batch, prompt_len), device=dev)
     best = float("inf")
     with torch.inference_mode():
         for _ in range(reps + 1):
