@@ -33,6 +33,7 @@ class Case:
     methods: tuple[str, ...]
     static: bool = True          # static caches supported (else refused before any work)
     own: Callable[[int], list] | None = None    # row -> [the model's own greedy generate]
+    rows: int = 2                # rows it has (VLMs: images of different sizes)
 
 
 def _image(name: str) -> Case:
@@ -87,7 +88,8 @@ def _qwen(kind: str) -> Case:
         return gen.generate([ims[i] for i in rows], [msgs[i] for i in rows], method=method,
                             temperature=0, max_new_tokens=10, seed=0,
                             static_cache=static, **params).token_ids
-    return Case(run, ("exact", "sjd"), own=lambda i: _own(gen, target, [ims[i]], [msgs[i]], 10))
+    return Case(run, ("exact", "sjd"), own=lambda i: _own(gen, target, [ims[i]], [msgs[i]], 10),
+                rows=3)
 
 
 def _onevision() -> Case:
@@ -130,7 +132,7 @@ def _chameleon() -> Case:
 
 
 def _llava_like(build, proc, other_size, token, seed: int = 0) -> Case:
-    """Two images of different sizes (other tile grids or token counts), an image draft."""
+    """Three images, two sizes (other tile grids or token counts), an image draft."""
     from PIL import Image
 
     from modalities.vlm import VisionLanguageGenerator
@@ -138,9 +140,10 @@ def _llava_like(build, proc, other_size, token, seed: int = 0) -> Case:
 
     target = build(seed=seed)
     gen = VisionLanguageGenerator(target, proc, build(seed=seed + 1, layers=1), "image")
-    ims = images(2)
+    ims = images(3)
     ims[1] = ims[1].resize(other_size, Image.NEAREST)
-    prompts = [f"USER: {token} what colour is the circle ? ASSISTANT:", f"USER: {token} a ASSISTANT:"]
+    prompts = [f"USER: {token} what colour is the circle ? ASSISTANT:", f"USER: {token} a ASSISTANT:",
+               f"USER: {token} is it red ? ASSISTANT:"]
 
     def run(method, rows, static, **params):
         return gen.generate([ims[i] for i in rows], [prompts[i] for i in rows], method=method,
@@ -151,7 +154,7 @@ def _llava_like(build, proc, other_size, token, seed: int = 0) -> Case:
         batch = gen.encode([ims[i]], [prompts[i]])
         out = target.generate(**batch, do_sample=False, max_new_tokens=10)
         return [out[0, batch["input_ids"].shape[1]:].tolist()]
-    return Case(run, ("exact", "sjd"), own=own)
+    return Case(run, ("exact", "sjd"), own=own, rows=3)
 
 
 def _speech(tts, texts, methods, static=True, frames=8, own=None) -> Case:
@@ -277,12 +280,14 @@ VLMS = [a.name for a in adapters("vlm")]
 @pytest.mark.parametrize("name", VLMS)
 def test_every_vlm_draft_width_gives_plain_greedy(name, k):
     """Every vision-language adapter, K in {1, 3, 8} drafts per step and Jacobi windows,
-    static and dynamic caches, rows with images of different sizes."""
+    static and dynamic caches, a batch of its rows (three, with images of different sizes,
+    except LLaVA and LLaVA-NeXT's two)."""
     case = CASES[name]()
-    plain = case.run("plain", [0, 1], False)
+    rows = list(range(case.rows))
+    plain = case.run("plain", rows, False)
     for static in (False, True):
-        assert case.run("exact", [0, 1], static, num_draft_tokens=k) == plain, (static, "exact")
-        assert case.run("sjd", [0, 1], static, window=k) == plain, (static, "sjd")
+        assert case.run("exact", rows, static, num_draft_tokens=k) == plain, (static, "exact")
+        assert case.run("sjd", rows, static, window=k) == plain, (static, "sjd")
 
 
 OWN = ["llava", "llava-next", "llava-onevision", "mistral3", "internvl", "idefics3", "smolvlm",
