@@ -61,8 +61,11 @@ def _vlm(kind: str) -> Case:
 
     target, draft, proc = _models(kind)
     ims, prompts = _pairs(kind)
-    gen = VisionLanguageGenerator(target, proc, draft, "image")
+    return _vlm_case(VisionLanguageGenerator(target, proc, draft, "image"), ims, prompts)
 
+
+def _vlm_case(gen, ims, prompts) -> Case:
+    """A VLM generator's case over its image-prompt pairs (one row each)."""
     def run(method, rows, static, **params):
         return gen.generate([ims[i] for i in rows], [prompts[i] for i in rows], method=method,
                             temperature=0, max_new_tokens=10, seed=0,
@@ -70,9 +73,9 @@ def _vlm(kind: str) -> Case:
 
     def own(i):
         batch = gen.encode([ims[i]], [prompts[i]])
-        out = target.generate(**batch, do_sample=False, max_new_tokens=10)
+        out = gen.target.generate(**batch, do_sample=False, max_new_tokens=10)
         return [out[0, batch["input_ids"].shape[1]:].tolist()]
-    return Case(run, ("exact", "sjd"), own=own)
+    return Case(run, ("exact", "sjd"), own=own, rows=len(prompts))
 
 
 def _qwen(kind: str) -> Case:
@@ -138,23 +141,12 @@ def _llava_like(build, proc, other_size, token, seed: int = 0) -> Case:
     from modalities.vlm import VisionLanguageGenerator
     from tiny_vlm import images
 
-    target = build(seed=seed)
-    gen = VisionLanguageGenerator(target, proc, build(seed=seed + 1, layers=1), "image")
+    gen = VisionLanguageGenerator(build(seed=seed), proc, build(seed=seed + 1, layers=1), "image")
     ims = images(3)
     ims[1] = ims[1].resize(other_size, Image.NEAREST)
     prompts = [f"USER: {token} what colour is the circle ? ASSISTANT:", f"USER: {token} a ASSISTANT:",
                f"USER: {token} is it red ? ASSISTANT:"]
-
-    def run(method, rows, static, **params):
-        return gen.generate([ims[i] for i in rows], [prompts[i] for i in rows], method=method,
-                            temperature=0, max_new_tokens=10, seed=0,
-                            static_cache=static, **params).token_ids
-
-    def own(i):
-        batch = gen.encode([ims[i]], [prompts[i]])
-        out = target.generate(**batch, do_sample=False, max_new_tokens=10)
-        return [out[0, batch["input_ids"].shape[1]:].tolist()]
-    return Case(run, ("exact", "sjd"), own=own, rows=3)
+    return _vlm_case(gen, ims, prompts)
 
 
 def _speech(tts, texts, methods, static=True, frames=8, own=None) -> Case:

@@ -208,21 +208,14 @@ PIXTRAL_WORDS = [w for w in WORDS if w != "<image>"] + PIXTRAL_SPECIAL
 
 
 def tiny_mistral3_processor():
-    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
-    from transformers import PixtralImageProcessor, PixtralProcessor, PreTrainedTokenizerFast
+    from transformers import PixtralImageProcessor, PixtralProcessor
 
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(PIXTRAL_WORDS)}, unk_token="<unk>"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
-                                                 pre_tokenizers.Punctuation("isolated")])
-    tok.add_special_tokens([AddedToken(w, normalized=False, special=True) for w in PIXTRAL_SPECIAL])
-    tok.add_tokens([AddedToken(w, normalized=False) for w in PIXTRAL_WORDS if w.endswith(":")])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
-                                   eos_token="</s>", unk_token="<unk>")
-    fast.padding_side = "left"
+    from recipes.train.vlm import special_tokenizer
+
     return PixtralProcessor(image_processor=PixtralImageProcessor(size={"longest_edge": 32},
                                                                   patch_size=8),
-                            tokenizer=fast, patch_size=8, spatial_merge_size=2,
+                            tokenizer=special_tokenizer(PIXTRAL_WORDS, PIXTRAL_SPECIAL),
+                            patch_size=8, spatial_merge_size=2,
                             chat_template=CHAT_TEMPLATE.replace("<image> ", "[IMG] "))
 
 
@@ -250,25 +243,16 @@ INTERN_WORDS = [w for w in WORDS if w != "<image>"] + INTERN_SPECIAL
 
 
 def tiny_internvl_processor():
-    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
-    from transformers import (GotOcr2ImageProcessor, InternVLProcessor, InternVLVideoProcessor,
-                              PreTrainedTokenizerFast)
+    from transformers import GotOcr2ImageProcessor, InternVLProcessor, InternVLVideoProcessor
 
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(INTERN_WORDS)}, unk_token="<unk>"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
-                                                 pre_tokenizers.Punctuation("isolated")])
-    tok.add_special_tokens([AddedToken(w, normalized=False, special=True) for w in INTERN_SPECIAL])
-    tok.add_tokens([AddedToken(w, normalized=False) for w in INTERN_WORDS if w.endswith(":")])
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-        unk_token="<unk>", extra_special_tokens={
-            "start_image_token": "<img>", "end_image_token": "</img>",
-            "context_image_token": "<IMG_CONTEXT>", "video_token": "<video>"})
-    fast.padding_side = "left"
+    from recipes.train.vlm import special_tokenizer
+
+    tok = special_tokenizer(INTERN_WORDS, INTERN_SPECIAL, extra_special_tokens={
+        "start_image_token": "<img>", "end_image_token": "</img>",
+        "context_image_token": "<IMG_CONTEXT>", "video_token": "<video>"})
     size = {"height": 32, "width": 32}
     return InternVLProcessor(image_processor=GotOcr2ImageProcessor(size=size, crop_to_patches=False),
-                             tokenizer=fast, video_processor=InternVLVideoProcessor(size=size),
+                             tokenizer=tok, video_processor=InternVLVideoProcessor(size=size),
                              image_seq_length=4,
                              chat_template=CHAT_TEMPLATE.replace("<image> ", "<IMG_CONTEXT> "))
 
@@ -297,22 +281,15 @@ IDEFICS_WORDS = [w for w in WORDS if w != "<image>"] + IDEFICS_SPECIAL
 
 
 def tiny_idefics3_processor():
-    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
-    from transformers import Idefics3ImageProcessor, Idefics3Processor, PreTrainedTokenizerFast
+    from transformers import Idefics3ImageProcessor, Idefics3Processor
 
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(IDEFICS_WORDS)}, unk_token="<unk>"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
-                                                 pre_tokenizers.Punctuation("isolated")])
-    tok.add_special_tokens([AddedToken(w, normalized=False, special=True) for w in IDEFICS_SPECIAL])
-    tok.add_tokens([AddedToken(w, normalized=False) for w in IDEFICS_WORDS if w.endswith(":")])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
-                                   eos_token="</s>", unk_token="<unk>")
-    fast.padding_side = "left"
+    from recipes.train.vlm import special_tokenizer
+
     ip = Idefics3ImageProcessor(do_image_splitting=False, size={"longest_edge": 32},
                                 max_image_size={"longest_edge": 32}, resample=3)
-    return Idefics3Processor(image_processor=ip, tokenizer=fast, image_seq_len=4,
-                             chat_template=CHAT_TEMPLATE)
+    return Idefics3Processor(image_processor=ip,
+                             tokenizer=special_tokenizer(IDEFICS_WORDS, IDEFICS_SPECIAL),
+                             image_seq_len=4, chat_template=CHAT_TEMPLATE)
 
 
 def tiny_idefics3(seed: int = 0, hidden: int = 32, layers: int = 2, family: str = "Idefics3"):
@@ -345,22 +322,13 @@ CHAMELEON_WORDS = ([w for w in WORDS if w != "<image>"] + CHAMELEON_SPECIAL
 
 
 def tiny_chameleon_processor():
-    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
-    from transformers import ChameleonImageProcessor, ChameleonProcessor, PreTrainedTokenizerFast
+    from transformers import ChameleonImageProcessor, ChameleonProcessor
 
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(CHAMELEON_WORDS)},
-                                     unk_token="<unk>"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
-                                                 pre_tokenizers.Punctuation("isolated")])
-    tok.add_special_tokens([AddedToken(w, normalized=False, special=True)
-                            for w in CHAMELEON_SPECIAL])
-    tok.add_tokens([AddedToken(w, normalized=False) for w in CHAMELEON_WORDS if w.endswith(":")])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
-                                   eos_token="</s>", unk_token="<unk>", sep_token="<reserved08706>")
-    fast.padding_side = "left"
+    from recipes.train.vlm import special_tokenizer
+
+    tok = special_tokenizer(CHAMELEON_WORDS, CHAMELEON_SPECIAL, sep_token="<reserved08706>")
     ip = ChameleonImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
-    proc = ChameleonProcessor(image_processor=ip, tokenizer=fast, image_seq_length=16)
+    proc = ChameleonProcessor(image_processor=ip, tokenizer=tok, image_seq_length=16)
     proc.chat_template = CHAT_TEMPLATE
     return proc
 

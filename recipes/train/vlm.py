@@ -73,10 +73,11 @@ QWEN_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}USER: "
                  "{% if add_generation_prompt %}ASSISTANT:{% endif %}")
 
 
-def qwen_tokenizer(words):
-    """A word-level fast tokenizer over ``words`` with Qwen-VL's vision tokens
-    (``QWEN_SPECIAL``, which ``words`` must contain) as special tokens; lower-cased, left
-    padding."""
+def special_tokenizer(words, special, **tokens):
+    """A word-level fast tokenizer over ``words`` whose ``special`` tokens (image
+    placeholders, which ``words`` must contain) are matched whole; lower-cased, punctuation
+    split off, left padding. ``tokens``: more named tokens (``sep_token``,
+    ``extra_special_tokens``) for the processors that read them."""
     from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -84,12 +85,17 @@ def qwen_tokenizer(words):
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
                                                  pre_tokenizers.Punctuation("isolated")])
-    tok.add_special_tokens([AddedToken(w, normalized=False, special=True) for w in QWEN_SPECIAL])
+    tok.add_special_tokens([AddedToken(w, normalized=False, special=True) for w in special])
     tok.add_tokens([AddedToken(w, normalized=False) for w in words if w.endswith(":")])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
-                                   eos_token="</s>", unk_token="<unk>")
+                                   eos_token="</s>", unk_token="<unk>", **tokens)
     fast.padding_side = "left"
     return fast
+
+
+def qwen_tokenizer(words):
+    """``special_tokenizer`` with Qwen-VL's vision tokens (``QWEN_SPECIAL``)."""
+    return special_tokenizer(words, QWEN_SPECIAL)
 
 
 def qwen_processor(words, kind: str = "qwen2-vl", patch: int = 4, max_pixels: int = 64 * 64):
