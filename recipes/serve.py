@@ -269,7 +269,7 @@ def build_parser():
         ap.add_argument(f"--{kind}-model", default=None,
                         help=f"{what} folder or id (default: the bundled {name})")
         ap.add_argument(f"--{kind}-draft", default=None,
-                        help=f"its draft (default: the bundled draft with the bundled model, "
+                        help="its draft (default: the bundled draft with the bundled model, "
                              "else none)")
     add_common(ap)
     return describe(ap)
