@@ -227,10 +227,8 @@ class CausalLMSession(Session):
         dynamic cache. Call after ``prefill`` has made the cache."""
         if self._static is None:
             return value
-        buf = self._static.buffers.get(name)
-        if buf is None or buf.shape != value.shape or buf.dtype != value.dtype:
-            buf = self._static.buffers[name] = value.clone()
-        return buf.copy_(value)
+        # one shape per static cache (its key holds the rows): copy_ refuses any other
+        return self._static.buffers.setdefault(name, torch.empty_like(value)).copy_(value)
 
     def logits(self, out) -> torch.Tensor:
         """Logits [R, n, V] from the model's output (adapters select or remap the vocabulary here)."""
@@ -439,7 +437,6 @@ class CausalLMSession(Session):
         if self.static_len is None and self.cache.get_seq_length() != expected:
             raise RuntimeError(f"cache length {self.cache.get_seq_length()} != committed "
                                f"length {expected}")
-
 
     def _commit_recurrent(self, n: int, keep: int, valid: torch.Tensor) -> None:
         """Commit on a cache with recurrent layers, which cannot drop slots.

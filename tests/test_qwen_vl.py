@@ -193,10 +193,8 @@ def test_a_padded_target_vocabulary_maps_the_family_draft():
     """Family members pad their vocabularies differently (151,936 vs 152,064 ids): a draft
     whose vocabulary is a prefix of the target's is mapped by zero-padding."""
     proc = tiny_qwen_processor("qwen2-vl")
+    # the target may emit padded ids (random weights): the draft then reads its fallback id
     target = tiny_qwen_vl("qwen2-vl", vocab=len(QWEN_WORDS) + 16)
-    with torch.no_grad():
-        target.lm_head.weight[len(QWEN_WORDS):] = 0.0           # padded ids: never the argmax
-        target.lm_head.weight[len(QWEN_WORDS):, 0] = -50.0
     ims, msgs = _pairs()
     draft = tiny_qwen_vl("qwen2-vl", seed=1, layers=1)
     plain = VisionLanguageGenerator(target, proc).generate(ims, msgs, method="plain",

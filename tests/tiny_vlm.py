@@ -106,15 +106,8 @@ QWEN_SPECIAL = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_
 QWEN_WORDS = WORDS[:4] + QWEN_SPECIAL + [w for w in WORDS[4:] if w != "<image>"]
 
 
-QWEN_KINDS = {  # adapter name -> (model type, config class, model class, processor class)
-    "qwen2-vl": ("qwen2_vl", "Qwen2VLConfig", "Qwen2VLForConditionalGeneration",
-                 "Qwen2VLProcessor"),
-    "qwen2.5-vl": ("qwen2_5_vl", "Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration",
-                   "Qwen2_5_VLProcessor"),
-    "qwen3-vl": ("qwen3_vl", "Qwen3VLConfig", "Qwen3VLForConditionalGeneration",
-                 "Qwen3VLProcessor"),
-    "qwen3.5": ("qwen3_5", "Qwen3_5Config", "Qwen3_5ForConditionalGeneration",
-                "Qwen3VLProcessor"),
+QWEN_KINDS = {  # adapter name -> transformers' class prefix
+    "qwen2-vl": "Qwen2VL", "qwen2.5-vl": "Qwen2_5_VL", "qwen3-vl": "Qwen3VL", "qwen3.5": "Qwen3_5",
 }
 
 
@@ -158,8 +151,9 @@ def tiny_qwen_vl(kind: str = "qwen2-vl", seed: int = 0, hidden: int = 32, layers
                       num_heads=2, patch_size=patch, spatial_merge_size=2, temporal_patch_size=2,
                       num_position_embeddings=64,
                       **({} if kind == "qwen3.5" else dict(deepstack_visual_indexes=[0])))
-    cfg = getattr(transformers, QWEN_KINDS[kind][1])(text_config=text, vision_config=vision, **ids)
-    return getattr(transformers, QWEN_KINDS[kind][2])(cfg).eval()
+    prefix = QWEN_KINDS[kind]
+    cfg = getattr(transformers, f"{prefix}Config")(text_config=text, vision_config=vision, **ids)
+    return getattr(transformers, f"{prefix}ForConditionalGeneration")(cfg).eval()
 
 
 # -- LLaVA-OneVision (anyres, SigLIP + Qwen2) ----------------------------------------------------

@@ -105,23 +105,4 @@ class EnsembleDrafter(ModelDrafter):
                 lq = qm.gather(-1, y[None, :, None].expand(self.modes, -1, 1)).squeeze(-1)
                 self.score += hit[None] * lq.clamp_min(1e-12).log()
             self.count += 1
-        n = out.num_accepted
-        max_n = max(num_accepted)
-        kept_drafts = min(max_n, k - 1)
-        cols = torch.arange(kept_drafts, device=n.device)
-        step_valid = self._rep(((cols[None] < n[:, None]).long() * self._on[:, None]))
-        valid = torch.cat([self._fed_valid, step_valid], 1)
-        if max_n == k and self.session.recurrent:      # no hole before a token (ModelDrafter)
-            all_in = self._rep((n == k).long()[:, None] * self._on[:, None])
-            last = self._rep(out.tokens[:, k - 1: k])
-            self.session.step(torch.where(all_in.bool(), last, 0), all_in)
-            self.session.commit(self._fed + k, torch.cat([valid, all_in], 1))
-            self._backlog = self._backlog_valid = None
-            return
-        self.session.commit(self._fed + kept_drafts, valid)
-        if max_n == k:
-            all_in = (n == k)[:, None]
-            self._backlog = self._rep(torch.where(all_in, out.tokens[:, k - 1: k], 0))
-            self._backlog_valid = self._rep(all_in.long())
-        else:
-            self._backlog = self._backlog_valid = None
+        super().observe(out, target_probs, num_accepted)

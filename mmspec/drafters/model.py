@@ -96,6 +96,10 @@ class ModelDrafter(Drafter):
                 feed, valid = x[:, None], on[:, None]
         return Draft(tokens=torch.stack(tokens, 1), probs=distributions.stack(probs))
 
+    def _rep(self, t: torch.Tensor) -> torch.Tensor:
+        """Per-row values as the session's rows (one block here; an ensemble repeats them)."""
+        return t
+
     def observe(self, out, target_probs, num_accepted) -> None:
         k = self._k
         if k == 0:
@@ -105,22 +109,21 @@ class ModelDrafter(Drafter):
         max_n = k if self.host_free else max(num_accepted)     # host-free: keep all, holes
         kept_drafts = min(max_n, k - 1)
         cols = torch.arange(kept_drafts, device=n.device)
-        valid = torch.cat([self._fed_valid, (cols[None] < n[:, None]).long() * self._on[:, None]], 1)
+        kept = self._rep((cols[None] < n[:, None]).long() * self._on[:, None])
+        valid = torch.cat([self._fed_valid, kept], 1)
+        all_in = self._rep((n == k).long()[:, None] * self._on[:, None])    # accepted all K
+        fill = self._rep(out.tokens[:, k - 1 : k])       # their K-th token, not cached yet
+        fill = torch.where(all_in.view(*all_in.shape, *[1] * (fill.dim() - 2)).bool(), fill, 0)
         if max_n == k and self.session.recurrent:
-            # Recurrent states take no hole before a real token: the K-th drafts of the rows
-            # that accepted every draft are fed now (the other rows' slot, a trailing hole,
-            # is replayed away by the commit) instead of waiting at the front of next step.
-            all_in = (n == k).long()[:, None] * self._on[:, None]
-            self.session.step(torch.where(all_in.bool(), out.tokens[:, k - 1 : k], 0), all_in)
+            # Recurrent states take no hole before a real token: the K-th tokens are fed now
+            # (the other rows' slot, a trailing hole, is replayed away by the commit) rather
+            # than at the front of the next step.
+            self.session.step(fill, all_in)
             self.session.commit(self._fed + k, torch.cat([valid, all_in], 1))
             self._backlog = self._backlog_valid = None
-            return
-        self.session.commit(self._fed + kept_drafts, valid)
-        if max_n == k:  # rows that accepted every draft: their K-th token is not cached yet
-            all_in = (n == k)[:, None]
-            fill = out.tokens[:, k - 1 : k]
-            mask = all_in.view(*all_in.shape, *([1] * (fill.dim() - 2)))
-            self._backlog = torch.where(mask, fill, 0)  # 0: masked filler
-            self._backlog_valid = all_in.long()
+        elif max_n == k:
+            self.session.commit(self._fed + kept_drafts, valid)
+            self._backlog, self._backlog_valid = fill, all_in    # 0: masked filler
         else:
+            self.session.commit(self._fed + kept_drafts, valid)
             self._backlog = self._backlog_valid = None
