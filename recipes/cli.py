@@ -168,6 +168,50 @@ def _shown(value) -> str:
     return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
+BUNDLED = os.path.join(ROOT, "samples", "models")
+
+
+def add_models(ap, bundled: str, flag: str = "--model") -> None:
+    """The model flag (``--model``; the VLM's ``--target``) and ``--draft``, bundled by
+    default."""
+    ap.add_argument(flag, default=None,
+                    help=f"folder or Hugging Face id (default: the bundled {bundled})")
+    ap.add_argument("--draft", default=None,
+                    help="draft model folder or id (default: the bundled draft with the "
+                         "bundled model, else none)")
+
+
+def bundled_pair(model: str | None, draft: str | None, bundled: str,
+                 bundled_draft: str) -> tuple[str, str | None]:
+    """(model, draft) from the flags: the bundled pair when no model is given (its draft when
+    present), refusing a missing bundled model in one line."""
+    if model is not None:
+        return model, draft
+    path = os.path.join(BUNDLED, bundled)
+    if not os.path.exists(path):
+        raise ValueError(f"the bundled model is missing ({path}); pass a model folder or id")
+    if draft is None and os.path.exists(os.path.join(BUNDLED, bundled_draft)):
+        draft = os.path.join(BUNDLED, bundled_draft)
+    return path, draft
+
+
+def add_sampling(ap, top_p: bool = True) -> None:
+    """``--guidance``, ``--temperature``, ``--top-k`` (``--top-p``) and ``--seed``."""
+    ap.add_argument("--guidance", type=GUIDANCE, default=None,
+                    help="classifier-free guidance scale (default: the model's)")
+    ap.add_argument("--temperature", type=TEMPERATURE, default=1.0, help="0 is greedy")
+    ap.add_argument("--top-k", type=COUNT, default=None, help="(default: no top-k filter)")
+    if top_p:
+        ap.add_argument("--top-p", type=Number(float, 0, 1, open_low=True), default=None,
+                        help="(default: no top-p filter)")
+    ap.add_argument("--seed", type=SEED, default=0)
+
+
+def add_compile(ap) -> None:
+    ap.add_argument("--compile", action="store_true",
+                    help="static caches and CUDA-graph steps (CUDA only; same tokens under greedy)")
+
+
 def add_common(ap) -> None:
     """``--device`` and ``--verbose`` (third-party loading bars and warnings; quiet by default)."""
     ap.add_argument("--device", default=None,

@@ -19,11 +19,9 @@ import os
 
 from PIL import Image
 
-from recipes.cli import (COUNT, GUIDANCE, SEED, TEMPERATURE, Number, Parser, add_common,
-                         add_method_flags, check_method, configure, describe, run)
-
-BUNDLED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "samples",
-                       "models")
+from recipes.cli import (COUNT, Number, Parser, add_common, add_compile, add_method_flags,
+                         add_models, add_sampling, bundled_pair, check_method, configure,
+                         describe, run)
 
 # the method parameters this recipe takes as flags
 METHOD_PARAMS = ("window", "coupling", "init", "num_draft_tokens", "k", "delta", "lam",
@@ -48,28 +46,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompts-file", help="one prompt per line (default: none)")
     ap.add_argument("--class-labels", nargs="*", type=Number(int, 0),
                     help="class ids for class-conditional models (default: none)")
-    ap.add_argument("--model", default=None,
-                    help="folder or Hugging Face id (default: the bundled shapes-t2i)")
-    ap.add_argument("--draft", default=None,
-                    help="draft model folder (default: the bundled draft with the bundled model, "
-                         "else none)")
+    add_models(ap, "shapes-t2i")
     ap.add_argument("--method", default="sjd-maximal",
                     help="plain, exact, sjd, sjd-maximal, sjd-gumbel, lantern, gsd, pcg, "
                          "annealed, lantern++, or <drafter>+<rule>")
     add_method_flags(ap, METHOD_PARAMS)
-    ap.add_argument("--guidance", type=GUIDANCE, default=None,
-                    help="classifier-free guidance scale (default: the model's)")
+    add_sampling(ap)
     ap.add_argument("--negative-prompt", default=None, help="(default: the empty prompt)")
-    ap.add_argument("--temperature", type=TEMPERATURE, default=1.0, help="0 is greedy")
-    ap.add_argument("--top-k", type=COUNT, default=None, help="(default: no top-k filter)")
-    ap.add_argument("--top-p", type=Number(float, 0, 1, open_low=True), default=None,
-                    help="(default: no top-p filter)")
-    ap.add_argument("--seed", type=SEED, default=0)
     ap.add_argument("--num-images", type=COUNT, default=1, help="images per prompt")
     ap.add_argument("--out", default="out/text_to_image", help="output folder")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
-    ap.add_argument("--compile", action="store_true",
-                    help="static caches and CUDA-graph steps (CUDA only; same tokens under greedy)")
+    add_compile(ap)
     add_common(ap)
     return describe(ap)
 
@@ -82,14 +69,7 @@ def main(argv=None) -> dict:
     args = parse(argv)
     from modalities.image import TextToImage
 
-    model = args.model or os.path.join(BUNDLED, "shapes-t2i")
-    draft = args.draft
-    if args.model is None and draft is None:
-        draft = os.path.join(BUNDLED, "shapes-t2i-draft")
-    if not os.path.exists(model) and args.model is None:
-        raise ValueError(f"the bundled model is missing ({model}); pass --model")
-    if draft is not None and not os.path.exists(draft) and args.draft is None:
-        draft = None
+    model, draft = bundled_pair(args.model, args.draft, "shapes-t2i", "shapes-t2i-draft")
     pipe = TextToImage.from_pretrained(model, draft=draft, device=configure(args))
     params = {k: getattr(args, k) for k in METHOD_PARAMS if getattr(args, k) is not None}
     check_method(args.method, params, pipe.draft is not None, pipe.target.codebook_embeddings())

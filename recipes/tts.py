@@ -15,11 +15,9 @@ from __future__ import annotations
 import argparse
 import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-from recipes.cli import (COUNT, GUIDANCE, SEED, TEMPERATURE, Parser, add_common, add_method_flags,
-                         check_method, configure, describe, run)
+from recipes.cli import (Parser, add_common, add_compile, add_method_flags, add_models,
+                         add_sampling, bundled_pair, check_method, configure, describe, run)
 
 METHOD_PARAMS = ("num_draft_tokens", "theta", "window")
 
@@ -38,22 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--text", action="append", default=[],
                     help="a text (repeatable; default: none)")
     ap.add_argument("--texts-file", help="one text per line (default: none)")
-    ap.add_argument("--model", default=None,
-                    help="folder or Hugging Face id (default: the bundled shapes-tts)")
-    ap.add_argument("--draft", default=None,
-                    help="draft model folder (default: the bundled draft with the bundled model, "
-                         "else none)")
+    add_models(ap, "shapes-tts")
     ap.add_argument("--method", default="exact",
                     help="plain, exact, pcg, jacobi, or <drafter>+<rule>")
     add_method_flags(ap, METHOD_PARAMS)
-    ap.add_argument("--temperature", type=TEMPERATURE, default=1.0, help="0 is greedy")
-    ap.add_argument("--top-k", type=COUNT, default=None, help="(default: no top-k filter)")
-    ap.add_argument("--guidance", type=GUIDANCE, default=None,
-                    help="classifier-free guidance scale (default: the model's)")
-    ap.add_argument("--seed", type=SEED, default=0)
+    add_sampling(ap, top_p=False)
     ap.add_argument("--out", default="out/tts", help="output folder")
-    ap.add_argument("--compile", action="store_true",
-                    help="static caches and CUDA-graph steps (CUDA only; same tokens under greedy)")
+    add_compile(ap)
     add_common(ap)
     return describe(ap)
 
@@ -62,13 +51,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     from modalities.speech import TextToSpeech
 
-    model = args.model or os.path.join(ROOT, "samples", "models", "shapes-tts")
-    draft = args.draft
-    if args.model is None and draft is None:
-        cand = os.path.join(ROOT, "samples", "models", "shapes-tts-draft")
-        draft = cand if os.path.exists(cand) else None
-    if args.model is None and not os.path.exists(model):
-        raise ValueError(f"the bundled TTS model is missing ({model}); pass --model")
+    model, draft = bundled_pair(args.model, args.draft, "shapes-tts", "shapes-tts-draft")
     texts = list(args.texts) + list(args.text)
     if args.texts_file:
         with open(args.texts_file) as f:

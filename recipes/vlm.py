@@ -12,24 +12,17 @@ measured in the same run. Without --target it uses the bundled shapes-world VLM
 from __future__ import annotations
 
 import argparse
-import os
 
 from PIL import Image
 
-from recipes.cli import (COUNT, SEED, TEMPERATURE, Parser, add_common, check_method, configure,
-                         describe, run)
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from recipes.cli import (COUNT, SEED, TEMPERATURE, Parser, add_common, add_compile, add_models,
+                         bundled_pair, check_method, configure, describe, run)
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("inputs", nargs="+", help="image paths, then the question")
-    ap.add_argument("--target", default=None,
-                    help="folder or Hugging Face id (default: the bundled shapes-vlm)")
-    ap.add_argument("--draft", default=None,
-                    help="draft model folder or id (default: the bundled text draft with the "
-                         "bundled target, else none)")
+    add_models(ap, "shapes-vlm", flag="--target")
     ap.add_argument("--draft-mode", choices=["text", "image", "ensemble"], default=None,
                     help="how the draft sees the image (default: image for a VLM draft, text "
                          "for a language model)")
@@ -38,8 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-new-tokens", type=COUNT, default=64)
     ap.add_argument("--temperature", type=TEMPERATURE, default=0.0, help="0 is greedy")
     ap.add_argument("--seed", type=SEED, default=0)
-    ap.add_argument("--compile", action="store_true",
-                    help="static caches and CUDA-graph steps (CUDA only; same tokens under greedy)")
+    add_compile(ap)
     add_common(ap)
     return describe(ap)
 
@@ -51,13 +43,7 @@ def main(argv=None):
         raise ValueError("give at least one image path before the question")
     from modalities.vlm import VisionLanguageGenerator
 
-    target = args.target or os.path.join(ROOT, "samples", "models", "shapes-vlm")
-    if args.target is None and not os.path.exists(target):
-        raise ValueError(f"the bundled VLM is missing ({target}); pass --target")
-    draft = args.draft
-    if args.target is None and draft is None:
-        cand = os.path.join(ROOT, "samples", "models", "shapes-vlm-text-draft")
-        draft = cand if os.path.exists(cand) else None
+    target, draft = bundled_pair(args.target, args.draft, "shapes-vlm", "shapes-vlm-text-draft")
     gen = VisionLanguageGenerator.from_pretrained(target, draft=draft, draft_mode=args.draft_mode,
                                                   device=configure(args))
     check_method(args.method, {"num_draft_tokens": args.num_draft_tokens}, gen.draft is not None,
