@@ -75,6 +75,7 @@ class VerifyOutput:
     num_accepted: torch.Tensor
     fallbacks: torch.Tensor | None = None   # [B] bool: residual draws that hit a bound
     residual_proposals: torch.Tensor | None = None   # [B] long: proposals drawn at a rejection
+    path: torch.Tensor | None = None   # trees: [B, D+1] node of each kept slot (``mmspec.tree``)
 
     @property
     def num_emitted(self) -> torch.Tensor:

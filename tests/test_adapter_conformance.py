@@ -59,8 +59,13 @@ def _vlm(kind: str) -> Case:
     from modalities.vlm import VisionLanguageGenerator
     from test_vlm import _models, _pairs
 
+    from PIL import Image
+
     target, draft, proc = _models(kind)
     ims, prompts = _pairs(kind)
+    # a third row: another image size (LLaVA-NeXT: another tile grid) and prompt length
+    ims = [*ims, ims[0].resize((48, 32), Image.NEAREST)]
+    prompts = [*prompts, "USER: <image> is it red ? ASSISTANT:"]
     return _vlm_case(VisionLanguageGenerator(target, proc, draft, "image"), ims, prompts)
 
 

@@ -43,6 +43,7 @@ class Rule:
     name: str = "rule"
     event: str = "token"
     exact_at: dict | None = None      # relaxed rules: the parameters where they equal Exact
+    trees: bool = False               # verifies draft trees (``verify_tree``)
 
     # -- built from a method's parameters (``mmspec.registry``) ----------------------------
     @classmethod
@@ -84,6 +85,15 @@ class Rule:
                  pos: torch.Tensor) -> torch.Tensor:
         """x [N], p [N, V], q [N, V] or None, pos [N] (0-based) -> [N, V] distribution."""
         raise NotImplementedError
+
+    def verify_tree(self, tree, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
+                    target_probs: torch.Tensor, generator: torch.Generator | None = None
+                    ) -> VerifyOutput:
+        """Verify a draft tree (``mmspec.tree.Tree``; tokens [B, K], probs [B, K, V] or None,
+        target_probs [B, K + 1, V]): the emitted tokens along the accepted path, with
+        ``path``. Rules that declare ``trees`` implement it (``mmspec.acceptance.tree``)."""
+        raise ValueError(f"rule {self.name!r} does not verify draft trees: accepted 'exact' or "
+                         "'greedy' (lossless tree verification)")
 
     # -- shared helpers ----------------------------------------------------------------
     @staticmethod

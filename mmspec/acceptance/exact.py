@@ -20,6 +20,7 @@ import torch
 from ..sampling import residual as _residual
 from ..types import PAD, VerifyOutput
 from .base import Rule
+from .tree import exact_tree, greedy_tree
 
 
 @dataclass(frozen=True, repr=False)
@@ -28,6 +29,10 @@ class Exact(Rule):
 
     lossless = True
     name = "exact"
+    trees = True
+
+    def verify_tree(self, tree, draft_tokens, draft_probs, target_probs, generator=None):
+        return exact_tree(tree, draft_tokens, draft_probs, target_probs, generator)
 
     def accept_prob(self, x, p, q):
         px = p.gather(-1, x[..., None]).squeeze(-1)
@@ -50,6 +55,10 @@ class Greedy(Rule):
 
     lossless = True
     name = "greedy"
+    trees = True
+
+    def verify_tree(self, tree, draft_tokens, draft_probs, target_probs, generator=None):
+        return greedy_tree(tree, draft_tokens, draft_probs, target_probs, generator)
 
     def accept_prob(self, x, p, q):
         return (x == p.argmax(-1)).to(p.dtype)

@@ -1,0 +1,265 @@
+"""Draft trees: the shape tables, and lossless tree verification.
+
+Analytic (float64): the verification's own per-round function (``sibling_round``) composed
+over every sibling draw, every accept/reject branch and every emitted token, lazily (only the
+children of visited nodes are drawn); the distribution of the first m emitted tokens must
+equal the target's to 1e-12, for tree shapes up to 3 levels x 3 siblings, children drawn
+i.i.d. from q, without replacement from q, or deterministically (top-k: point masses), for
+p and q with zeros, p == q and disjoint supports. The batched walk (``exact_tree``) is
+checked against the same enumeration by Monte Carlo, and end to end in test_tree_decoding.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from mmspec.acceptance import Exact, Greedy, Lantern
+from mmspec.acceptance.tree import exact_tree, greedy_tree, sibling_round
+from mmspec.tree import Tree
+from mmspec.types import PAD
+from test_exact_analytic import Tables
+from stats_util import chi_square_pvalue
+
+
+def _children(parents) -> list[list[int]]:
+    kids = [[] for _ in range(len(parents) + 1)]
+    for i, p in enumerate(parents, 1):
+        kids[p].append(i)
+    return kids
+
+
+def _choices(q: torch.Tensor, drawn: tuple, j: int, mode: str):
+    """(token, probability of drawing it, the q it was drawn from or None) for sibling j."""
+    if mode == "top":
+        order = sorted(range(len(q)), key=lambda t: (-float(q[t]), t))
+        return [(order[j], 1.0, None)]
+    if mode == "without":
+        q = q.clone()
+        q[list(drawn)] = 0
+        q = q / q.sum()
+    return [(x, float(q[x]), q) for x in range(len(q)) if q[x] > 0]
+
+
+def tree_emitted(parents, tables: Tables, m: int, mode: str) -> dict:
+    """{first m emitted tokens: probability} under exact tree verification."""
+    kids, out = _children(parents), {}
+
+    def emit(pre, w, left, y):
+        if left == 1:
+            out[pre + (y,)] = out.get(pre + (y,), 0.0) + w
+        else:
+            walk(0, pre + (y,), tables.get(pre + (y,))[0], 0, (), w, left - 1)
+
+    def walk(node, pre, r, j, drawn, w, left):
+        if j == len(kids[node]):                 # every child rejected (or a leaf): draw from r
+            for y in range(len(r)):
+                if r[y] > 0:
+                    emit(pre, w * float(r[y]), left, y)
+            return
+        q = tables.get(pre)[1]
+        for x, px, qj in _choices(q, drawn, j, mode):
+            a, res = sibling_round(r, torch.tensor(x), qj)
+            a = float(a)
+            if a > 0:                             # accepted: the child's token is emitted
+                if left == 1:
+                    out[pre + (x,)] = out.get(pre + (x,), 0.0) + w * px * a
+                else:
+                    child = kids[node][j]
+                    walk(child, pre + (x,), tables.get(pre + (x,))[0], 0, (), w * px * a,
+                         left - 1)
+            if a < 1:
+                walk(node, pre, res, j + 1, drawn + (x,), w * px * (1 - a), left)
+
+    walk(0, (), tables.get(())[0], 0, (), 1.0, m)
+    return out
+
+
+def target_emitted(tables: Tables, m: int) -> dict:
+    out = {}
+    for seq in itertools.product(range(tables.v), repeat=m):
+        w = 1.0
+        for i in range(m):
+            w *= float(tables.get(seq[:i])[0][seq[i]])
+        if w > 0:
+            out[seq] = w
+    return out
+
+
+def _shapes():
+    for d in (1, 2, 3):
+        for b in itertools.product((1, 2, 3), repeat=d):
+            yield Tree.uniform(b), b
+    # irregular: a chain with a side branch, a bushy root with one deep branch
+    yield Tree.from_parents((0, 0, 1, 3)), "side"
+    yield Tree.from_parents((0, 0, 0, 3, 4)), "deep"
+
+
+SHAPES = list(_shapes())
+CASES = [("plain", "plain", "random"), ("zeros", "zeros", "random"), ("plain", "plain", "equal"),
+         ("plain", "plain", "disjoint"), ("onehot", "plain", "random")]
+
+
+def _parents(tree: Tree) -> tuple:
+    return tuple(tree.parents[0].tolist())
+
+
+@pytest.mark.parametrize("mode", ["top", "iid", "without"])
+@pytest.mark.parametrize("tree,shape", SHAPES, ids=[str(s) for _, s in SHAPES])
+def test_tree_verification_is_exact(tree, shape, mode):
+    """Every uniform shape up to 3 levels x 3 siblings and two irregular ones: the first
+    max_depth + 1 emitted tokens (every level reached) are the target's, for five p/q kinds
+    (three siblings i.i.d. over three tokens enumerate the first two levels only, to keep
+    the enumeration in seconds)."""
+    heavy = mode != "top" and tree.max_children == 3 and tree.max_depth == 3
+    m = 2 if heavy else tree.max_depth + 1
+    # without replacement: three siblings need three tokens in q's support
+    cases = CASES if mode != "without" else [c for c in CASES if c[1:] != ("zeros", "random")
+                                             and c[2] != "disjoint"]
+    for seed, (p_kind, q_kind, relation) in enumerate(cases):
+        tables = Tables(3, seed, p_kind, q_kind, relation)
+        got, want = tree_emitted(_parents(tree), tables, m, mode), target_emitted(tables, m)
+        assert set(got) <= set(want) | {k for k, v in got.items() if v < 1e-14}
+        for seq, w in want.items():
+            assert abs(got.get(seq, 0.0) - w) < 1e-12, (shape, mode, relation, seq)
+
+
+@pytest.mark.parametrize("mode", ["iid", "without"])
+def test_the_full_three_by_three_tree_is_exact_to_its_leaves(mode):
+    """Three levels of three sampled siblings, enumerated down to the leaves (4 tokens)."""
+    tree = Tree.uniform((3, 3, 3))
+    tables = Tables(3, 11, "plain", "plain", "random")
+    got, want = tree_emitted(_parents(tree), tables, 4, mode), target_emitted(tables, 4)
+    for seq, w in want.items():
+        assert abs(got.get(seq, 0.0) - w) < 1e-12, seq
+
+
+def test_the_enumeration_fails_for_a_wrong_residual(monkeypatch):
+    """The analytic check can fail: with the residual replaced by p (no subtraction of q) the
+    first emitted token is no longer the target's."""
+    import test_tree
+
+    right = sibling_round
+
+    def wrong(target, x, q):
+        a, _ = right(target, x, q)
+        return a, target
+    monkeypatch.setattr(test_tree, "sibling_round", wrong)
+    tables = Tables(3, 0, "plain", "plain", "random")
+    got = tree_emitted((0, 0, 0), tables, 1, "iid")
+    want = target_emitted(tables, 1)
+    assert max(abs(got.get(s, 0.0) - w) for s, w in want.items()) > 1e-3
+
+
+def test_tree_tables():
+    t = Tree.from_parents((0, 0, 1, 1, 2), batch=2)
+    assert t.num_nodes == 6 and t.max_depth == 2 and t.max_children == 2
+    assert t.depths()[0].tolist() == [0, 1, 1, 2, 2, 2]
+    assert t.children()[1].tolist() == [[1, 2], [3, 4], [5, -1], [-1, -1], [-1, -1], [-1, -1]]
+    anc = t.ancestors()[0]
+    assert anc[5].nonzero().flatten().tolist() == [0, 2, 5]
+    assert anc[3].nonzero().flatten().tolist() == [0, 1, 3]
+    chain = Tree.chain(3)
+    assert chain.max_depth == 3 and chain.max_children == 1
+    assert bool(chain.ancestors()[0].equal(torch.ones(4, 4, dtype=torch.bool).tril()))
+    with pytest.raises(ValueError, match=r"parents\[1\]=2"):
+        Tree.from_parents((0, 2))
+    with pytest.raises(ValueError, match="branching"):
+        Tree.uniform((2, 0))
+
+
+def _batched(tree, tables, n, mode, seed=0):
+    """Draw n trees of the analytic model in a batch and verify them with ``exact_tree``;
+    returns the first emitted tokens' counts."""
+    g = torch.Generator().manual_seed(seed)
+    kids = _children(_parents(tree))
+    k = tree.num_nodes - 1
+    tokens = torch.zeros(n, k, dtype=torch.long)
+    probs = torch.zeros(n, k, tables.v, dtype=torch.float64)
+    p = torch.zeros(n, k + 1, tables.v, dtype=torch.float64)
+    prefixes = [[()] * (k + 1) for _ in range(n)]
+    for node in range(k + 1):
+        for b in range(n):
+            base = prefixes[b][node]
+            p[b, node] = tables.get(base)[0]
+            q = tables.get(base)[1]
+            drawn = ()
+            for c in kids[node]:
+                if mode == "top":
+                    x = sorted(range(tables.v), key=lambda t: (-float(q[t]), t))[len(drawn)]
+                else:
+                    qj = q.clone()
+                    if mode == "without":
+                        qj[list(drawn)] = 0
+                        qj = qj / qj.sum()
+                    x = int(torch.multinomial(qj, 1, generator=g))
+                    probs[b, c - 1] = qj
+                tokens[b, c - 1] = x
+                drawn += (x,)
+                prefixes[b][c] = base + (x,)
+    out = exact_tree(Tree(tree.parents.expand(n, -1), tree.max_depth, tree.max_children),
+                     tokens, None if mode == "top" else probs, p, g)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["top", "iid", "without"])
+def test_batched_walk_matches_the_enumeration(mode):
+    """``exact_tree`` over 20,000 rows of sampled trees: the first emitted token follows the
+    target's distribution (chi-square); every row emits its accepted drafts and one more."""
+    tree = Tree.from_parents((0, 0, 1, 1, 2))
+    tables = Tables(3, 7, "zeros", "plain", "random")
+    out = _batched(tree, tables, 20_000, mode)
+    n = out.num_accepted
+    assert bool((n <= tree.max_depth).all())
+    assert bool((out.tokens[torch.arange(len(n)), n] >= 0).all())
+    counts = torch.bincount(out.tokens[:, 0], minlength=3).numpy()
+    want = target_emitted(tables, 1)
+    assert chi_square_pvalue(counts, np.array([want.get((y,), 0.0) for y in range(3)])) > 1e-3
+
+
+def test_greedy_tree_follows_the_argmax_chain():
+    g = torch.Generator().manual_seed(0)
+    tree = Tree.from_parents((0, 0, 1, 2, 2), batch=4)
+    p = torch.softmax(torch.randn(4, 6, 5, generator=g), -1)
+    best = p.argmax(-1)
+    tokens = torch.randint(5, (4, 5), generator=g)
+    tokens[0, 1] = best[0, 0]          # row 0: node 2 (second child of the root) matches
+    tokens[0, 3] = best[0, 2]          # then node 4 (first child of node 2)
+    tokens[1, 0] = tokens[1, 1] = best[1, 0]   # row 1: both root children match: the first
+    tokens[1, 2] = best[1, 1]
+    tokens[2, 0] = (best[2, 0] + 1) % 5
+    tokens[2, 1] = (best[2, 0] + 2) % 5        # row 2: nothing matches
+    out = greedy_tree(tree, tokens, None, p)
+    assert out.num_accepted[:3].tolist() == [2, 2, 0]
+    assert out.path[0].tolist() == [0, 2, 4] and out.path[1].tolist() == [0, 1, 3]
+    assert out.tokens[0].tolist() == [int(best[0, 0]), int(best[0, 2]), int(best[0, 4])]
+    assert out.tokens[2].tolist() == [int(best[2, 0]), PAD, PAD]
+    assert bool(Greedy().verify_tree(tree, tokens, None, p).tokens.equal(out.tokens))
+
+
+def test_rules_declare_trees():
+    tree = Tree.chain(2)
+    p = torch.full((1, 3, 4), 0.25)
+    assert Exact.trees and Greedy.trees and not Lantern.trees
+    with pytest.raises(ValueError, match="does not verify draft trees"):
+        Lantern(embeddings=torch.eye(4), delta=0.1, k=2).verify_tree(tree, torch.zeros(1, 2, dtype=torch.long), None, p)
+    with pytest.raises(ValueError, match=r"tree.parents must be \[B, K\]"):
+        exact_tree(Tree.chain(3), torch.zeros(1, 2, dtype=torch.long), None, p)
+
+
+def test_a_chain_tree_verifies_as_the_chain_rule():
+    """A chain is a tree: exact_tree over a chain emits the chain rule's distribution (same
+    counts of accepted lengths, statistically) and greedy_tree the same tokens."""
+    g = torch.Generator().manual_seed(1)
+    b, k, v = 4000, 3, 6
+    p = torch.softmax(torch.randn(1, k + 1, v, generator=g), -1).expand(b, -1, -1)
+    q = torch.softmax(torch.randn(1, k, v, generator=g), -1).expand(b, -1, -1)
+    x = torch.multinomial(q.reshape(-1, v), 1, generator=g).view(b, k)
+    tree = Tree.chain(k, batch=b)
+    assert bool(greedy_tree(tree, x, q, p).tokens.equal(Greedy()(x, q, p).tokens))
+    n_tree = torch.bincount(exact_tree(tree, x, q, p, g).num_accepted, minlength=k + 1)
+    n_chain = torch.bincount(Exact()(x, q, p, g).num_accepted, minlength=k + 1)
+    assert chi_square_pvalue(n_tree.numpy(), (n_chain / n_chain.sum()).numpy()) > 1e-3
