@@ -76,6 +76,24 @@ def crop(cache, remove: int) -> None:
     target.crop(-remove)
 
 
+def gather_tail(cache, n: int, index: torch.Tensor, length: int | None = None) -> None:
+    """Reorder the last ``n`` slots per row: the j-th of them becomes the ``index[r, j]``-th
+    (index [R, k], k <= n; the slots past k are left as they were, to be cropped). A tree
+    step's commit moves each row's accepted path to the front of the step's slots this way.
+    ``length``: the physical length of a static cache (dynamic layers know theirs)."""
+    target = getattr(cache, "self_attention_cache", cache)
+    k = index.shape[1]
+    for layer in getattr(target, "layers", None) or []:
+        if _is_recurrent(layer) or "Sliding" in type(layer).__name__:
+            raise TypeError(f"cannot reorder a {type(layer).__name__} cache layer (tree steps "
+                            "need full attention caches)")
+        for name in ("keys", "values"):
+            t = getattr(layer, name)
+            end = t.shape[-2] if length is None else length
+            idx = index[:, None, :, None].expand(t.shape[0], t.shape[1], k, t.shape[3])
+            t[:, :, end - n:end - n + k] = t[:, :, end - n:end].gather(2, idx)
+
+
 def _is_recurrent(layer) -> bool:
     return hasattr(layer, "recurrent_states") and hasattr(layer, "conv_states")
 
@@ -145,15 +163,24 @@ class SequenceMask:
     def length(self) -> int:
         return int(self.mask.shape[1])
 
-    def plan(self, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def plan(self, valid: torch.Tensor, tree: "TreeMask | None" = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs for a forward appending ``valid.shape[1]`` slots.
 
         valid [B, n] (0/1) -> attention_mask [B, L + n], position_ids [B, n].
         Invalid inputs (padding) repeat the previous position; they are masked out anyway.
+        With a ``tree``: a bool 4-D mask [B, 1, n, L + n] (the step's slots see their
+        ancestors only; every slot sees itself) and positions by depth.
         """
         valid = valid.to(torch.long)
-        pos = self.next_pos[:, None] + valid.cumsum(1) - valid
-        return torch.cat([self.mask, valid], dim=1), pos
+        if tree is None:
+            pos = self.next_pos[:, None] + valid.cumsum(1) - valid
+            return torch.cat([self.mask, valid], dim=1), pos
+        b, n = valid.shape
+        past = self.mask.bool()[:, None, :].expand(b, n, self.length)
+        eye = torch.eye(n, dtype=torch.bool, device=valid.device)
+        new = (tree.ancestors & valid.bool()[:, None, :]) | eye
+        return torch.cat([past, new], -1)[:, None], self.next_pos[:, None] + tree.depths
 
     def append(self, valid: torch.Tensor) -> None:
         """Record appended slots (after the forward)."""
@@ -174,6 +201,15 @@ class SequenceMask:
         dropped = tail * (1 - keep_valid.to(torch.long))
         self.next_pos = self.next_pos - dropped.sum(1)
         self.mask = torch.cat([self.mask[:, :-n], tail - dropped], dim=1)
+
+
+@dataclass
+class TreeMask:
+    """A tree step's attention and positions, per row (``mmspec.tree.Tree``): ``ancestors``
+    [R, n, n] bool (slot i sees slot j of the step), ``depths`` [R, n] long."""
+
+    ancestors: torch.Tensor
+    depths: torch.Tensor
 
 
 class StaticSequenceMask:
@@ -215,21 +251,29 @@ class StaticSequenceMask:
                                f"static_len={self.buf.shape[1]}")
 
     def advance(self, valid: torch.Tensor, width: int | None = None,
-                additive: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                additive: torch.dtype | None = None, tree: "TreeMask | None" = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """valid [R, n] long -> (mask [R, 1, n, W] over the first W = ``width`` slots
         (default S; at least L + n), position_ids [R, n]). Slot j is visible to new token i
         when it holds a real token and j <= L + i; every token sees itself (so padding rows
         stay finite). Invalid inputs repeat the previous position. The mask is bool (True =
         visible, what SDPA takes), or with ``additive`` a float mask of that dtype (0 visible,
-        the dtype's minimum hidden: what eager attention adds to its scores)."""
+        the dtype's minimum hidden: what eager attention adds to its scores). With a
+        ``tree`` the step's slots see only their ancestors and positions follow depths."""
         n = valid.shape[1]
         w = self.buf.shape[1] if width is None else width
         idx = self.dev_len + self.slots[:n]                                 # the new slots
         self.buf.index_copy_(1, idx, valid)
-        pos = self.next_pos[:, None] + valid.cumsum(1) - valid
+        steps = valid.cumsum(1) - valid if tree is None else tree.depths
+        pos = self.next_pos[:, None] + steps
         q = idx[:, None]
         slots = self.slots[None, :w]
         mask = (self.buf[:, :w].bool()[:, None, :] & (slots <= q)[None]) | (slots == q)[None]
+        if tree is not None:
+            rel = self.slots[:w] - self.dev_len                 # slot -> node of this step
+            ours = (rel >= 0) & (rel < n)
+            anc = tree.ancestors[:, :, rel.clamp(0, n - 1)]                     # [R, n, W]
+            mask = torch.where(ours[None, None], mask & anc, mask)
         self.next_pos.add_(valid.sum(1))
         self.dev_len.add_(n)
         if additive is not None:

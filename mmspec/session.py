@@ -7,7 +7,9 @@
 
 ``step`` appends n slots per row (``valid`` marks padding among them); ``commit`` keeps the
 first ``keep`` slots appended since the previous commit, marks which of them hold real tokens
-(holes for rows that accepted less), and crops the rest. ``CausalLMSession`` implements it for
+(holes for rows that accepted less), and crops the rest. A tree step (``step(..., tree=)``,
+sessions that declare ``trees``) feeds a draft tree's nodes, each seeing its ancestors only;
+its commit names the slots kept per row (``path``: the accepted path, moved to the front). ``CausalLMSession`` implements it for
 any transformers causal LM (``model(input_ids | inputs_embeds, attention_mask, position_ids,
 cache)``), with optional classifier-free guidance as a doubled batch: rows [0, B) are
 conditional, rows [B, 2B) unconditional, both fed the same tokens and rolled back together;
@@ -27,8 +29,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .attention import bucket, prefix, sdpa_configs
-from .cache import (DynamicCache, SequenceMask, StateSnapshot, StaticSequenceMask, cache_argument,
-                    crop, recurrent_layers)
+from .cache import (DynamicCache, SequenceMask, StateSnapshot, StaticSequenceMask, TreeMask,
+                    cache_argument, crop, gather_tail, recurrent_layers)
 from .sampling import SamplingParams, guide
 
 
@@ -45,6 +47,7 @@ class Session:
     recurrent:  its cache holds recurrent states (linear attention): a slot fed is consumed
                 for good, so rollback replays (``commit``) and no step may feed a hole before
                 a real token (drafts are not queued ahead with holes).
+    trees:      ``step`` takes a draft tree (``tree=``) and ``commit`` a path.
     """
 
     vocab_size: int = 0
@@ -52,6 +55,7 @@ class Session:
     params: SamplingParams = SamplingParams()
     ragged: bool = True
     recurrent: bool = False
+    trees: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -63,14 +67,16 @@ class Session:
         ``batch_size``."""
         raise NotImplementedError
 
-    def step(self, tokens: torch.Tensor, valid: torch.Tensor | None = None):
+    def step(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, tree=None):
         """Append ``tokens`` [B, n] (``valid`` [B, n] marks padding) and return the processed
-        distributions [B, n, V] at those n positions."""
+        distributions [B, n, V] at those n positions. ``tree``: a ``mmspec.tree.Tree`` over
+        the n slots (sessions with ``trees``)."""
         raise NotImplementedError
 
-    def commit(self, keep: int, valid: torch.Tensor) -> None:
+    def commit(self, keep: int, valid: torch.Tensor, path: torch.Tensor | None = None) -> None:
         """Keep the first ``keep`` slots appended since the last commit (``valid`` [B, keep] marks
-        the real tokens; holes for rows that accepted less) and roll back the rest."""
+        the real tokens; holes for rows that accepted less) and roll back the rest. ``path``
+        [B, keep]: after a tree step, the slots kept per row (indices among those appended)."""
         raise NotImplementedError
 
 
@@ -179,6 +185,7 @@ class CausalLMSession(Session):
         self.guidance_scale = guidance_scale
         self.vocab_size = output_vocab_size(model)
         self.recurrent = bool(recurrent_layers(DynamicCache(config=self.net.config)))
+        self.trees = not self.recurrent      # linear attention reads every slot fed before it
         self._cache_arg = cache_argument(self.net)
         # Prefix attention (mmspec.attention) for SDPA models on a static cache; not under
         # "inductor", whose fused steps would be compiled again for every width.
@@ -315,13 +322,18 @@ class CausalLMSession(Session):
         return {"input_ids": tokens}
 
     def _forward(self, tokens: torch.Tensor, valid: torch.Tensor, prompt: bool = False,
-                 **model_kwargs) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """Feed ``tokens`` [R, n] (``valid`` [R, n] marks padding); returns (the ``logits``
-        hook's result or None for the prompt, position_ids [R, n])."""
+                 tree: TreeMask | None = None, **model_kwargs
+                 ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Feed ``tokens`` [R, n] (``valid`` [R, n] marks padding; ``tree``: the slots'
+        ancestors and depths); returns (the ``logits`` hook's result or None for the prompt,
+        position_ids [R, n])."""
         inputs = self.prompt_inputs(tokens) if prompt else self.embed(tokens, self._first)
         valid = valid.to(torch.long)
         if self.static_len is None:
-            attn, pos = self.seq.plan(valid)
+            attn, pos = self.seq.plan(valid, tree)
+            if tree is not None:          # a 4-D mask, added to the scores (any attention)
+                dtype = next(self.net.parameters()).dtype
+                attn = (~attn).to(dtype) * torch.finfo(dtype).min
             out = self.net(**inputs, **{self._cache_arg: self.cache}, attention_mask=attn,
                            position_ids=self.position_ids(pos, prompt), use_cache=True,
                            **model_kwargs)
@@ -333,34 +345,38 @@ class CausalLMSession(Session):
             width = (bucket(self.seq.length + n, self.static_len) if self._bucketed
                      else self.static_len)
             if self.compile and not prompt:
-                out, pos = self._replay(inputs, valid, width)
+                out, pos = self._replay(inputs, valid, width, tree)
             else:
-                out, pos = self._static_step(self.net, inputs, valid, width, prompt,
+                out, pos = self._static_step(self.net, inputs, valid, width, prompt, tree,
                                              **model_kwargs)
             self.seq.appended(n)
         return (None if prompt else self.logits(out)), pos
 
     def _static_step(self, fn, inputs: dict, valid: torch.Tensor, width: int,
-                     prompt: bool = False, **model_kwargs):
+                     prompt: bool = False, tree: TreeMask | None = None, **model_kwargs):
         """One step on the static cache, all on the device (what a captured step replays):
         the mask (``width`` slots wide) and positions from the sequence buffers, the forward,
         the buffers moved."""
-        mask, pos = self.seq.advance(valid, width, self._additive)
+        mask, pos = self.seq.advance(valid, width, self._additive, tree)
         with prefix(self._sdpa_configs if width < self.static_len else []):
             out = fn(**inputs, **{self._cache_arg: self.cache}, attention_mask=mask,
                      position_ids=self.position_ids(pos, prompt), use_cache=True,
                      **model_kwargs)
         return out, pos
 
-    def _replay(self, inputs: dict, valid: torch.Tensor, width: int):
+    def _replay(self, inputs: dict, valid: torch.Tensor, width: int, tree: TreeMask | None):
         """Run one decoding step through a CUDA graph captured for this input shape and
-        attention width."""
+        attention width (a tree's tables are inputs: one graph per node count)."""
         tensors = {**inputs, "valid": valid}
+        if tree is not None:
+            tensors.update(tree_ancestors=tree.ancestors, tree_depths=tree.depths)
         key = (width,) + tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(tensors.items()))
         st = self._static
         if key not in st.graphs:
             static = {k: v.clone() for k, v in tensors.items()}
             static_inputs = {k: static[k] for k in inputs}
+            static_tree = (None if tree is None else
+                           TreeMask(static["tree_ancestors"], static["tree_depths"]))
             fn = self.net
             if self.compile == "inductor":
                 if st.fused is None:
@@ -376,7 +392,7 @@ class CausalLMSession(Session):
             states = StateSnapshot.take(self._recurrent) if self._recurrent else None
             with torch.cuda.stream(side):
                 for _ in range(2):                 # warm up, then undo the writes
-                    self._static_step(fn, static_inputs, static["valid"], width)
+                    self._static_step(fn, static_inputs, static["valid"], width, tree=static_tree)
                     crop(self.cache, n)
                     self.seq.undo(static["valid"])
                     if states is not None:         # recurrent states: from the snapshot
@@ -386,7 +402,8 @@ class CausalLMSession(Session):
                 st.pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=st.pool):
-                out = self._static_step(fn, static_inputs, static["valid"], width)
+                out = self._static_step(fn, static_inputs, static["valid"], width,
+                                        tree=static_tree)
             st.graphs[key] = (graph, static, out)
         graph, static, out = st.graphs[key]
         for k, v in tensors.items():
@@ -394,23 +411,34 @@ class CausalLMSession(Session):
         graph.replay()
         return out
 
-    def step(self, tokens: torch.Tensor, valid: torch.Tensor | None = None):
+    def step(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, tree=None):
         """tokens [B, n, *event] -> ``distributions`` of the outputs (default: processed,
-        guided probabilities [B, n, V])."""
+        guided probabilities [B, n, V]). ``tree``: the n slots are a draft tree's nodes."""
         if valid is None:
             valid = torch.ones(tokens.shape[:2], dtype=torch.long, device=tokens.device)
         b = self.batch_size
+        if tree is not None:
+            tree = self._tree_mask(tree, tokens.shape[1])
         if self._recurrent and self._since_commit == 0:
             self._snapshot = StateSnapshot.take(self._recurrent)
             self._fed, self._fed_first = [], self._first
         rows, rows_valid = self._input_rows(tokens), self._rows(valid)
         if self._recurrent:
             self._fed.append((rows, rows_valid))
-        out, pos = self._forward(rows, rows_valid)
+        out, pos = self._forward(rows, rows_valid, tree=tree)
         gen_index = pos[:b] - self._base[:, None]
         self._first = False
         self._since_commit += tokens.shape[1]
         return self.distributions(out, gen_index)
+
+    def _tree_mask(self, tree, n: int) -> TreeMask:
+        if not self.trees:
+            raise ValueError("tree steps need a cache whose layers all attend (this model has "
+                             "recurrent layers): accepted a chain (tree=None)")
+        if tree.num_nodes != n or tree.parents.shape[0] != self.batch_size:
+            raise ValueError(f"tree of {tree.num_nodes} nodes x {tree.parents.shape[0]} rows for "
+                             f"a step of {n} slots x {self.batch_size} rows: accepted equal sizes")
+        return TreeMask(self._rows(tree.ancestors()), self._rows(tree.depths()))
 
     def distributions(self, logits: torch.Tensor, gen_index: torch.Tensor):
         """What a step returns for the rows' outputs [R, n, ...] (``logits`` hook's result; R
@@ -421,13 +449,17 @@ class CausalLMSession(Session):
             logits = guide(logits[:b], logits[b:], self.guidance_scale)
         return self.params.probs(self.mask_logits(logits, gen_index))
 
-    def commit(self, keep: int, valid: torch.Tensor) -> None:
-        """Keep ``keep`` of the slots appended since the last commit; ``valid`` [B, keep]."""
+    def commit(self, keep: int, valid: torch.Tensor, path: torch.Tensor | None = None) -> None:
+        """Keep ``keep`` of the slots appended since the last commit; ``valid`` [B, keep];
+        ``path`` [B, keep] the slots kept per row after a tree step."""
         n = self._since_commit
         if not 0 <= keep <= n:
             raise ValueError(f"keep={keep}: accepted 0..{n} (slots appended since last commit)")
         if self._recurrent:
             return self._commit_recurrent(n, keep, self._rows(valid))
+        if path is not None and keep:
+            gather_tail(self.cache, n, self._rows(path[:, :keep]),
+                        None if self.static_len is None else self.seq.length)
         crop(self.cache, n - keep)
         self.seq.rollback(n - keep)
         if keep:
@@ -507,16 +539,20 @@ class PaddedSession(Session):
     def recurrent(self) -> bool:
         return self.inner.recurrent
 
+    @property
+    def trees(self) -> bool:
+        return self.inner.trees
+
     def prefill(self, *args, **kwargs):
         return self.inner.prefill(*args, **kwargs)
 
-    def step(self, tokens, valid=None):
+    def step(self, tokens, valid=None, tree=None):
         tokens = torch.where(tokens < self.inner.vocab_size, tokens, self.fallback_id)
-        p = self.inner.step(tokens, valid)
+        p = self.inner.step(tokens, valid, tree)
         return torch.nn.functional.pad(p, (0, self.vocab_size - p.shape[-1]))
 
-    def commit(self, keep, valid):
-        return self.inner.commit(keep, valid)
+    def commit(self, keep, valid, path=None):
+        return self.inner.commit(keep, valid, path)
 
 
 class TokenSpanSession(CausalLMSession):

@@ -263,3 +263,72 @@ def test_a_chain_tree_verifies_as_the_chain_rule():
     n_tree = torch.bincount(exact_tree(tree, x, q, p, g).num_accepted, minlength=k + 1)
     n_chain = torch.bincount(Exact()(x, q, p, g).num_accepted, minlength=k + 1)
     assert chi_square_pvalue(n_tree.numpy(), (n_chain / n_chain.sum()).numpy()) > 1e-3
+
+
+# -- tree steps on a session ---------------------------------------------------------------
+
+def _session(model, static: bool, guided: bool = False):
+    from mmspec.sampling import SamplingParams
+    from mmspec.session import CausalLMSession
+
+    return CausalLMSession(model, SamplingParams(), guidance_scale=2.0 if guided else None,
+                           static_len=32 if static else None)
+
+
+def _prefill(sess, ids, mask):
+    # with guidance, the unconditional prompts: the same rows without their first real token
+    kw = dict(uncond_ids=ids, uncond_mask=mask * (mask.cumsum(1) > 1)) if sess.guided else {}
+    sess.prefill(ids, mask, **kw)
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("guided", [False, True])
+def test_a_tree_step_gives_each_node_its_paths_distribution(ragged_prompts, static, guided):
+    """Every node's distribution equals the one of feeding its path as a chain; after a
+    commit of a path per row (ragged), the next step equals a session that was fed the
+    paths alone (float32, dynamic and static caches, with guidance)."""
+    from conftest import tiny_llama
+
+    model = tiny_llama()
+    ids, mask = ragged_prompts
+    tree = Tree.from_parents((0, 0, 1, 1, 2, 4), batch=3)
+    g = torch.Generator().manual_seed(0)
+    nodes = torch.randint(1, 16, (3, 7), generator=g)
+    nodes[:, 0] = ids[:, -1]
+    sess = _session(model, static, guided)
+    _prefill(sess, ids, mask)
+    p = sess.step(nodes, tree=tree)
+    par = (0,) + tuple(tree.parents[0].tolist())
+    for node in range(7):
+        chain, up = [node], node
+        while up:
+            up = par[up]
+            chain.insert(0, up)
+        ref = _session(model, static, guided)
+        _prefill(ref, ids, mask)
+        want = ref.step(nodes[:, chain])[:, -1]
+        torch.testing.assert_close(p[:, node], want, rtol=1e-5, atol=1e-6)
+    # commit: row 0 keeps root-1-3, row 1 root-2-5, row 2 only the root (a hole after it)
+    path = torch.tensor([[0, 1, 3], [0, 2, 5], [0, 0, 0]])
+    valid = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 0, 0]])
+    sess.commit(3, valid, path)
+    nxt = torch.tensor([[9], [10], [11]])
+    got = sess.step(nxt)
+    ref = _session(model, static, guided)
+    _prefill(ref, ids, mask)
+    ref.step(nodes.gather(1, path), valid)
+    ref.commit(3, valid)
+    torch.testing.assert_close(got, ref.step(nxt), rtol=1e-5, atol=1e-6)
+
+
+def test_tree_steps_are_refused_where_they_cannot_run(ragged_prompts):
+    from conftest import tiny_llama
+
+    sess = _session(tiny_llama(), False)
+    ids, mask = ragged_prompts
+    sess.prefill(ids, mask)
+    with pytest.raises(ValueError, match="tree of 3 nodes x 3 rows for a step of 4 slots"):
+        sess.step(torch.ones(3, 4, dtype=torch.long), tree=Tree.chain(2, batch=3))
+    sess.trees = False
+    with pytest.raises(ValueError, match="recurrent layers"):
+        sess.step(torch.ones(3, 3, dtype=torch.long), tree=Tree.chain(2, batch=3))
