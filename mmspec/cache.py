@@ -177,10 +177,14 @@ class SequenceMask:
             pos = self.next_pos[:, None] + valid.cumsum(1) - valid
             return torch.cat([self.mask, valid], dim=1), pos
         b, n = valid.shape
-        past = self.mask.bool()[:, None, :].expand(b, n, self.length)
-        eye = torch.eye(n, dtype=torch.bool, device=valid.device)
-        new = (tree.ancestors & valid.bool()[:, None, :]) | eye
-        return torch.cat([past, new], -1)[:, None], self.next_pos[:, None] + tree.depths
+        m = tree.ancestors.shape[2]
+        cut = self.length - (m - n)                      # the tree covers the last m slots
+        past = self.mask[:, :cut].bool()[:, None, :].expand(b, n, cut)
+        seen = torch.cat([self.mask[:, cut:], valid], 1).bool()[:, None, :]
+        own = torch.zeros(n, m, dtype=torch.bool, device=valid.device)
+        own[:, m - n:] = torch.eye(n, dtype=torch.bool, device=valid.device)
+        new = (tree.ancestors & seen) | own
+        return torch.cat([past, new], -1)[:, None], self.next_pos[:, None] + tree.offsets
 
     def append(self, valid: torch.Tensor) -> None:
         """Record appended slots (after the forward)."""
@@ -205,11 +209,14 @@ class SequenceMask:
 
 @dataclass
 class TreeMask:
-    """A tree step's attention and positions, per row (``mmspec.tree.Tree``): ``ancestors``
-    [R, n, n] bool (slot i sees slot j of the step), ``depths`` [R, n] long."""
+    """A tree step's attention and positions over the last m slots (the n fed now last):
+    ``ancestors`` [R, n, m] bool (new slot i sees slot j of those m, besides every slot
+    before them), ``offsets`` [R, n] long (positions: the row's next position + offset).
+    A target's tree step has m = n and offsets = depths (``mmspec.tree.Tree``); a drafter
+    that feeds its tree level by level covers the levels fed before as well."""
 
     ancestors: torch.Tensor
-    depths: torch.Tensor
+    offsets: torch.Tensor
 
 
 class StaticSequenceMask:
@@ -264,15 +271,16 @@ class StaticSequenceMask:
         w = self.buf.shape[1] if width is None else width
         idx = self.dev_len + self.slots[:n]                                 # the new slots
         self.buf.index_copy_(1, idx, valid)
-        steps = valid.cumsum(1) - valid if tree is None else tree.depths
+        steps = valid.cumsum(1) - valid if tree is None else tree.offsets
         pos = self.next_pos[:, None] + steps
         q = idx[:, None]
         slots = self.slots[None, :w]
         mask = (self.buf[:, :w].bool()[:, None, :] & (slots <= q)[None]) | (slots == q)[None]
         if tree is not None:
-            rel = self.slots[:w] - self.dev_len                 # slot -> node of this step
-            ours = (rel >= 0) & (rel < n)
-            anc = tree.ancestors[:, :, rel.clamp(0, n - 1)]                     # [R, n, W]
+            m = tree.ancestors.shape[2]
+            rel = self.slots[:w] - self.dev_len + (m - n)       # slot -> the tree's last m
+            ours = (rel >= 0) & (rel < m)
+            anc = tree.ancestors[:, :, rel.clamp(0, m - 1)]                     # [R, n, W]
             mask = torch.where(ours[None, None], mask & anc, mask)
         self.next_pos.add_(valid.sum(1))
         self.dev_len.add_(n)

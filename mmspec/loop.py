@@ -4,9 +4,12 @@
 ``LoopResult``. The runner (``mmspec.runner``) calls them for every front door.
 
 Per step, all rows together:
-1. Draft:   ``drafter.propose(last, k_max, active)`` -> K tokens and their q (or a point mass).
-2. Verify:  ``target.step([last, drafts])`` -> processed p for K+1 positions.
-3. Accept:  ``rule(drafts, q, p)`` -> emitted tokens and accepted counts per row; each row's
+1. Draft:   ``drafter.propose(last, k_max, active)`` -> K tokens and their q (or a point mass),
+            as a chain or as the nodes of a tree (``Draft.tree``).
+2. Verify:  ``target.step([last, drafts])`` -> processed p for K+1 positions (a tree step:
+            each node sees its ancestors).
+3. Accept:  ``rule(drafts, q, p)`` (a tree: ``rule.verify_tree``) -> emitted tokens and
+            accepted counts per row; each row's
             stop tokens and budget cut what counts, on the device (``Loop._account``).
 4. Commit:  the one deliberate host synchronisation (``HostValues``: counts, cuts, running
             flags, a finiteness flag and the tokens, in one transfer). The drafter rolls back
@@ -103,10 +106,12 @@ class Rows:
 @dataclass
 class Commit:
     """The target's deferred rollback: keep ``keep`` of the last step's slots, ``valid``
-    [B, keep] marking the holes of rows that accepted less."""
+    [B, keep] marking the holes of rows that accepted less; after a tree step, ``path``
+    [B, keep] the slots each row keeps."""
 
     keep: int
     valid: torch.Tensor
+    path: torch.Tensor | None = None
 
 
 _COLUMNS = ("accepted", "cut", "running", "bad", "fallbacks", "proposals")
@@ -174,6 +179,19 @@ class Launched:
             self.ready.record()
 
 
+def check_trees(target: Session, drafter: Drafter, rule: Rule) -> None:
+    """A tree drafter needs a target that takes tree steps and a rule that verifies trees."""
+    if not drafter.trees:
+        return
+    if not target.trees:
+        raise ValueError(f"{type(drafter).__name__} drafts trees: accepted a target whose cache "
+                         "attends over every slot (this one has recurrent layers or another "
+                         "event kind); use a chain method")
+    if not rule.trees:
+        raise ValueError(f"rule {rule.name!r} does not verify draft trees: accepted 'exact' or "
+                         "'greedy' with a tree drafter")
+
+
 def check_pipeline(drafter: Drafter, pipeline: bool | None) -> None:
     if pipeline and not drafter.host_free:
         raise ValueError("pipeline=True: accepted only with a drafter whose steps need no host "
@@ -222,10 +240,15 @@ class Loop:
         self._sync()
         t1 = time.perf_counter()
         fed = torch.cat([rows.last[:, None], draft.tokens], 1)                 # [B, K+1, *event]
-        p = self.target.step(fed, rows.active[:, None].expand(self.b, fed.shape[1]))
+        valid = rows.active[:, None].expand(self.b, fed.shape[1])
+        tree = draft.tree
+        p = self.target.step(fed, valid) if tree is None else self.target.step(fed, valid, tree)
         self._sync()
         t2 = time.perf_counter()
-        out = self.rule(draft.tokens, draft.probs, p, self.generator, validate=False)
+        if tree is None:
+            out = self.rule(draft.tokens, draft.probs, p, self.generator, validate=False)
+        else:
+            out = self.rule.verify_tree(tree, draft.tokens, draft.probs, p, self.generator)
         if not self.target.ragged:
             out = _common_prefix(out, rows.active)
         bad = nonfinite(p, draft.probs)            # None: densities validated themselves
@@ -260,20 +283,25 @@ class Loop:
         ``accepted`` None (pipelined: counts not read yet): every slot fed is kept, the
         rejected ones as holes."""
         t = time.perf_counter()
-        keep = (step.k + 1 if accepted is None
+        keep = (step.out.tokens.shape[1] if accepted is None
                 else max(n for n, f in zip(accepted, self.finished) if not f) + 1)
         if keep == 1:          # every row emits >= 1 token: its one slot is valid where it ran
             valid = step.was_active[:, None]
         else:
             kept = torch.arange(keep, device=self.device)
             valid = (kept[None] < step.emitted[:, None]) & step.was_active[:, None]
-        self.pending = Commit(keep, valid)
+        path = None if step.out.path is None else step.out.path[:, :keep]
+        self.pending = Commit(keep, valid, path)
         self.drafter.observe(step.out, step.p, accepted)
         step.accept_seconds += time.perf_counter() - t
 
     def _apply_commit(self) -> None:
-        if self.pending is not None:
-            self.target.commit(self.pending.keep, self.pending.valid)
+        c = self.pending
+        if c is not None:
+            if c.path is None:
+                self.target.commit(c.keep, c.valid)
+            else:
+                self.target.commit(c.keep, c.valid, c.path)
             self.pending = None
 
     def flush(self) -> None:
@@ -316,7 +344,8 @@ class Loop:
 
     def may_end(self, step: Launched) -> bool:
         """The step may end every running row by its budget."""
-        return all(f or n + step.k + 1 >= self.budget for f, n in zip(self.finished, self.produced))
+        most = step.out.tokens.shape[1]               # K + 1 (a chain), depth + 1 (a tree)
+        return all(f or n + most >= self.budget for f, n in zip(self.finished, self.produced))
 
     def emit(self, step: Launched) -> Iterator[StepEvent]:
         ev = self.event(step, self.read(step))
@@ -377,6 +406,7 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
     """
     check_count("max_new_tokens", max_new_tokens)
     check_pipeline(drafter, pipeline)
+    check_trees(target, drafter, rule)
     pipe = (drafter.host_free and not profile) if pipeline is None else pipeline
     loop = Loop(target, drafter, rule, first_tokens, max_new_tokens=max_new_tokens,
                 stops=stops or Stops(), generator=generator,

@@ -36,13 +36,14 @@ def _load() -> None:
     if _DRAFTERS:
         return
     from . import acceptance
-    from .drafters import Jacobi, ModelDrafter, NoDraft
+    from .drafters import Jacobi, ModelDrafter, NoDraft, TreeDrafter
 
     for name in acceptance.__all__:
         cls = getattr(acceptance, name)
         if isinstance(cls, type) and issubclass(cls, Rule) and cls.name not in (None, "rule"):
             _RULES.setdefault(cls.name, cls)
-    _DRAFTERS.update({"plain": (NoDraft, {}), "draft": (ModelDrafter, {}), "sjd": (Jacobi, {}),
+    _DRAFTERS.update({"plain": (NoDraft, {}), "draft": (ModelDrafter, {}),
+                      "tree": (TreeDrafter, {}), "sjd": (Jacobi, {}),
                       "sjd-maximal": (Jacobi, {"coupling": "maximal"}),
                       "sjd-gumbel": (Jacobi, {"coupling": "gumbel"})})
 

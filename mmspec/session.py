@@ -369,14 +369,14 @@ class CausalLMSession(Session):
         attention width (a tree's tables are inputs: one graph per node count)."""
         tensors = {**inputs, "valid": valid}
         if tree is not None:
-            tensors.update(tree_ancestors=tree.ancestors, tree_depths=tree.depths)
+            tensors.update(tree_ancestors=tree.ancestors, tree_offsets=tree.offsets)
         key = (width,) + tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(tensors.items()))
         st = self._static
         if key not in st.graphs:
             static = {k: v.clone() for k, v in tensors.items()}
             static_inputs = {k: static[k] for k in inputs}
             static_tree = (None if tree is None else
-                           TreeMask(static["tree_ancestors"], static["tree_depths"]))
+                           TreeMask(static["tree_ancestors"], static["tree_offsets"]))
             fn = self.net
             if self.compile == "inductor":
                 if st.fused is None:
@@ -432,9 +432,12 @@ class CausalLMSession(Session):
         return self.distributions(out, gen_index)
 
     def _tree_mask(self, tree, n: int) -> TreeMask:
+        """A ``Tree`` over the n slots fed (or a ``TreeMask`` as is) for every row."""
         if not self.trees:
             raise ValueError("tree steps need a cache whose layers all attend (this model has "
                              "recurrent layers): accepted a chain (tree=None)")
+        if isinstance(tree, TreeMask):
+            return TreeMask(self._rows(tree.ancestors), self._rows(tree.offsets))
         if tree.num_nodes != n or tree.parents.shape[0] != self.batch_size:
             raise ValueError(f"tree of {tree.num_nodes} nodes x {tree.parents.shape[0]} rows for "
                              f"a step of {n} slots x {self.batch_size} rows: accepted equal sizes")

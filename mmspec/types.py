@@ -39,10 +39,13 @@ class Draft:
     tokens: [B, K] long   draft token ids (K may be 0: plain decoding).
     probs:  [B, K, V]     processed draft distributions the tokens were sampled from,
                           or None for a point-mass draft (q(x) = 1 at the drafted token).
+    tree:   None for a chain; else the ``mmspec.tree.Tree`` the K tokens are the nodes of
+            (each token's q given its path and earlier siblings).
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
+    tree: object = None
 
     @property
     def num_tokens(self) -> int:

@@ -332,3 +332,92 @@ def test_tree_steps_are_refused_where_they_cannot_run(ragged_prompts):
     sess.trees = False
     with pytest.raises(ValueError, match="recurrent layers"):
         sess.step(torch.ones(3, 3, dtype=torch.long), tree=Tree.chain(2, batch=3))
+
+
+# -- end to end: a draft model's trees through the loop --------------------------------------
+
+def _tree_drafter(draft, temperature, static_len=None, **tree):
+    from mmspec.drafters import TreeDrafter
+    from mmspec.sampling import SamplingParams
+    from mmspec.session import CausalLMSession
+
+    sess = CausalLMSession(draft, SamplingParams(temperature=temperature), static_len=static_len)
+    return TreeDrafter(sess, **tree)
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("shape", [dict(depth=3, branch=2, width=2),
+                                   dict(depth=4, branch=3, width=2, nodes=7),
+                                   dict(depth=1, branch=3, width=1)])
+def test_greedy_trees_give_plain_greedy(pair, ragged_prompts, static, shape):
+    """Speculative greedy with draft trees == plain greedy, ragged rows, float32."""
+    import mmspec
+
+    target, draft = pair
+    ids, mask = ragged_prompts
+    plain = mmspec.generate(target, None, ids, attention_mask=mask, temperature=0,
+                            max_new_tokens=12, static_cache=static)
+    drafter = _tree_drafter(draft, 0, 128 if static else None, **shape)
+    out = mmspec.generate(target, input_ids=ids, attention_mask=mask, temperature=0,
+                          max_new_tokens=12, drafter=drafter, static_cache=static)
+    assert out.sequences.tolist() == plain.sequences.tolist()
+    assert out.stats.tokens_per_step > 1.0
+
+
+def _tree_histogram(target, drafter, prompt, m, n, seed):
+    import mmspec
+
+    ids = torch.tensor(prompt).expand(n, -1).contiguous()
+    out = mmspec.generate(target, input_ids=ids, drafter=drafter, temperature=1.0,
+                          max_new_tokens=m, seed=seed)
+    gen = out.sequences[:, len(prompt):]
+    v = target.config.vocab_size
+    code = (gen * torch.tensor([v ** (m - 1 - i) for i in range(m)])).sum(1)
+    return np.bincount(code.numpy(), minlength=v ** m).astype(float), out.stats
+
+
+def test_tree_sampling_matches_the_target_and_fails_without_the_residual(monkeypatch):
+    """20,000 rows, three tokens, a depth-3 tree of two children per node: the emitted
+    sequences follow the target's exact distribution; replacing the residual by the running
+    target (the rejected child may come back) breaks it."""
+    import mmspec.acceptance.tree as tree_mod
+    from conftest import tiny_llama
+    from stats_util import tv, tv_threshold
+    from test_generate import _continuation_distribution
+
+    target = tiny_llama(vocab=8, hidden=32, seed=3, scale=6.0)
+    draft = tiny_llama(vocab=8, hidden=16, layers=1, seed=4, scale=6.0)
+    prompt, m, n = [1, 2, 3], 3, 20_000
+    exact = _continuation_distribution(target, prompt, m, 1.0)
+    shape = dict(depth=3, branch=2, width=2)
+    got, st = _tree_histogram(target, _tree_drafter(draft, 1.0, **shape), prompt, m, n, 0)
+    assert st.histogram[1] > 100 and st.histogram[2] > 100     # paths of one and two drafts
+    assert tv(got / n, exact) < tv_threshold(exact, n)
+    assert chi_square_pvalue(got, exact) > 1e-4
+
+    right = tree_mod.sibling_round
+    monkeypatch.setattr(tree_mod, "sibling_round",
+                        lambda target, x, q: (right(target, x, q)[0], target))
+    broken, _ = _tree_histogram(target, _tree_drafter(draft, 1.0, **shape), prompt, m, n, 0)
+    assert chi_square_pvalue(broken, exact) < 1e-4
+
+
+def test_tree_methods_by_name_and_bad_input(pair, ragged_prompts):
+    from mmspec.registry import MethodContext, build_method
+    from mmspec.sampling import SamplingParams
+    from mmspec.session import CausalLMSession
+
+    _, draft = pair
+    ctx = MethodContext(draft_session=lambda: CausalLMSession(draft, SamplingParams()))
+    drafter, rule, k = build_method("tree", {"tree_depth": 3, "tree_branch": 2}, ctx)
+    assert drafter.trees and rule.trees and k == 2 + 4 + 8
+    with pytest.raises(ValueError, match="tree_nodes=99 is out of range: accepted 1..14"):
+        build_method("tree", {"tree_depth": 3, "tree_branch": 2, "tree_nodes": 99}, ctx)
+    with pytest.raises(ValueError, match="tree_depth"):
+        build_method("tree", {"tree_depth": 0}, ctx)
+    with pytest.raises(ValueError, match="does not verify draft trees"):
+        import mmspec
+
+        ids, mask = ragged_prompts
+        mmspec.generate(pair[0], input_ids=ids, attention_mask=mask, rule="lantern",
+                        drafter=_tree_drafter(draft, 1.0))

@@ -4,5 +4,6 @@ from .base import Drafter, NoDraft
 from .jacobi import Jacobi
 from .model import ModelDrafter
 from .prefill import Prefilled
+from .tree import TreeDrafter
 
-__all__ = ["Drafter", "NoDraft", "ModelDrafter", "Jacobi", "Prefilled"]
+__all__ = ["Drafter", "NoDraft", "ModelDrafter", "TreeDrafter", "Jacobi", "Prefilled"]

@@ -18,6 +18,8 @@ Capabilities (class attributes, read by the engine and the runner, never probed)
 - ``host_free``: no step needs a host value of the previous one, so the loop may queue step
   t + 1 before reading step t (``mmspec.engine``).
 - ``needs_model``: drafts with a draft model (a method builds it from the draft's session).
+- ``trees``: proposes trees (``Draft.tree``); the loop then needs a target session and a
+  rule that declare ``trees``.
 - ``generator``: the ``torch.Generator`` its draws use (the runner sets the call's).
 
 Methods name drafters by string (``mmspec.registry``); each class builds itself from the
@@ -40,6 +42,7 @@ class Drafter:
     num_tokens: int = 0
     host_free: bool = False
     needs_model: bool = False
+    trees: bool = False
     generator: torch.Generator | None = None
     param_names: tuple[str, ...] = ()          # method parameters ``from_params`` reads
 
