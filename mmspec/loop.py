@@ -184,9 +184,9 @@ def check_trees(target: Session, drafter: Drafter, rule: Rule) -> None:
     if not drafter.trees:
         return
     if not target.trees:
-        raise ValueError(f"{type(drafter).__name__} drafts trees: accepted a target whose cache "
-                         "attends over every slot (this one has recurrent layers or another "
-                         "event kind); use a chain method")
+        raise ValueError(f"{type(drafter).__name__} drafts trees: accepted a target session "
+                         f"that takes tree steps ({type(target).__name__} does not: recurrent "
+                         "or sliding-window layers, or positions that follow the cache length); use a chain method")
     if not rule.trees:
         raise ValueError(f"rule {rule.name!r} does not verify draft trees: accepted 'exact' or "
                          "'greedy' with a tree drafter")

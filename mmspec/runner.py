@@ -80,10 +80,12 @@ def prepare(target: Session, drafter: Drafter, rule: Rule, *, plan: Plan, seed: 
     """A ``Run`` ready for its prompt. ``seed`` seeds a generator on ``device`` (None: the
     global RNG) unless ``generator`` is given; the drafter draws from the same one."""
     loop.check_pipeline(drafter, plan.engine.pipeline)
+    rule = rule.for_target(target.greedy)
+    loop.check_trees(target, drafter, rule)
     if generator is None:
         generator = make_generator(seed, device)
     drafter.generator = generator
-    return Run(target, drafter, rule.for_target(target.greedy), plan, generator)
+    return Run(target, drafter, rule, plan, generator)
 
 
 def _with_progress(events: Iterator[loop.StepEvent], total: int, label: str):

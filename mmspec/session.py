@@ -47,7 +47,8 @@ class Session:
     recurrent:  its cache holds recurrent states (linear attention): a slot fed is consumed
                 for good, so rollback replays (``commit``) and no step may feed a hole before
                 a real token (drafts are not queued ahead with holes).
-    trees:      ``step`` takes a draft tree (``tree=``) and ``commit`` a path.
+    trees:      ``step`` takes a draft tree (``tree=``) and ``commit`` a path (not with
+                recurrent or sliding-window layers).
     """
 
     vocab_size: int = 0
@@ -184,8 +185,12 @@ class CausalLMSession(Session):
         self.params = params
         self.guidance_scale = guidance_scale
         self.vocab_size = output_vocab_size(model)
-        self.recurrent = bool(recurrent_layers(DynamicCache(config=self.net.config)))
-        self.trees = not self.recurrent      # linear attention reads every slot fed before it
+        probe = DynamicCache(config=self.net.config)
+        self.recurrent = bool(recurrent_layers(probe))
+        # Tree steps need every layer to attend through the step's mask: linear attention
+        # reads every slot fed before it, sliding windows keep their own slots.
+        self.trees = not self.recurrent and not any(
+            getattr(layer, "is_sliding", False) for layer in getattr(probe, "layers", []))
         self._cache_arg = cache_argument(self.net)
         # Prefix attention (mmspec.attention) for SDPA models on a static cache; not under
         # "inductor", whose fused steps would be compiled again for every width.
@@ -434,8 +439,9 @@ class CausalLMSession(Session):
     def _tree_mask(self, tree, n: int) -> TreeMask:
         """A ``Tree`` over the n slots fed (or a ``TreeMask`` as is) for every row."""
         if not self.trees:
-            raise ValueError("tree steps need a cache whose layers all attend (this model has "
-                             "recurrent layers): accepted a chain (tree=None)")
+            raise ValueError("tree steps need a cache whose layers all attend over every slot "
+                             "(this model has recurrent or sliding-window layers): accepted a "
+                             "chain (tree=None)")
         if isinstance(tree, TreeMask):
             return TreeMask(self._rows(tree.ancestors), self._rows(tree.offsets))
         if tree.num_nodes != n or tree.parents.shape[0] != self.batch_size:

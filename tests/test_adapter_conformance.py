@@ -270,6 +270,28 @@ def test_batch_rows_equal_their_single_row_runs(case):
         assert both == case.run(method, [0], False) + case.run(method, [1], False), method
 
 
+# Adapters whose sessions cannot take tree steps: delay patterns (positions follow the cache
+# length), CSM (frames from a depth decoder), Qwen3.5 (recurrent layers), the tiny Mistral3
+# (MistralConfig's default sliding window).
+NO_TREES = {"delay-pattern", "csm", "qwen3.5", "mistral3"}
+
+
+def test_greedy_trees_give_plain_greedy_or_are_refused(case, request):
+    """Method 'tree' (the draft model's dynamic trees) gives plain greedy's tokens, static and
+    dynamic caches, on every adapter whose sessions take tree steps; the others refuse it
+    before any work, naming tree steps."""
+    name = request.node.callspec.params["case"]
+    run = case.run
+    assert "exact" in case.methods            # every case has a draft model
+    plain = run("plain", [0, 1], False)
+    if name in NO_TREES:
+        with pytest.raises(ValueError, match="tree"):
+            run("tree", [0, 1], False)
+        return
+    for static in (False, True) if case.static else (False,):
+        assert run("tree", [0, 1], static) == plain, static
+
+
 VLMS = [a.name for a in adapters("vlm")]
 
 
@@ -277,8 +299,7 @@ VLMS = [a.name for a in adapters("vlm")]
 @pytest.mark.parametrize("name", VLMS)
 def test_every_vlm_draft_width_gives_plain_greedy(name, k):
     """Every vision-language adapter, K in {1, 3, 8} drafts per step and Jacobi windows,
-    static and dynamic caches, a batch of its rows (three, with images of different sizes,
-    except LLaVA and LLaVA-NeXT's two)."""
+    static and dynamic caches, a batch of its three rows (images of different sizes)."""
     case = CASES[name]()
     rows = list(range(case.rows))
     plain = case.run("plain", rows, False)

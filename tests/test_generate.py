@@ -35,10 +35,10 @@ def _static_widths(target, draft, ragged_prompts, monkeypatch, check=lambda: Non
     widths = []
     advance = StaticSequenceMask.advance
 
-    def spy(self, valid, width=None, additive=None):
+    def spy(self, valid, width=None, additive=None, tree=None):
         widths.append((width, self.buf.shape[1]))
         check()
-        return advance(self, valid, width, additive)
+        return advance(self, valid, width, additive, tree)
 
     monkeypatch.setattr(StaticSequenceMask, "advance", spy)
     ids, mask = ragged_prompts

@@ -51,8 +51,9 @@ class TreeDrafter(Drafter):
     def __init__(self, session: Session, depth: int = 4, branch: int = 2, width: int = 4,
                  nodes: int | None = None):
         if not session.trees:
-            raise ValueError("a tree drafter needs a draft model whose cache attends over every "
-                             "slot (this draft has recurrent layers): accepted a chain method")
+            raise ValueError(f"a tree drafter needs a draft session that takes tree steps "
+                             f"({type(session).__name__} does not: recurrent or sliding-window "
+                             "layers, or positions that follow the cache length): accepted a chain method")
         self.session = session
         self.depth = check_count("tree_depth", depth)
         self.branch = check_count("tree_branch", branch)

@@ -244,6 +244,9 @@ class VisionLanguageGenerator:
         if not spec.uses_draft_model:
             return spec.build_drafter(context), spec.build_rule(context), None
         if self.draft_mode == "ensemble":
+            if spec.drafter_class.trees:
+                raise ValueError(f"method={spec.spec!r} drafts trees; draft_mode='ensemble' "
+                                 "drafts chains: accepted 'image' or 'text' draft modes")
             if prompts is None:
                 raise ValueError("draft_mode='ensemble' builds its own prompts: accepted images "
                                  "and prompts, not processor outputs")
