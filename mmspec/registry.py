@@ -36,14 +36,15 @@ def _load() -> None:
     if _DRAFTERS:
         return
     from . import acceptance
-    from .drafters import Jacobi, ModelDrafter, NoDraft, TreeDrafter
+    from .drafters import FeatureDrafter, Jacobi, ModelDrafter, NoDraft, TreeDrafter
 
     for name in acceptance.__all__:
         cls = getattr(acceptance, name)
         if isinstance(cls, type) and issubclass(cls, Rule) and cls.name not in (None, "rule"):
             _RULES.setdefault(cls.name, cls)
     _DRAFTERS.update({"plain": (NoDraft, {}), "draft": (ModelDrafter, {}),
-                      "tree": (TreeDrafter, {}), "sjd": (Jacobi, {}),
+                      "tree": (TreeDrafter, {}), "head": (FeatureDrafter, {}),
+                      "sjd": (Jacobi, {}),
                       "sjd-maximal": (Jacobi, {"coupling": "maximal"}),
                       "sjd-gumbel": (Jacobi, {"coupling": "gumbel"})})
 
@@ -128,9 +129,11 @@ class MethodContext:
                    event_shape ...), under the method's and the user's.
     queue_drafts:  a draft model's drafter keeps rejected slots as holes, so the loop can
                    queue each step before reading the last (``Plan.queue_drafts``).
+    head:          a ``DraftHead`` for drafters on the target's features (method ``"head"``).
     """
 
     draft_session: Callable[[], object] | None = None
+    head: object = None
     embeddings: torch.Tensor | None = None
     jacobi: Mapping = field(default_factory=dict)
     queue_drafts: bool = False
@@ -156,6 +159,10 @@ class Method:
     @property
     def uses_draft_model(self) -> bool:
         return self.drafter_class.needs_model
+
+    @property
+    def uses_head(self) -> bool:
+        return self.drafter_class.needs_head
 
     def _drafter_params(self) -> dict:
         cls, preset = _DRAFTERS[self.drafter]
@@ -192,9 +199,11 @@ def _split(spec: str, has_draft: bool) -> tuple[str, str]:
     return ("sjd" if spec == "gsd" or not has_draft else "draft"), spec
 
 
-def parse_method(spec: str, params: Mapping | None = None, *, has_draft: bool) -> Method:
+def parse_method(spec: str, params: Mapping | None = None, *, has_draft: bool,
+                 has_head: bool = False) -> Method:
     """A ``Method`` from a method string and its parameters, checked before any work:
-    unknown drafters, rules and parameter names raise ValueError naming them."""
+    unknown drafters, rules and parameter names raise ValueError naming them; ``has_draft``
+    / ``has_head``: a draft model / a ``DraftHead`` was given."""
     _load()
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"method={spec!r}: accepted a method name ({', '.join(method_names())})")
@@ -216,6 +225,9 @@ def parse_method(spec: str, params: Mapping | None = None, *, has_draft: bool) -
     if method.uses_draft_model and not has_draft:
         raise ValueError(f"method={spec!r} needs a draft model: pass draft=... or use a Jacobi "
                          f"method ('sjd', 'sjd-maximal', 'sjd+{rule}')")
+    if method.uses_head and not has_head:
+        raise ValueError(f"method={spec!r} drafts with a head on the target's features: pass "
+                         "head=DraftHead.from_pretrained(path) (recipes.train.draft_head trains one)")
     known = set(SHARED_PARAMS) | set(method.drafter_class.param_names) | set(
         method.rule_class.param_names())
     unknown = sorted(set(params) - known)
@@ -229,6 +241,7 @@ def build_method(spec: str, params: Mapping | None = None,
                  context: MethodContext | None = None) -> tuple[Drafter, Rule, int]:
     """(drafter, rule, K) for a method string: ``parse_method`` then ``Method.build``."""
     context = context or MethodContext()
-    method = parse_method(spec, params, has_draft=context.draft_session is not None)
+    method = parse_method(spec, params, has_draft=context.draft_session is not None,
+                          has_head=context.head is not None)
     drafter, rule = method.build(context)
     return drafter, rule, drafter.num_tokens

@@ -85,6 +85,7 @@ def prepare(target: Session, drafter: Drafter, rule: Rule, *, plan: Plan, seed: 
     if generator is None:
         generator = make_generator(seed, device)
     drafter.generator = generator
+    drafter.attach(target)
     return Run(target, drafter, rule, plan, generator)
 
 

@@ -26,11 +26,21 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
+
 import torch
 
 from .attention import bucket, prefix, sdpa_configs
-from .cache import (DynamicCache, SequenceMask, StateSnapshot, StaticSequenceMask, TreeMask,
-                    cache_argument, crop, gather_tail, recurrent_layers)
+from .cache import (
+    DynamicCache,
+    SequenceMask,
+    StateSnapshot,
+    StaticSequenceMask,
+    TreeMask,
+    cache_argument,
+    crop,
+    gather_tail,
+    recurrent_layers,
+)
 from .sampling import SamplingParams, guide
 
 
@@ -202,6 +212,9 @@ class CausalLMSession(Session):
         self._additive = None if text_sdpa else next(model.parameters()).dtype
         self.cache = None
         self.seq: SequenceMask | StaticSequenceMask | None = None
+        self.features: torch.Tensor | None = None     # ``keep_features``: the last forward's
+        self._feature_layers: tuple[int, ...] = ()
+        self._extra: dict = {}                         # keyword arguments of every forward
         self.batch_size = 0
         self._since_commit = 0
         self._uncond_last = None
@@ -212,6 +225,13 @@ class CausalLMSession(Session):
     def device(self) -> torch.device:
         """The device of the model's parameters."""
         return next(self.model.parameters()).device
+
+    def keep_features(self, layers) -> None:
+        """After every forward (prompt included), keep ``features`` [B, n, F]: the outputs of
+        ``layers`` (indices into the model's ``hidden_states``: 0 the embeddings, L the last
+        layer's) concatenated, for the conditional rows. Read by feature-level drafters."""
+        self._feature_layers = tuple(layers)
+        self._extra = {"output_hidden_states": True} if layers else {}
 
     @property
     def guided(self) -> bool:
@@ -341,7 +361,7 @@ class CausalLMSession(Session):
                 attn = (~attn).to(dtype) * torch.finfo(dtype).min
             out = self.net(**inputs, **{self._cache_arg: self.cache}, attention_mask=attn,
                            position_ids=self.position_ids(pos, prompt), use_cache=True,
-                           **model_kwargs)
+                           **self._extra, **model_kwargs)
             self.seq.append(valid)
         else:
             n = valid.shape[1]
@@ -355,6 +375,9 @@ class CausalLMSession(Session):
                 out, pos = self._static_step(self.net, inputs, valid, width, prompt, tree,
                                              **model_kwargs)
             self.seq.appended(n)
+        if self._feature_layers:
+            hs = out.hidden_states
+            self.features = torch.cat([hs[i] for i in self._feature_layers], -1)[:self.batch_size]
         return (None if prompt else self.logits(out)), pos
 
     def _static_step(self, fn, inputs: dict, valid: torch.Tensor, width: int,
@@ -366,7 +389,7 @@ class CausalLMSession(Session):
         with prefix(self._sdpa_configs if width < self.static_len else []):
             out = fn(**inputs, **{self._cache_arg: self.cache}, attention_mask=mask,
                      position_ids=self.position_ids(pos, prompt), use_cache=True,
-                     **model_kwargs)
+                     **self._extra, **model_kwargs)
         return out, pos
 
     def _replay(self, inputs: dict, valid: torch.Tensor, width: int, tree: TreeMask | None):
@@ -375,7 +398,8 @@ class CausalLMSession(Session):
         tensors = {**inputs, "valid": valid}
         if tree is not None:
             tensors.update(tree_ancestors=tree.ancestors, tree_offsets=tree.offsets)
-        key = (width,) + tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(tensors.items()))
+        key = (width, tuple(self._extra)) + tuple((k, tuple(v.shape), v.dtype)
+                                                  for k, v in sorted(tensors.items()))
         st = self._static
         if key not in st.graphs:
             static = {k: v.clone() for k, v in tensors.items()}

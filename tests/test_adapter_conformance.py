@@ -34,6 +34,16 @@ class Case:
     static: bool = True          # static caches supported (else refused before any work)
     own: Callable[[int], list] | None = None    # row -> [the model's own greedy generate]
     rows: int = 2                # rows it has (VLMs: images of different sizes)
+    front: object = None         # the front door (TextToImage, VisionLanguageGenerator ...)
+
+    def give_head(self) -> None:
+        """A (random) draft head for the front door's target, for method 'head'."""
+        from mmspec.drafters.head import DraftHead, load_head
+
+        f = self.front
+        model = f.target if isinstance(f.target, torch.nn.Module) else f.target.model
+        torch.manual_seed(7)
+        f.head = load_head(DraftHead.for_target(model), model)
 
 
 def _image(name: str) -> Case:
@@ -52,7 +62,7 @@ def _image(name: str) -> Case:
     def run(method, rows, static):
         return pipe([prompts[i] for i in rows], method=method, temperature=0, seed=0,
                     progress=False, decode=False, static_cache=static).tokens.tolist()
-    return Case(run, ("exact", "sjd", "sjd-maximal"))
+    return Case(run, ("exact", "sjd", "sjd-maximal"), front=pipe)
 
 
 def _vlm(kind: str) -> Case:
@@ -80,7 +90,7 @@ def _vlm_case(gen, ims, prompts) -> Case:
         batch = gen.encode([ims[i]], [prompts[i]])
         out = gen.target.generate(**batch, do_sample=False, max_new_tokens=10)
         return [out[0, batch["input_ids"].shape[1]:].tolist()]
-    return Case(run, ("exact", "sjd"), own=own, rows=len(prompts))
+    return Case(run, ("exact", "sjd"), own=own, rows=len(prompts), front=gen)
 
 
 def _qwen(kind: str) -> Case:
@@ -97,7 +107,7 @@ def _qwen(kind: str) -> Case:
                             temperature=0, max_new_tokens=10, seed=0,
                             static_cache=static, **params).token_ids
     return Case(run, ("exact", "sjd"), own=lambda i: _own(gen, target, [ims[i]], [msgs[i]], 10),
-                rows=3)
+                rows=3, front=gen)
 
 
 def _onevision() -> Case:
@@ -159,7 +169,7 @@ def _speech(tts, texts, methods, static=True, frames=8, own=None) -> Case:
         out = tts([texts[i] for i in rows], method=method, temperature=0, max_frames=frames,
                   progress=False, decode=False, static_cache=static_)
         return [c.tolist() for c in out.codes]
-    return Case(run, methods, static, own)
+    return Case(run, methods, static, own, front=tts)
 
 
 TEXTS = [[3, 4, 5, 6, 7], [8, 9]]
@@ -290,6 +300,22 @@ def test_greedy_trees_give_plain_greedy_or_are_refused(case, request):
         return
     for static in (False, True) if case.static else (False,):
         assert run("tree", [0, 1], static) == plain, static
+
+
+def test_draft_heads_give_plain_greedy_or_are_refused(case, request):
+    """Method 'head' (a random head on the target's features, its trees) gives plain greedy's
+    tokens, static and dynamic caches, where the sessions take tree steps; refused before any
+    work elsewhere."""
+    name = request.node.callspec.params["case"]
+    if name in NO_TREES:       # no head for multi-codebook targets; no trees on the others
+        with pytest.raises(ValueError, match="tree|multi-codebook"):
+            case.give_head()
+            case.run("head", [0, 1], False)
+        return
+    case.give_head()
+    plain = case.run("plain", [0, 1], False)
+    for static in (False, True) if case.static else (False,):
+        assert case.run("head", [0, 1], static) == plain, static
 
 
 VLMS = [a.name for a in adapters("vlm")]

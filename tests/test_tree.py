@@ -421,3 +421,30 @@ def test_tree_methods_by_name_and_bad_input(pair, ragged_prompts):
         ids, mask = ragged_prompts
         mmspec.generate(pair[0], input_ids=ids, attention_mask=mask, rule="lantern",
                         drafter=_tree_drafter(draft, 1.0))
+
+
+# -- draft heads on the target's features ----------------------------------------------------
+
+def _head_drafter(target, **tree):
+    from mmspec.drafters import DraftHead, FeatureDrafter
+
+    torch.manual_seed(5)
+    return FeatureDrafter(DraftHead.for_target(target), **tree)
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("shape", [dict(depth=3, branch=2, width=2), dict(depth=4, branch=1, width=1),
+                                   dict(depth=4, branch=3, width=2, nodes=6)])
+def test_a_draft_head_gives_plain_greedy(pair, ragged_prompts, static, shape):
+    """Trees and chains from a (random) head on the target's features: speculative greedy ==
+    plain greedy, ragged rows, dynamic and static caches."""
+    import mmspec
+
+    target, _ = pair
+    ids, mask = ragged_prompts
+    plain = mmspec.generate(target, None, ids, attention_mask=mask, temperature=0,
+                            max_new_tokens=12, static_cache=static)
+    out = mmspec.generate(target, input_ids=ids, attention_mask=mask, temperature=0,
+                          max_new_tokens=12, drafter=_head_drafter(target, **shape),
+                          static_cache=static)
+    assert out.sequences.tolist() == plain.sequences.tolist()

@@ -1,9 +1,12 @@
 """Drafters: where draft tokens come from (a model, the target itself, nothing)."""
 
 from .base import Drafter, NoDraft
+from .feature import FeatureDrafter
+from .head import DraftHead, HeadConfig
 from .jacobi import Jacobi
 from .model import ModelDrafter
 from .prefill import Prefilled
 from .tree import TreeDrafter
 
-__all__ = ["Drafter", "NoDraft", "ModelDrafter", "TreeDrafter", "Jacobi", "Prefilled"]
+__all__ = ["Drafter", "NoDraft", "ModelDrafter", "TreeDrafter", "FeatureDrafter", "DraftHead",
+           "HeadConfig", "Jacobi", "Prefilled"]

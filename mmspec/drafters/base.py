@@ -1,6 +1,7 @@
-"""The drafter interface: three methods, like Hugging Face's candidate generators, and the
-capabilities every drafter declares.
+"""The drafter interface: three methods and a hook, like Hugging Face's candidate generators,
+and the capabilities every drafter declares.
 
+    attach(target session)                                     before the prompt runs
     begin(input_ids [B, P], attention_mask [B, P], vocab_size=V, **prompt)   once, first
     propose(last [B], k_max, active [B] bool) -> Draft          up to k_max tokens per row
     observe(out: VerifyOutput, target_probs [B, K+1, V], num_accepted: list[int] | None)
@@ -18,6 +19,7 @@ Capabilities (class attributes, read by the engine and the runner, never probed)
 - ``host_free``: no step needs a host value of the previous one, so the loop may queue step
   t + 1 before reading step t (``mmspec.engine``).
 - ``needs_model``: drafts with a draft model (a method builds it from the draft's session).
+- ``needs_head``: drafts with a ``DraftHead`` on the target's features (``attach``).
 - ``trees``: proposes trees (``Draft.tree``); the loop then needs a target session and a
   rule that declare ``trees``.
 - ``generator``: the ``torch.Generator`` its draws use (the runner sets the call's).
@@ -42,6 +44,7 @@ class Drafter:
     num_tokens: int = 0
     host_free: bool = False
     needs_model: bool = False
+    needs_head: bool = False
     trees: bool = False
     generator: torch.Generator | None = None
     param_names: tuple[str, ...] = ()          # method parameters ``from_params`` reads
@@ -55,6 +58,10 @@ class Drafter:
     def from_params(cls, params: Mapping, context) -> "Drafter":
         """The drafter a method builds (``context``: ``mmspec.registry.MethodContext``)."""
         raise NotImplementedError(f"{cls.__name__} is not built from method parameters")
+
+    def attach(self, target) -> None:
+        """Meet the call's target session before its prompt runs (``mmspec.runner.prepare``):
+        a drafter that reads the target's features asks for them here. Default: nothing."""
 
     def begin(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
               vocab_size: int | None = None, **prompt) -> None:

@@ -124,10 +124,19 @@ class TreeDrafter(Drafter):
             self._backlog, self._backlog_valid = feed, valid
             self._depth = 0
             return Draft(tokens=last.new_zeros(b, 0), tree=Tree(last.new_zeros(b, 0), 0, 0))
-        logq = self._logq(self.session.step(feed, valid)[:, -1:])                # [B, 1, V]
+        logq = self._logq(self._feed_root(feed, valid))                          # [B, 1, V]
         tok, par, score, fed = self._grow(logq, depth, on)
         self._depth = depth
         return self._select(tok, par, score, fed, depth)
+
+    def _feed_root(self, feed: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Feed the pending tokens and the root; q at the root [B, 1, V]."""
+        return self.session.step(feed, valid)[:, -1:]
+
+    def _feed_front(self, tokens, valid, tree: TreeMask, parent: torch.Tensor) -> torch.Tensor:
+        """Feed a frontier [B, W] as a tree step (``parent`` [B, W]: each node's parent among
+        the previous frontier, the root's being 0); q at each [B, W, V]."""
+        return self.session.step(tokens, valid, tree=tree)
 
     @staticmethod
     def _logq(q: torch.Tensor) -> torch.Tensor:
@@ -160,8 +169,8 @@ class TreeDrafter(Drafter):
             view = torch.cat([parent_view, torch.eye(w, dtype=torch.bool, device=dev).expand(b, w, w)], 2)
             # positions: the root's + level; the draft has advanced 1 + (seen - f) past the root
             offsets = torch.full((b, w), level - 1 - (seen - self._f), dtype=torch.long, device=dev)
-            q = self.session.step(tok.gather(1, nodes - 1), on[:, None].expand(b, w),
-                                  tree=TreeMask(view, offsets))
+            q = self._feed_front(tok.gather(1, nodes - 1), on[:, None].expand(b, w),
+                                 TreeMask(view, offsets), best // self.branch)
             logq, front, front_score = self._logq(q), nodes, child_score.gather(1, best)
         return tok, par, score, fed
 

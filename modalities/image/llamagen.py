@@ -237,7 +237,7 @@ class LlamaGenForImageGeneration(PreTrainedModel):
 
     # -- forward ----------------------------------------------------------------------------
     def forward(self, input_ids=None, inputs_embeds=None, attention_mask=None, position_ids=None,
-                cache=None, use_cache=None, labels=None, **kwargs):
+                cache=None, use_cache=None, labels=None, output_hidden_states=None, **kwargs):
         h = self.tok_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
         b, n, _ = h.shape
         past = cache.get_seq_length() if cache is not None else 0
@@ -246,14 +246,19 @@ class LlamaGenForImageGeneration(PreTrainedModel):
         rope = self.rope.to(h.device)[position_ids]          # IndexError past the grid
         mask = (attention_mask if attention_mask is not None and attention_mask.dim() == 4
                 else _causal_mask(attention_mask, b, n, past, h.device))                 # [B,1,n,L]
+        states = [h]
         for layer in self.layers:
             h = layer(h, rope, mask, cache)
-        logits = self.output(self.norm(h)).float()
+            states.append(h)
+        h = self.norm(h)
+        states[-1] = h                # as transformers: the last entry is the normed output
+        logits = self.output(h).float()
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
                                    ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits)
+        return CausalLMOutputWithPast(loss=loss, logits=logits,
+                                      hidden_states=tuple(states) if output_hidden_states else None)
 
 
 def _causal_mask(attention_mask, b: int, n: int, past: int, device) -> torch.Tensor:

@@ -17,16 +17,21 @@ import torch
 from PIL import Image
 
 from mmspec.checks import check_count, check_guidance_scale, check_positions, guided
+from mmspec.drafters.head import load_head
 from mmspec.engine import Engine
 from mmspec.registry import MethodContext, parse_method
 from mmspec.runner import prepare
 from mmspec.sampling import SamplingParams
 from mmspec.types import StepStats
-
 from modalities.registry import generation_defaults, load_pretrained
 
-from .adapters import (Emu3Adapter, ImageAdapter, JanusAdapter, LlamaGenAdapter,
-                       TokenSpanAdapter)
+from .adapters import (
+    Emu3Adapter,
+    ImageAdapter,
+    JanusAdapter,
+    LlamaGenAdapter,
+    TokenSpanAdapter,
+)
 
 
 @dataclass
@@ -75,9 +80,11 @@ def _as_prompt_list(prompt, class_ids: bool = False) -> list:
 
 
 class TextToImage:
-    """target, draft: ``ImageAdapter`` objects (``from_pretrained`` builds them)."""
+    """target, draft: ``ImageAdapter`` objects (``from_pretrained`` builds them); head: a
+    ``mmspec.DraftHead`` trained for the target (method ``"head"``)."""
 
-    def __init__(self, target: ImageAdapter, draft: ImageAdapter | None = None, defaults=None):
+    def __init__(self, target: ImageAdapter, draft: ImageAdapter | None = None, defaults=None,
+                 head=None):
         for name, a in (("target", target), ("draft", draft)):
             if not (isinstance(a, ImageAdapter) or (a is None and name == "draft")):
                 raise ValueError(f"{name}={a!r:.60}: accepted an ImageAdapter (TextToImage."
@@ -85,6 +92,7 @@ class TextToImage:
         if draft is not None:
             target.check_compatible(draft)
         self.target, self.draft = target, draft
+        self.head = load_head(head, target.model)
         self.defaults = dict(defaults or {})
 
     # -- loading ------------------------------------------------------------------------------
@@ -145,7 +153,7 @@ class TextToImage:
                  static_cache: bool | None = None, pipeline: bool | None = None,
                  engine: Engine | None = None, generator: torch.Generator | None = None,
                  output_type: str = "pil", return_dict: bool = True,
-                 callback_on_step_end=None, **method_params) -> ImageOutput:
+                 callback_on_step_end=None, drafter=None, **method_params) -> ImageOutput:
         """Generate images; diffusers' conventions where they apply.
 
         generator:     a ``torch.Generator`` on the model's device (instead of ``seed``).
@@ -155,6 +163,8 @@ class TextToImage:
         callback_on_step_end: ``f(pipe, step, timestep, callback_kwargs)`` after every loop
                        step (timestep None: no diffusion schedule; ``callback_kwargs["tokens"]``
                        holds each row's tokens so far).
+        drafter:       a ``mmspec`` Drafter object instead of the method's (the method then
+                       names the rule).
         compile / static_cache / pipeline / profile, or ``engine``: as in ``mmspec.generate``
         (static caches, steps captured as CUDA graphs, draft steps queued ahead); the eager
         path is the reference and gives the same tokens under greedy decoding."""
@@ -173,7 +183,8 @@ class TextToImage:
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
         engine = Engine.from_switches(compile, static_cache, pipeline, profile,
                                       engine).check(tgt.model)
-        spec = parse_method(method, method_params, has_draft=self.draft is not None)
+        spec = parse_method(method, method_params, has_draft=self.draft is not None,
+                            has_head=self.head is not None)
         batch = tgt.prompt_batch(rows, neg_rows, g is not None)
         width, n = batch["input_ids"].shape[1], tgt.num_tokens
         check_positions("image tokens", n, width, tgt.max_positions(), "model")
@@ -189,8 +200,9 @@ class TextToImage:
             draft_session=None if dbatch is None else lambda: self.draft.session(
                 params, g, **plan.cache(dbatch["input_ids"].shape[1], len(rows))),
             embeddings=tgt.codebook_embeddings(), jacobi=tgt.jacobi_defaults,
-            queue_drafts=plan.queue_drafts)
-        drafter, rule = spec.build(context)
+            queue_drafts=plan.queue_drafts, head=self.head)
+        rule = spec.build_rule(context)
+        drafter = spec.build_drafter(context) if drafter is None else drafter
         run = prepare(session, drafter, rule, plan=plan, seed=seed, device=tgt.device,
                       generator=generator)
 

@@ -23,6 +23,7 @@ import time
 import torch
 
 from mmspec.checks import check_count, check_guidance_scale, guided
+from mmspec.drafters.head import load_head
 from mmspec.engine import Engine
 from mmspec.registry import MethodContext, parse_method
 from mmspec.runner import prepare
@@ -35,11 +36,13 @@ from .bundled import load_speech_adapter
 class TextToSpeech:
     """Codec-token speech generation with any method: ``TextToSpeech.from_pretrained(path,
     draft=)``, then ``tts(text, method=..., seed=...)`` -> ``AudioOutput`` (``audio``,
-    ``sampling_rate``, codes, stats)."""
-    def __init__(self, target, draft=None, defaults=None):
+    ``sampling_rate``, codes, stats); ``head``: a ``mmspec.DraftHead`` trained for the target
+    (method ``"head"``)."""
+    def __init__(self, target, draft=None, defaults=None, head=None):
         if draft is not None:
             target.check_compatible(draft)
         self.target, self.draft = target, draft
+        self.head = load_head(head, target.model)
         self.defaults = dict(defaults or {})
 
     @classmethod
@@ -102,8 +105,9 @@ class TextToSpeech:
                  guidance_scale: float | None = None, max_frames: int | None = None,
                  progress: bool = True, decode: bool = True, compile: bool | str = False,
                  static_cache: bool | None = None, pipeline: bool | None = None,
-                 engine: Engine | None = None, **method_params) -> AudioOutput:
-        """compile / static_cache / pipeline, or ``engine``: as in ``mmspec.generate`` (static caches, steps
+                 engine: Engine | None = None, drafter=None, **method_params) -> AudioOutput:
+        """drafter: a ``mmspec`` Drafter object instead of the method's (the method then names
+        the rule). compile / static_cache / pipeline, or ``engine``: as in ``mmspec.generate`` (static caches, steps
         captured as CUDA graphs, draft steps queued ahead), for single-codebook and CSM targets
         (CSM: the backbone's steps; the depth decoder runs eagerly). Delay-pattern models
         (MusicGen) decode eagerly on a dynamic cache."""
@@ -117,7 +121,8 @@ class TextToSpeech:
         params = SamplingParams(temperature=temperature, top_k=top_k)
         engine = tgt.check_engine(Engine.from_switches(compile, static_cache, pipeline,
                                                        engine=engine).check(tgt.model))
-        spec = parse_method(method, method_params, has_draft=self.draft is not None)
+        spec = parse_method(method, method_params, has_draft=self.draft is not None,
+                            has_head=self.head is not None)
         tgt.check_method(spec)
         batch = tgt.prompt(texts, g is not None)
         dbatch = self.draft.prompt(texts, g is not None) if spec.uses_draft_model else None
@@ -133,8 +138,9 @@ class TextToSpeech:
             draft_session=None if dbatch is None else lambda: self.draft.session(
                 params, g, frames, **plan.cache(dbatch["input_ids"].shape[1], len(texts))),
             embeddings=tgt.codebook_embeddings(0), jacobi=tgt.jacobi_defaults,
-            queue_drafts=plan.queue_drafts)
-        drafter, scalar = spec.build(context)
+            queue_drafts=plan.queue_drafts, head=self.head)
+        scalar = spec.build_rule(context)
+        drafter = spec.build_drafter(context) if drafter is None else drafter
         run = prepare(session, drafter, tgt.rule(scalar), plan=plan, seed=seed, device=tgt.device)
 
         # 3. Prefill and the loop.

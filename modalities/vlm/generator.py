@@ -41,14 +41,19 @@ import torch
 
 from mmspec.checks import check_count, check_positions
 from mmspec.drafters.ensemble import EnsembleDrafter
+from mmspec.drafters.head import load_head
 from mmspec.engine import Engine
 from mmspec.loop import Stops
 from mmspec.registry import MethodContext, parse_method
 from mmspec.runner import prepare
 from mmspec.sampling import sampling_params
-from mmspec.session import CausalLMSession, PaddedSession, max_positions, output_vocab_size
+from mmspec.session import (
+    CausalLMSession,
+    PaddedSession,
+    max_positions,
+    output_vocab_size,
+)
 from mmspec.types import StepStats
-
 from modalities.registry import adapters, load_pretrained, register_adapter
 
 from .mrope import POSITION_INPUTS, MRopeSession, uses_mrope
@@ -103,10 +108,11 @@ def check_supported(model, role: str) -> None:
 class VisionLanguageGenerator:
     """target: a LLaVA- or Qwen-VL-family model; processor: its processor (tokenizer, image
     processor, chat template); draft: a causal LM (text draft) or a VLM of the target's family
-    (image / ensemble draft; another family needs ``draft_processor``)."""
+    (image / ensemble draft; another family needs ``draft_processor``); head: a
+    ``mmspec.DraftHead`` trained for the target (method ``"head"``)."""
 
     def __init__(self, target, processor, draft=None, draft_mode: str | None = None,
-                 draft_processor=None, assistant_model=None):
+                 draft_processor=None, assistant_model=None, head=None):
         if assistant_model is not None:          # transformers' name for the draft
             if draft is not None:
                 raise ValueError("draft and assistant_model: accepted one of them")
@@ -116,6 +122,7 @@ class VisionLanguageGenerator:
                              "or vq_config)")
         check_supported(target, "target")
         self.target, self.processor, self.draft = target, processor, draft
+        self.head = load_head(head, target)
         self.draft_processor = draft_processor or processor
         if draft is not None:
             draft_mode = draft_mode or ("image" if _is_vlm(draft) else "text")
@@ -164,8 +171,12 @@ class VisionLanguageGenerator:
                         assistant_model=None, **load_kwargs):
         """``target`` / ``draft``: folders or Hugging Face ids, or model objects; ``device``:
         where to put them; ``load_kwargs`` go to transformers' ``from_pretrained``."""
-        from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText,
-                                  AutoProcessor)
+        from transformers import (
+            AutoConfig,
+            AutoModelForCausalLM,
+            AutoModelForImageTextToText,
+            AutoProcessor,
+        )
 
         def load(spec):
             if not isinstance(spec, (str, os.PathLike)):
@@ -240,7 +251,7 @@ class VisionLanguageGenerator:
         """(drafter, rule, the draft's prompt or None) for a parsed method."""
         vt = output_vocab_size(self.target)
         context = MethodContext(embeddings=self.target.get_input_embeddings().weight.detach(),
-                                queue_drafts=plan.queue_drafts)
+                                queue_drafts=plan.queue_drafts, head=self.head)
         if not spec.uses_draft_model:
             return spec.build_drafter(context), spec.build_rule(context), None
         if self.draft_mode == "ensemble":
@@ -325,7 +336,7 @@ class VisionLanguageGenerator:
                  stream: bool = False, captions=None, compile: bool | str = False,
                  static_cache: bool | None = None, pipeline: bool | None = None,
                  engine: Engine | None = None, generation_config=None, streamer=None,
-                 **method_params):
+                 drafter=None, **method_params):
         """One image (or None, or a list) per prompt; a single pair may be given unwrapped;
         or the processor's outputs as keyword arguments (``generate(**processor(...))``).
 
@@ -338,6 +349,8 @@ class VisionLanguageGenerator:
                       as holes); None: on with ``compile=True`` and a text or image draft
                       (not with the ensemble, whose mixture weights are read every step).
         engine:       an ``mmspec.Engine`` instead of the three switches (docs/engine.md).
+        drafter:      a ``mmspec`` Drafter object instead of the method's (the method then
+                      names the rule).
         temperature, top_p, top_k: default temperature 1 without truncation; or
         generation_config: a GenerationConfig or ``"model"`` (the target's own), as in
                       ``mmspec.generate``.
@@ -352,7 +365,8 @@ class VisionLanguageGenerator:
         check_count("max_new_tokens", max_new_tokens)
         engine = Engine.from_switches(compile, static_cache, pipeline,
                                       engine=engine).check(self.target)
-        spec = parse_method(method, method_params, has_draft=self.draft is not None)
+        spec = parse_method(method, method_params, has_draft=self.draft is not None,
+                            has_head=self.head is not None)
         params = sampling_params(self.target, generation_config, temperature=temperature,
                                  top_p=top_p, top_k=top_k)
         width, limit = batch["input_ids"].shape[1], max_positions(self.target)
@@ -370,7 +384,12 @@ class VisionLanguageGenerator:
         plan = engine.plan(max_new_tokens=max_new_tokens, num_draft_tokens=k,
                            draft_model=queueable, positions=width + max_new_tokens + k,
                            limits=[limit, max_positions(self.draft) if queueable else None])
-        drafter, rule, dbatch = self._method(spec, plan, params, batch, images, prompts, captions)
+        if drafter is None:
+            drafter, rule, dbatch = self._method(spec, plan, params, batch, images, prompts,
+                                                 captions)
+        else:
+            rule, dbatch = spec.build_rule(MethodContext(
+                embeddings=self.target.get_input_embeddings().weight.detach())), None
         session = _session(self.target, params, **plan.cache(*batch["input_ids"].shape[::-1]))
         run = prepare(session, drafter, rule, plan=plan, seed=seed, device=self.target.device)
         it = self._run(run, batch, dbatch, streamer)

@@ -1,0 +1,171 @@
+"""Drafting with a head on the target's own features (``DraftHead``, EAGLE-3 style).
+
+The target session keeps the features of every forward it runs anyway
+(``CausalLMSession.keep_features``: no second forward); the head drafts from them. Per step,
+all rows at once:
+
+1. Pending pairs: the tokens committed by the last step, each with the target's feature of
+   the position before it (for the root, the last emitted token, that is the feature of the
+   last accepted slot). Fed to the head; its output at the root gives q for the first level.
+2. A tree as ``TreeDrafter`` (a chain is ``branch = width = 1``): each frontier node is fed
+   with its parent's head output as its feature (the head's own stand-in for the target's).
+   The prompt's tokens are paired the same way (its first token with a zero feature).
+3. After verification the head keeps only the pending pairs' slots (real features); the
+   accepted drafts and the new last token become the next pending pairs with the target's
+   features of the accepted path (``VerifyOutput.path``), so the head never keeps a slot
+   built on its own guesses.
+
+Children are top-k of q (point masses), as ``TreeDrafter``: lossless verification for any
+tree. ``attach`` (called by ``mmspec.runner.prepare``) ties the drafter to the target's
+session: the target keeps the head's feature layers; the head's session gets the target's
+sampling and cache settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..session import CausalLMSession, Session
+from .head import DraftHead
+from .tree import TreeDrafter
+
+
+@dataclass
+class _HeadOutput:
+    """The head decoder's output as the target session's ``logits`` hook reads outputs."""
+
+    logits: torch.Tensor
+    last_hidden_state: torch.Tensor
+
+
+class HeadSession(CausalLMSession):
+    """The head's decoder as a session over the target session's ids (``template``): the
+    target's hooks turn ids into token embeddings (``embed``, ``prompt_inputs``) and outputs
+    into logits (``logits``, ``mask_logits``: image-token spans, generation heads), so the
+    head drafts in the ids the rules see. ``feed`` [B, n, d] are the features of the tokens
+    of the next forward; ``features`` after it are the head's outputs."""
+
+    def __init__(self, head: DraftHead, template: CausalLMSession, **engine):
+        super().__init__(head.decoder, template.params, **engine)
+        self.head, self.template = head, template
+        self.vocab_size = template.vocab_size
+        self.feed: torch.Tensor | None = None
+        self.prompt_embeds: torch.Tensor | None = None     # [B, P, d] set before prefill
+        self.keep_features((1,))           # the one decoder layer's (normed) output
+
+    def token_embeds(self, inputs: dict, rows: int) -> torch.Tensor:
+        if "inputs_embeds" in inputs:
+            return inputs["inputs_embeds"][:rows]
+        return self.head.decoder.model.embed_tokens(inputs["input_ids"][:rows])
+
+    def embed(self, tokens, first_step=False):
+        t = self.template.embed(self.template._rows(tokens), first_step)
+        return {"inputs_embeds": self.head.inputs(self.token_embeds(t, tokens.shape[0]), self.feed)}
+
+    def prompt_inputs(self, tokens):
+        e = self.prompt_embeds[:, :tokens.shape[1]]
+        return {"inputs_embeds": self.head.inputs(e, self.feed)}
+
+    def logits(self, out):
+        return self.template.logits(_HeadOutput(out.logits, out.hidden_states[-1]))
+
+    def mask_logits(self, logits, gen_index):
+        return self.template.mask_logits(logits, gen_index)
+
+
+class FeatureDrafter(TreeDrafter):
+    """Draft with a ``DraftHead`` on the target's features.
+
+    head:   a ``DraftHead`` (``DraftHead.from_pretrained(path, target)``).
+    depth, branch, width, nodes: the tree (``TreeDrafter``); ``branch = width = 1`` drafts a
+            chain of ``depth`` tokens.
+    """
+
+    needs_model = False
+    needs_head = True
+    param_names = TreeDrafter.param_names
+
+    def __init__(self, head: DraftHead, depth: int = 4, branch: int = 2, width: int = 4,
+                 nodes: int | None = None):
+        if not isinstance(head, DraftHead):
+            raise ValueError(f"head={type(head).__name__}: accepted a mmspec DraftHead")
+        self.head = head
+        self._tree_args = dict(depth=depth, branch=branch, width=width, nodes=nodes)
+        super().__init__(_Unattached(), **self._tree_args)
+        self.target: Session | None = None
+
+    @classmethod
+    def from_params(cls, params, context) -> "FeatureDrafter":
+        if context.head is None:
+            raise ValueError("method 'head' drafts with a draft head: pass draft=DraftHead(...) "
+                             "(DraftHead.from_pretrained(path, target))")
+        return cls(context.head, **cls._args(params))
+
+    @classmethod
+    def width_of(cls, params) -> int:
+        # the head is fed up to depth pending pairs and the root besides the frontiers
+        return TreeDrafter.width_of(params) + cls._args(params)["depth"]
+
+    def attach(self, target: Session) -> None:
+        if not hasattr(target, "keep_features"):
+            raise ValueError(f"a draft head reads the target's features: accepted a target "
+                             f"session that keeps them ({type(target).__name__} does not)")
+        target.keep_features(self.head.config.feature_layers)
+        self.target = target
+        self.session = HeadSession(self.head, target, static_len=target.static_len,
+                                   compile=target.compile)
+
+    def begin(self, input_ids, attention_mask, vocab_size=None, **prompt) -> None:
+        if self.target is None:
+            raise RuntimeError("FeatureDrafter.begin before attach(target)")
+        b, p, tgt = input_ids.shape[0], input_ids.shape[1], self.target
+        d = self.head.config.hidden_size
+        # each prompt token with the feature of the one before it (zeros for the first)
+        f = input_ids.new_zeros(b, 1, d, dtype=self.head.fuse.weight.dtype)
+        if p > 1:
+            f = torch.cat([f, self.head.reduce_features(tgt.features)], 1)     # [B, P, d]
+        full = tgt.prompt_inputs(tgt._rows(input_ids))          # the prompt's token inputs
+        self.session.prompt_embeds = self.session.token_embeds(full, b)
+        self.session.feed = f[:, :-1]
+        self.session.prefill(input_ids, attention_mask)
+        self._backlog = self._backlog_valid = None
+        self._pending = f[:, -1:]               # the feature paired with the first root
+
+    def _feed_root(self, feed, valid):
+        self.session.feed = self._pending
+        out = self.session.step(feed, valid)[:, -1:]
+        self._front = self.session.features[:, -1:]                        # [B, 1, d]
+        return out
+
+    def _feed_front(self, tokens, valid, tree, parent):
+        d = self._front.shape[-1]
+        self.session.feed = self._front.gather(1, parent[:, :, None].expand(*parent.shape, d))
+        out = self.session.step(tokens, valid, tree=tree)
+        self._front = self.session.features
+        return out
+
+    def observe(self, out, target_probs, num_accepted) -> None:
+        feats = self.head.reduce_features(self.target.features)                # [B, K + 1, d]
+        if self._depth == 0:     # nothing fed: the pairs wait, the new last joins them
+            self._pending = torch.cat([self._pending, feats[:, :1]], 1)
+            return
+        self.session.commit(self._f, self._valid)          # the pending pairs' slots only
+        n, path = out.num_accepted, out.path
+        m = max(num_accepted)
+        d = feats.shape[-1]
+        on_path = feats.gather(1, path[:, :, None].expand(*path.shape, d))     # [B, D + 1, d]
+        cols = torch.arange(m, device=n.device)
+        self._backlog = torch.where(cols[None] < n[:, None], out.tokens[:, :m], 0)
+        self._backlog_valid = (cols[None] < n[:, None]).long() * self._on[:, None]
+        root = on_path.gather(1, n[:, None, None].expand(-1, 1, d))
+        self._pending = torch.cat([on_path[:, :m], root], 1)
+        if m == 0:
+            self._backlog = self._backlog_valid = None
+
+
+class _Unattached(Session):
+    """Stands in for the head's session until ``attach`` builds it."""
+
+    trees = True

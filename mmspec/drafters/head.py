@@ -1,0 +1,185 @@
+"""A draft head trained on a target's own features (EAGLE-3 style), its config and files.
+
+The head drafts token t + 2 from the pair (feature of position t, token t + 1):
+
+    f_t   = reduce(concat(h_t^l for l in feature_layers))     the target's hidden states,
+                                                              low/mid/high layers fused
+    e     = fuse(concat(embed(x_{t+1}), f_t))
+    g_t   = decoder(e)                                        one Llama decoder layer, its
+                                                              own cache (causal over pairs)
+    q     = softmax(lm_head(g_t))                             the target's output head
+
+Drafting further than one token, the head's own output g_t stands in for the target's
+feature of the next position (the head learns this with a multi-step loss,
+``recipes.train.draft_head``). ``embed`` and ``lm_head`` are the target's (shared, not
+stored); the head stores ``reduce``, ``fuse`` and its decoder (a one-layer
+``LlamaForCausalLM`` whose embeddings and output head are tied to the target's at
+``attach``). Files: ``config.json`` (``HeadConfig``) and ``model.safetensors``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+
+
+def default_layers(num_layers: int) -> tuple[int, ...]:
+    """Low, middle and high layers' outputs (indices into ``hidden_states``: 0 is the
+    embeddings, L the last layer's normed output)."""
+    return tuple(sorted({1, (num_layers + 1) // 2, num_layers}))
+
+
+@dataclass
+class HeadConfig:
+    """hidden_size:     the target's hidden size (the head's width).
+    feature_layers:  indices into the target's ``hidden_states`` that are fused.
+    num_heads, intermediate_size, rope_theta: the decoder layer's.
+    vocab_size:      the target's output width.
+    max_position_embeddings: positions the decoder layer's rotary embedding serves.
+    target:          the target it was trained for (a name or path; informational).
+    """
+
+    hidden_size: int
+    feature_layers: tuple[int, ...]
+    vocab_size: int
+    num_heads: int = 4
+    intermediate_size: int | None = None
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+    target: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def llama(self):
+        from transformers import LlamaConfig
+
+        return LlamaConfig(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+                           intermediate_size=self.intermediate_size or 2 * self.hidden_size,
+                           num_hidden_layers=1, num_attention_heads=self.num_heads,
+                           num_key_value_heads=self.num_heads, rope_theta=self.rope_theta,
+                           max_position_embeddings=self.max_position_embeddings,
+                           tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
+                           pad_token_id=None)
+
+
+def load_head(head, target):
+    """A front door's ``head=`` argument: None, a ``DraftHead`` or a folder it was saved in,
+    attached to ``target`` (the model whose features it reads)."""
+    if head is None:
+        return None
+    if isinstance(head, (str, Path)):
+        return DraftHead.from_pretrained(head, target)
+    if not isinstance(head, DraftHead):
+        raise ValueError(f"head={type(head).__name__}: accepted a mmspec DraftHead or the folder "
+                         "it was saved in")
+    return head.attach(target)
+
+
+class DraftHead(nn.Module):
+    """The head (module docstring). Build it for a target with ``DraftHead.for_target``,
+    load one with ``DraftHead.from_pretrained``; ``attach(target)`` shares the target's
+    embeddings and output head before use."""
+
+    def __init__(self, config: HeadConfig):
+        super().__init__()
+        from transformers import LlamaForCausalLM
+
+        self.config = config
+        d, n = config.hidden_size, len(config.feature_layers)
+        self.reduce = nn.Linear(n * d, d, bias=False)
+        self.fuse = nn.Linear(2 * d, d, bias=False)
+        self.decoder = LlamaForCausalLM(config.llama())
+        self._target_ref = None
+
+    @classmethod
+    def for_target(cls, target, feature_layers=None, **kw) -> "DraftHead":
+        """A fresh head for a transformers causal LM or VLM (its text decoder's sizes)."""
+        from ..session import _decoder_config, output_vocab_size
+
+        cfg = _decoder_config(target)
+        layers = tuple(feature_layers or default_layers(cfg.num_hidden_layers))
+        bad = [i for i in layers if not 0 <= i <= cfg.num_hidden_layers]
+        if bad:
+            raise ValueError(f"feature_layers={layers}: accepted indices in [0, "
+                             f"{cfg.num_hidden_layers}] (0: embeddings, L: the last layer)")
+        head = cls(HeadConfig(hidden_size=cfg.hidden_size, feature_layers=layers,
+                              target=getattr(target, "name_or_path", "") or "",
+                              vocab_size=output_vocab_size(target),
+                              num_heads=kw.pop("num_heads", max(1, cfg.hidden_size // 64)),
+                              max_position_embeddings=getattr(cfg, "max_position_embeddings",
+                                                              4096) or 4096, **kw))
+        head.attach(target)
+        return head
+
+    def attach(self, target) -> "DraftHead":
+        """Share ``target``'s input embeddings and output head (checked against the config)."""
+        emb, out = target.get_input_embeddings(), target.get_output_embeddings()
+        if not isinstance(emb, nn.Embedding) or not isinstance(out, nn.Linear):
+            raise ValueError(f"a draft head shares one input embedding table and one output head "
+                             f"with its target; {type(target).__name__} has "
+                             f"{type(emb).__name__} and {type(out).__name__} (multi-codebook "
+                             "models are not supported)")
+        v, d = self.config.vocab_size, self.config.hidden_size
+        if out is None or tuple(out.weight.shape) != (v, d) or emb.weight.shape[1] != d:
+            got = None if out is None else tuple(out.weight.shape)
+            raise ValueError(f"this head was made for an output head of [{v}, {d}] (target "
+                             f"{self.config.target or '?'}); the target has {got}: accepted "
+                             "the target it was trained for")
+        dec = self.decoder
+        dec.model.embed_tokens = emb
+        dec.lm_head = out
+        self.to(device=out.weight.device, dtype=out.weight.dtype)
+        return self
+
+    def reduce_features(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's fused features [..., F] (``feature_layers`` concatenated) -> [..., d]."""
+        return self.reduce(features)
+
+    def inputs(self, token_embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """Decoder inputs [B, n, d] for the tokens' embeddings [B, n, d] (the target's input
+        embeddings of them) and their features [B, n, d] (reduced target features, or the
+        head's own outputs)."""
+        return self.fuse(torch.cat([token_embeds, features], -1))
+
+    # -- files -------------------------------------------------------------------------
+    def state_to_save(self) -> dict:
+        """The head's own weights (the target's shared embeddings and output head left out)."""
+        return {k: v for k, v in self.state_dict().items()
+                if not k.startswith(("decoder.model.embed_tokens", "decoder.lm_head"))}
+
+    def save_pretrained(self, path) -> None:
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        cfg = asdict(self.config)
+        cfg["feature_layers"] = list(cfg["feature_layers"])
+        (path / CONFIG).write_text(json.dumps(cfg, indent=2) + "\n")
+        save_file({k: v.detach().contiguous().cpu() for k, v in self.state_to_save().items()},
+                  str(path / WEIGHTS))
+
+    @classmethod
+    def from_pretrained(cls, path, target=None) -> "DraftHead":
+        """A saved head (a folder with config.json and model.safetensors); ``target``:
+        attach to it now."""
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        if not (path / CONFIG).is_file() or not (path / WEIGHTS).is_file():
+            raise ValueError(f"{path}: accepted a folder with {CONFIG} and {WEIGHTS} (a head "
+                             "saved by DraftHead.save_pretrained)")
+        raw = json.loads((path / CONFIG).read_text())
+        raw["feature_layers"] = tuple(raw["feature_layers"])
+        head = cls(HeadConfig(**raw))
+        missing, unexpected = head.load_state_dict(load_file(str(path / WEIGHTS)), strict=False)
+        own_missing = [k for k in missing if not k.startswith(("decoder.model.embed_tokens",
+                                                               "decoder.lm_head"))]
+        if own_missing or unexpected:
+            raise ValueError(f"{path / WEIGHTS}: missing {own_missing}, unexpected {unexpected}")
+        return head.attach(target) if target is not None else head
