@@ -1,0 +1,490 @@
+"""Train a draft head (``mmspec.DraftHead``) for a target from the target's own generations.
+
+    python -m recipes.train.draft_head --modality t2i --target samples/models/shapes-t2i \\
+        --data shapes --out samples/models/shapes-t2i-head
+    python -m recipes.train.draft_head --modality text --target Qwen/Qwen2.5-0.5B \\
+        --data prompts.txt --out heads/qwen-0.5b --samples 2000
+    accelerate launch -m recipes.train.draft_head ...        # several GPUs
+
+1. Collect (self-distillation): plain decoding of the target on the prompts, through the
+   modality's front door, with a recording drafter: every position's token embedding, the
+   target's features (the head's feature layers, kept by the session: no second forward) and
+   its processed distributions over the generated positions (guidance, temperature, top-k as
+   at sampling). Saved to ``OUT/data.safetensors``.
+2. Train: soft cross-entropy of the head's q against the target's p, unrolled ``--unroll``
+   steps as EAGLE-3's training-time test: step j feeds each position the head's own step
+   j - 1 output at the previous position as its feature and attends to real-feature pairs
+   up to j - 1 positions back and to its own chain (the mask drafting sees at depth j).
+   Checkpoints (safetensors) every ``--save-every`` steps; ``--resume`` continues.
+3. Measure: tokens per target step of plain decoding, the head's chain and its tree on
+   held-out prompts; ``OUT/README.md`` is the model card.
+
+Data (``--data``): ``shapes`` (the procedural shapes world: captions, questions about
+rendered scenes, sentences), or a file: one prompt per line (t2i captions, tts texts, text
+prompts), or ``image path<TAB>question`` per line (vlm).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+
+from mmspec.drafters.base import NoDraft
+from recipes.cli import COUNT, Number, Parser, describe, run
+
+MODALITIES = ("t2i", "vlm", "tts", "text")
+
+
+# -- 1. collect ---------------------------------------------------------------------------
+
+class Recorder(NoDraft):
+    """Plain decoding that records what a head trains on: each position's token embedding,
+    the target's features and, over the generated positions, its distributions."""
+
+    def __init__(self, layers):
+        self.layers = tuple(layers)
+
+    def attach(self, target):
+        target.keep_features(self.layers)
+        self.target = target
+
+    def begin(self, input_ids, attention_mask, vocab_size=None, **prompt):
+        t, b = self.target, input_ids.shape[0]
+        self.embeds = [_token_embeds(t, t.prompt_inputs(t._rows(input_ids)), b)]
+        self.feats = [t.features] if input_ids.shape[1] > 1 else []
+        self.mask, self.probs, self.valid = attention_mask, [], []
+
+    def propose(self, last, k_max, active=None):
+        self.valid.append(torch.ones(last.shape[0], dtype=torch.bool, device=last.device)
+                          if active is None else active.clone())
+        return super().propose(last, k_max, active)
+
+    def observe(self, out, target_probs, num_accepted):
+        t = self.target
+        self.feats.append(t.features)
+        self.probs.append(target_probs.to(torch.float16))
+        tok = out.tokens[:, :1].clamp(min=0)
+        self.embeds.append(_token_embeds(t, t.embed(t._rows(tok)), tok.shape[0]))
+
+    def batch(self) -> dict:
+        """The call's tensors: T = prompt + generated positions fed, S generated."""
+        valid = torch.stack(self.valid, 1).long()                               # [B, S]
+        return dict(embeds=torch.cat(self.embeds, 1)[:, :-1].float().cpu(),      # [B, T, d]
+                    features=torch.cat(self.feats, 1)[:, :-1].float().cpu(),     # [B, T-1, F]
+                    probs=torch.cat(self.probs, 1).cpu(),                        # [B, S, V]
+                    mask=torch.cat([self.mask, valid], 1)[:, :-1].cpu(),         # [B, T]
+                    prompt=torch.tensor(self.mask.shape[1]), steps=torch.tensor(len(self.probs)))
+
+
+def _token_embeds(session, inputs: dict, rows: int) -> torch.Tensor:
+    if "inputs_embeds" in inputs:
+        return inputs["inputs_embeds"][:rows].detach()
+    return session.model.get_input_embeddings()(inputs["input_ids"][:rows]).detach()
+
+
+@dataclass
+class Source:
+    """A modality's front door, its prompts and how one batch is generated."""
+
+    modality: str
+    front: object
+    model: torch.nn.Module
+    items: list
+    held_out: list
+    max_new_tokens: int
+
+    def generate(self, items, seed: int, temperature: float, method="plain", drafter=None,
+                 **params):
+        kw = dict(method=method, seed=seed, temperature=temperature, drafter=drafter, **params)
+        if self.modality == "t2i":
+            return self.front(list(items), progress=False, decode=False, **kw)
+        if self.modality == "tts":
+            return self.front(list(items), progress=False, decode=False,
+                              max_frames=self.max_new_tokens, **kw)
+        if self.modality == "vlm":
+            ims, msgs = zip(*items)
+            return self.front.generate(list(ims), list(msgs), max_new_tokens=self.max_new_tokens,
+                                       **kw)
+        import mmspec
+
+        tok, model = self.front
+        enc = tok(list(items), return_tensors="pt", padding=True).to(model.device)
+        if kw.pop("method") != "plain" and drafter is None:
+            raise ValueError("text targets measure the head through mmspec.generate(drafter=)")
+        kw.pop("drafter")
+        return mmspec.generate(model, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                               max_new_tokens=self.max_new_tokens, drafter=drafter, **kw)
+
+
+def shapes_items(modality: str, n: int, start: int) -> list:
+    from modalities import shapes_world as sw
+
+    if modality == "t2i":
+        return [sw.caption(sw.sample_scene(random.Random(s))) for s in range(start, start + n)]
+    if modality == "tts":
+        from recipes.train.speech_data import sentence
+
+        return [sentence(random.Random(s)) for s in range(start, start + n)]
+    if modality == "vlm":
+        from recipes.train.vlm import spaced
+
+        out = []
+        for s in range(start, start + n):
+            scene, img, _ = sw.sample(s)
+            q, _ = sw.questions(scene, random.Random(s))[s % 4 + 2]
+            out.append((img, [{"role": "user", "content": [{"type": "image"},
+                                                            {"type": "text", "text": spaced(q)}]}]))
+        return out
+    raise ValueError(f"--data shapes: accepted with --modality t2i, vlm or tts, not {modality}")
+
+
+def file_items(modality: str, path: str) -> list:
+    if not os.path.isfile(path):
+        raise ValueError(f"--data {path}: accepted 'shapes' or an existing file")
+    with open(path) as f:
+        lines = [line.rstrip("\n") for line in f if line.strip()]
+    if modality != "vlm":
+        return lines
+    from PIL import Image
+
+    out = []
+    for i, line in enumerate(lines):
+        if "\t" not in line:
+            raise ValueError(f"--data {path} line {i + 1}: accepted 'image path<TAB>question'")
+        image, q = line.split("\t", 1)
+        out.append((Image.open(image).convert("RGB"),
+                    [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]}]))
+    return out
+
+
+def load_source(args) -> Source:
+    dev = args.device
+    if args.modality == "t2i":
+        from modalities.image import TextToImage
+
+        front = TextToImage.from_pretrained(args.target, device=dev)
+        model = front.target.model
+    elif args.modality == "tts":
+        from modalities.speech import TextToSpeech
+
+        front = TextToSpeech.from_pretrained(args.target, device=dev)
+        model = front.target.model
+    elif args.modality == "vlm":
+        from modalities.vlm import VisionLanguageGenerator
+
+        front = VisionLanguageGenerator.from_pretrained(args.target, device=dev)
+        model = front.target
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(args.target).to(dev).eval()
+        tok = AutoTokenizer.from_pretrained(args.target, padding_side="left")
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+        front = (tok, model)
+    n, m = args.samples, args.eval
+    if args.data == "shapes":
+        items, held = shapes_items(args.modality, n, 0), shapes_items(args.modality, m, 20_000_000)
+    else:
+        every = file_items(args.modality, args.data)
+        if len(every) <= m:
+            raise ValueError(f"--data {args.data}: {len(every)} prompts; accepted more than "
+                             f"--eval={m} (the last --eval are held out)")
+        items, held = every[:-m][:n], every[-m:]
+    return Source(args.modality, front, model, items, held, args.max_new_tokens)
+
+
+def collect(source: Source, layers, args, accelerator) -> list[dict]:
+    from tqdm.auto import tqdm
+
+    mine = source.items[accelerator.process_index::accelerator.num_processes]
+    batches, bs = [], args.collect_batch
+    for i in tqdm(range(0, len(mine), bs), desc="collect", disable=None if accelerator.is_main_process else True):
+        rec = Recorder(layers)
+        source.generate(mine[i:i + bs], seed=args.seed + i, temperature=args.temperature,
+                        drafter=rec)
+        batches.append(rec.batch())
+    return batches
+
+
+def save_data(batches: list[dict], path: str) -> None:
+    from safetensors.torch import save_file
+
+    save_file({f"{i}.{k}": v.contiguous() for i, b in enumerate(batches) for k, v in b.items()},
+              path)
+
+
+def load_data(path: str) -> list[dict]:
+    from safetensors.torch import load_file
+
+    flat, out = load_file(path), {}
+    for key, v in flat.items():
+        i, k = key.split(".", 1)
+        out.setdefault(int(i), {})[k] = v
+    return [out[i] for i in sorted(out)]
+
+
+# -- 2. train ---------------------------------------------------------------------------------
+
+def unrolled_mask(t: int, steps: int, device) -> torch.Tensor:
+    """[steps T, steps T] bool: query (block a, position i) sees key (block c, position s) when
+    c = 1 and s <= i - a + 1 (real-feature pairs), or 2 <= c <= a and s = i - a + c (its own
+    chain of head outputs): what a depth-a draft attends to."""
+    i = torch.arange(t, device=device)
+    rows = []
+    for a in range(1, steps + 1):
+        cols = []
+        for c in range(1, steps + 1):
+            if c == 1:
+                cols.append(i[None, :] <= i[:, None] - a + 1)
+            elif c <= a:
+                cols.append(i[None, :] == i[:, None] - a + c)
+            else:
+                cols.append(torch.zeros(t, t, dtype=torch.bool, device=device))
+        rows.append(torch.cat(cols, 1))
+    return torch.cat(rows, 0)
+
+
+def head_loss(head, template, batch: dict, steps: int) -> torch.Tensor:
+    """The unrolled soft cross-entropy of one collected batch (module docstring, step 2)."""
+    from mmspec.drafters.feature import _HeadOutput
+
+    dev = head.fuse.weight.device
+    e, mask = batch["embeds"].to(dev), batch["mask"].to(dev)
+    b, t, d = e.shape
+    p_len, s = int(batch["prompt"]), int(batch["steps"])
+    feats = head.reduce_features(batch["features"].to(dev))                 # [B, T-1, d]
+    feature = torch.cat([feats.new_zeros(b, 1, d), feats], 1)                # paired with x_t
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    full = unrolled_mask(t, steps, dev)
+    target = batch["probs"].to(dev).float()                                  # [B, S, V]
+    predicted = slice(p_len - 1, p_len - 1 + s)                              # positions with p
+    row_ok = mask[:, predicted].bool()
+    blocks, total = [], 0.0
+    for j in range(1, steps + 1):
+        blocks.append(head.inputs(e, feature))
+        x = torch.cat(blocks, 1)
+        n = j * t
+        keys = mask.repeat(1, j).bool()
+        m = full[:n, :n][None] & keys[:, None, :] | torch.eye(n, dtype=torch.bool, device=dev)
+        additive = (~m).to(x.dtype)[:, None] * torch.finfo(x.dtype).min
+        g = head.decoder.model(inputs_embeds=x, attention_mask=additive,
+                               position_ids=pos.repeat(1, j), use_cache=False).last_hidden_state
+        g = g[:, -t:]
+        logits = template.logits(_HeadOutput(head.decoder.lm_head(g), g))[:, predicted].float()
+        ce = -(target * torch.log_softmax(logits, -1)).sum(-1)                # [B, S]
+        ok = row_ok.clone()
+        ok[:, : max(0, j - 1 - (p_len - 1))] = False       # step j needs j - 1 positions before
+        total = total + ce[ok].mean() / j
+        feature = torch.cat([g.new_zeros(b, 1, d), g[:, :-1]], 1)           # own outputs
+    return total
+
+
+def train(head, template, batches: list[dict], args, accelerator, start: int = 0,
+          optimizer=None) -> None:
+    from tqdm.auto import tqdm
+
+    own = [p for n, p in head.named_parameters() if not n.startswith(
+        ("decoder.model.embed_tokens", "decoder.lm_head"))]
+    for p in head.parameters():
+        p.requires_grad_(any(p is q for q in own))
+    optimizer = optimizer or torch.optim.AdamW(own, lr=args.lr, weight_decay=0.0)
+    head, optimizer = accelerator.prepare(head, optimizer)
+    core = accelerator.unwrap_model(head)
+    warm = max(1, args.steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warm) * 0.5
+                                              * (1 + math.cos(math.pi * min(1.0, i / args.steps))))
+    for _ in range(start):
+        sched.step()
+    rng = random.Random(args.seed + start)
+    bar = tqdm(range(start, args.steps), desc="train", disable=None if accelerator.is_main_process else True)
+    for step in bar:
+        batch = batches[rng.randrange(len(batches))]
+        loss = head_loss(core, template, batch, args.unroll)
+        accelerator.backward(loss)
+        torch.nn.utils.clip_grad_norm_(own, 1.0)
+        optimizer.step()
+        sched.step()
+        optimizer.zero_grad(set_to_none=True)
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        if accelerator.is_main_process and (step + 1) % args.save_every == 0:
+            save_checkpoint(core, optimizer, step + 1, args.out)
+    for p in own:
+        p.requires_grad_(False)
+
+
+def save_checkpoint(head, optimizer, step: int, out: str) -> None:
+    from safetensors.torch import save_file
+
+    path = os.path.join(out, "checkpoint")
+    head.save_pretrained(path)
+    state = optimizer.state_dict()
+    flat = {f"{i}.{k}": v.contiguous().cpu() for i, s in state["state"].items()
+            for k, v in s.items() if torch.is_tensor(v)}
+    save_file(flat, os.path.join(path, "optimizer.safetensors"))
+    with open(os.path.join(path, "trainer.json"), "w") as f:
+        json.dump({"step": step, "param_groups": [{k: v for k, v in g.items() if k != "params"}
+                                                  for g in state["param_groups"]]}, f)
+
+
+def load_checkpoint(head, out: str, lr: float):
+    """(step, optimizer) from OUT/checkpoint, loading the head's weights in place."""
+    from safetensors.torch import load_file
+
+    path = os.path.join(out, "checkpoint")
+    saved = head.from_pretrained(path)
+    head.load_state_dict(saved.state_to_save(), strict=False)
+    own = [p for n, p in head.named_parameters() if not n.startswith(
+        ("decoder.model.embed_tokens", "decoder.lm_head"))]
+    opt = torch.optim.AdamW(own, lr=lr, weight_decay=0.0)
+    with open(os.path.join(path, "trainer.json")) as f:
+        meta = json.load(f)
+    flat = load_file(os.path.join(path, "optimizer.safetensors"))
+    state = {}
+    for key, v in flat.items():
+        i, k = key.split(".", 1)
+        state.setdefault(int(i), {})[k] = v.to(own[0].device)
+    opt.load_state_dict({"state": state, "param_groups": [
+        {**g, "params": list(range(len(own)))} for g in meta["param_groups"]]})
+    return meta["step"], opt
+
+
+# -- 3. measure -----------------------------------------------------------------------------
+
+CHAIN = dict(tree_depth=4, tree_branch=1, tree_width=1)
+TREE = dict(tree_depth=5, tree_branch=3, tree_width=4, tree_nodes=24)
+
+
+def measure(source: Source, head, args) -> list[dict]:
+    """Tokens per target step on the held-out prompts: plain, the head's chain, its tree."""
+    from mmspec.drafters import FeatureDrafter
+
+    rows = []
+    for name, tree in (("plain", None), ("head chain", CHAIN), ("head tree", TREE)):
+        t0 = time.perf_counter()
+        if tree is None:
+            out = source.generate(source.held_out, seed=args.seed, temperature=args.temperature)
+        elif source.modality == "text":
+            drafter = FeatureDrafter(head, **{k[5:]: v for k, v in tree.items()})
+            out = source.generate(source.held_out, seed=args.seed, temperature=args.temperature,
+                                  drafter=drafter)
+        else:
+            source.front.head = head
+            out = source.generate(source.held_out, seed=args.seed, temperature=args.temperature,
+                                  method="head", **tree)
+        rows.append(dict(method=name, tokens_per_step=out.stats.tokens_per_step,
+                         acceptance=out.stats.acceptance_rate, steps=out.stats.steps,
+                         seconds=time.perf_counter() - t0))
+    return rows
+
+
+def model_card(args, head, rows, seconds: float) -> str:
+    cfg = head.config
+    table = "\n".join(f"| {r['method']} | {r['tokens_per_step']:.2f} | {r['acceptance']:.3f} | "
+                      f"{r['steps']} |" for r in rows)
+    return f"""# Draft head for `{args.target}`
+
+A `mmspec.DraftHead` (EAGLE-3 style: the target's hidden states of layers
+{list(cfg.feature_layers)} fused, one decoder layer, the target's embeddings and output head
+shared) trained by `python -m recipes.train.draft_head` on the target's own generations
+({args.modality}, data `{args.data}`, {args.samples} prompts, temperature {args.temperature},
+{args.steps} steps, unroll {args.unroll}, {seconds:.0f} s).
+
+Use: `head=DraftHead.from_pretrained(this folder, target)` on the front door (or
+`head="this folder"`), then `method="head"` (a tree: `tree_depth`, `tree_branch`,
+`tree_width`, `tree_nodes`; a chain: `tree_branch=1, tree_width=1`). Exact: the target's
+distribution is unchanged.
+
+Measured on {args.eval} held-out prompts (temperature {args.temperature}, seed
+{args.seed}); chain = depth 4; tree = {TREE}:
+
+| method | tokens per target step | acceptance | target steps |
+|---|---|---|---|
+{table}
+"""
+
+
+# -- the command ------------------------------------------------------------------------------
+
+def build_parser():
+    ap = Parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--modality", required=True, choices=MODALITIES,
+                    help="the target's front door")
+    ap.add_argument("--target", required=True, help="the target: a folder or Hugging Face id")
+    ap.add_argument("--data", default="shapes", help="'shapes' or a prompts file")
+    ap.add_argument("--out", required=True, help="folder for the head, its data and card")
+    ap.add_argument("--samples", type=COUNT, default=512, help="training prompts")
+    ap.add_argument("--eval", type=COUNT, default=16, help="held-out prompts measured")
+    ap.add_argument("--max-new-tokens", type=COUNT, default=32,
+                    help="tokens (frames) generated per prompt (vlm, tts, text)")
+    ap.add_argument("--temperature", type=Number(float, 0.0), default=1.0,
+                    help="sampling temperature of the generations and the measurement")
+    ap.add_argument("--collect-batch", type=COUNT, default=32, help="prompts per generate call")
+    ap.add_argument("--steps", type=COUNT, default=2000, help="optimizer steps")
+    ap.add_argument("--lr", type=Number(float, 0.0, open_low=True), default=3e-3,
+                    help="peak learning rate (cosine schedule)")
+    ap.add_argument("--unroll", type=Number(int, 1, 4), default=2,
+                    help="training-time-test steps (own features fed back)")
+    ap.add_argument("--feature-layers", type=Number(int, 0), nargs="*", default=None,
+                    help="the target's hidden_states fused (default: low, middle, last)")
+    ap.add_argument("--save-every", type=COUNT, default=500, help="checkpoint interval (steps)")
+    ap.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+    ap.add_argument("--seed", type=Number(int, 0), default=0, help="seed of data and training")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="where the target runs")
+    return describe(ap)
+
+
+def main(argv=None) -> None:
+    from accelerate import Accelerator
+
+    from mmspec.drafters import DraftHead
+
+    args = build_parser().parse_args(argv)
+    if args.resume and not os.path.isdir(os.path.join(args.out, "checkpoint")):
+        raise ValueError(f"--resume: {args.out}/checkpoint does not exist")
+    torch.manual_seed(args.seed)
+    accelerator = Accelerator(cpu=args.device == "cpu")
+    t0 = time.perf_counter()
+    source = load_source(args)
+    head = DraftHead.for_target(source.model, args.feature_layers)
+    head.config.target = args.target
+    os.makedirs(args.out, exist_ok=True)
+    data = os.path.join(args.out, "data.safetensors")
+    if args.resume and os.path.isfile(data):
+        batches = load_data(data)
+    else:
+        batches = collect(source, head.config.feature_layers, args, accelerator)
+        if accelerator.is_main_process:
+            save_data(batches, data)
+    template = _template(source, head)
+    start, opt = (load_checkpoint(head, args.out, args.lr) if args.resume else (0, None))
+    train(head, template, batches, args, accelerator, start, opt)
+    if accelerator.is_main_process:
+        head.eval()
+        head.save_pretrained(args.out)
+        rows = measure(source, head, args)
+        for r in rows:
+            print(f"{r['method']:>10}: {r['tokens_per_step']:.2f} tokens/step, acceptance "
+                  f"{r['acceptance']:.3f}, {r['steps']} steps")
+        with open(os.path.join(args.out, "README.md"), "w") as f:
+            f.write(model_card(args, head, rows, time.perf_counter() - t0))
+        with open(os.path.join(args.out, "metrics.json"), "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+def _template(source: Source, head):
+    """The target's session that maps the head's outputs to the rules' ids (its ``logits``)."""
+    rec = Recorder(head.config.feature_layers)
+    source.generate(source.items[:1], seed=0, temperature=1.0, drafter=rec)
+    return rec.target
+
+
+if __name__ == "__main__":
+    run(main, "recipes.train.draft_head")
