@@ -330,7 +330,7 @@ def test_tree_steps_are_refused_where_they_cannot_run(ragged_prompts):
     with pytest.raises(ValueError, match="tree of 3 nodes x 3 rows for a step of 4 slots"):
         sess.step(torch.ones(3, 4, dtype=torch.long), tree=Tree.chain(2, batch=3))
     sess.trees = False
-    with pytest.raises(ValueError, match="recurrent layers"):
+    with pytest.raises(ValueError, match="recurrent or sliding-window layers"):
         sess.step(torch.ones(3, 3, dtype=torch.long), tree=Tree.chain(2, batch=3))
 
 
@@ -376,10 +376,12 @@ def _tree_histogram(target, drafter, prompt, m, n, seed):
     return np.bincount(code.numpy(), minlength=v ** m).astype(float), out.stats
 
 
-def test_tree_sampling_matches_the_target_and_fails_without_the_residual(monkeypatch):
-    """20,000 rows, three tokens, a depth-3 tree of two children per node: the emitted
-    sequences follow the target's exact distribution; replacing the residual by the running
-    target (the rejected child may come back) breaks it."""
+@pytest.mark.parametrize("sample", [True, False])
+def test_tree_sampling_matches_the_target_and_fails_without_the_residual(monkeypatch, sample):
+    """20,000 rows, three tokens, a depth-3 tree of two children per node, drawn from q
+    without replacement (each verified against its own q) or the top-k (point masses): the
+    emitted sequences follow the target's exact distribution; replacing the residual by the
+    running target (a rejected child's mass comes back) breaks it."""
     import mmspec.acceptance.tree as tree_mod
     from conftest import tiny_llama
     from stats_util import tv, tv_threshold
@@ -389,7 +391,7 @@ def test_tree_sampling_matches_the_target_and_fails_without_the_residual(monkeyp
     draft = tiny_llama(vocab=8, hidden=16, layers=1, seed=4, scale=6.0)
     prompt, m, n = [1, 2, 3], 3, 20_000
     exact = _continuation_distribution(target, prompt, m, 1.0)
-    shape = dict(depth=3, branch=2, width=2)
+    shape = dict(depth=3, branch=2, width=2, sample=sample)
     got, st = _tree_histogram(target, _tree_drafter(draft, 1.0, **shape), prompt, m, n, 0)
     assert st.histogram[1] > 100 and st.histogram[2] > 100     # paths of one and two drafts
     assert tv(got / n, exact) < tv_threshold(exact, n)
@@ -413,6 +415,8 @@ def test_tree_methods_by_name_and_bad_input(pair, ragged_prompts):
     assert drafter.trees and rule.trees and k == 2 + 4 + 8
     with pytest.raises(ValueError, match="tree_nodes=99 is out of range: accepted 1..14"):
         build_method("tree", {"tree_depth": 3, "tree_branch": 2, "tree_nodes": 99}, ctx)
+    with pytest.raises(ValueError, match="tree_nodes=5 keeps the best nodes"):
+        build_method("tree", {"tree_nodes": 5, "tree_sample": True}, ctx)
     with pytest.raises(ValueError, match="tree_depth"):
         build_method("tree", {"tree_depth": 0}, ctx)
     with pytest.raises(ValueError, match="does not verify draft trees"):

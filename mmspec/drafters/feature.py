@@ -88,12 +88,12 @@ class FeatureDrafter(TreeDrafter):
     param_names = TreeDrafter.param_names
 
     def __init__(self, head: DraftHead, depth: int = 4, branch: int = 2, width: int = 4,
-                 nodes: int | None = None):
+                 nodes: int | None = None, sample: bool | None = None):
         if not isinstance(head, DraftHead):
             raise ValueError(f"head={type(head).__name__}: accepted a mmspec DraftHead")
         self.head = head
-        self._tree_args = dict(depth=depth, branch=branch, width=width, nodes=nodes)
-        super().__init__(_Unattached(), **self._tree_args)
+        super().__init__(_Unattached(), depth=depth, branch=branch, width=width, nodes=nodes,
+                         sample=sample)
         self.target: Session | None = None
 
     @classmethod
@@ -116,6 +116,7 @@ class FeatureDrafter(TreeDrafter):
         self.target = target
         self.session = HeadSession(self.head, target, static_len=target.static_len,
                                    compile=target.compile)
+        self.check_sampling()
 
     def begin(self, input_ids, attention_mask, vocab_size=None, **prompt) -> None:
         if self.target is None:
@@ -166,6 +167,10 @@ class FeatureDrafter(TreeDrafter):
 
 
 class _Unattached(Session):
-    """Stands in for the head's session until ``attach`` builds it."""
+    """Stands in for the head's session until ``attach`` builds it (its sampling unknown)."""
 
     trees = True
+
+    @property
+    def greedy(self) -> bool:
+        return True

@@ -12,8 +12,13 @@ Per step, all rows at once (terms of ``mmspec.tree``):
 3. The tree: the ``nodes`` best nodes by score (a child never outscores its parent, so the
    kept set is closed under parents), renumbered level by level.
 
-Children are deterministic (top-k of q, no draw), so the tree is verified with point masses
-(``Draft.probs`` None): lossless for any shape (``mmspec.acceptance.tree``). After
+Children: at temperature 0 (or ``sample=False``) the top-k of q, verified as point masses
+(``Draft.probs`` None), lossless for any shape and any pruning; otherwise drawn from q
+without replacement (the exponential race's order), each with the q it was drawn from (q
+without its earlier siblings), verified by recursive rejection (``mmspec.acceptance.tree``):
+lossless as long as no node is dropped for its own value, so sampled trees keep every node
+(``nodes`` is refused) while frontiers may still be chosen by score (a node's children are
+drawn given its path, whatever chose it). After
 verification the draft keeps its pending slots and the accepted path's fed nodes (moved to
 the front, ``Session.commit(path=)``); an accepted node that was never fed (the last level,
 or a node outside every frontier) waits to be fed first in the next step.
@@ -41,15 +46,17 @@ class TreeDrafter(Drafter):
     branch:  children per expanded node (top-k of q; >= 1).
     width:   nodes expanded per level (the frontier; >= 1).
     nodes:   drafts kept per row, the best by path probability (None: every node made:
-             branch + (D - 1) * width * branch).
+             branch + (D - 1) * width * branch); top-k children only.
+    sample:  children drawn from q (True) or its top-k (False); None: drawn unless the
+             draft's distributions are greedy.
     """
 
     needs_model = True
     trees = True
-    param_names = ("tree_depth", "tree_branch", "tree_width", "tree_nodes")
+    param_names = ("tree_depth", "tree_branch", "tree_width", "tree_nodes", "tree_sample")
 
     def __init__(self, session: Session, depth: int = 4, branch: int = 2, width: int = 4,
-                 nodes: int | None = None):
+                 nodes: int | None = None, sample: bool | None = None):
         if not session.trees:
             raise ValueError(f"a tree drafter needs a draft session that takes tree steps "
                              f"({type(session).__name__} does not: recurrent or sliding-window "
@@ -62,9 +69,20 @@ class TreeDrafter(Drafter):
         if nodes is not None and (check_count("tree_nodes", nodes) > made):
             raise ValueError(f"tree_nodes={nodes} is out of range: accepted 1..{made} (the nodes "
                              f"a depth-{depth} tree of branch {branch} and width {width} makes)")
-        self.nodes = nodes
+        if sample not in (None, True, False):
+            raise ValueError(f"tree_sample={sample!r}: accepted None (sampled unless greedy), "
+                             "True or False")
+        self.nodes, self.sample = nodes, sample
         self.num_tokens = made if nodes is None else nodes
         self._backlog = self._backlog_valid = None
+        self.check_sampling()
+
+    def check_sampling(self) -> None:
+        """Sampled children may not be pruned by their values (``nodes``): refused."""
+        if self.nodes is not None and self.sampled:
+            raise ValueError(f"tree_nodes={self.nodes} keeps the best nodes by their values, "
+                             "which is lossless only for top-k children: accepted with "
+                             "tree_sample=False or temperature 0 (sampled trees keep every node)")
 
     @staticmethod
     def level_sizes(depth: int, branch: int, width: int) -> list[int]:
@@ -83,7 +101,8 @@ class TreeDrafter(Drafter):
     @classmethod
     def _args(cls, params) -> dict:
         return dict(depth=params.get("tree_depth", 4), branch=params.get("tree_branch", 2),
-                    width=params.get("tree_width", 4), nodes=params.get("tree_nodes"))
+                    width=params.get("tree_width", 4), nodes=params.get("tree_nodes"),
+                    sample=params.get("tree_sample"))
 
     @classmethod
     def width_of(cls, params) -> int:
@@ -124,10 +143,10 @@ class TreeDrafter(Drafter):
             self._backlog, self._backlog_valid = feed, valid
             self._depth = 0
             return Draft(tokens=last.new_zeros(b, 0), tree=Tree(last.new_zeros(b, 0), 0, 0))
-        logq = self._logq(self._feed_root(feed, valid))                          # [B, 1, V]
-        tok, par, score, fed = self._grow(logq, depth, on)
+        q = self._feed_root(feed, valid)                                         # [B, 1, V]
+        tok, par, score, fed, probs = self._grow(q, depth, on)
         self._depth = depth
-        return self._select(tok, par, score, fed, depth)
+        return self._select(tok, par, score, fed, probs, depth)
 
     def _feed_root(self, feed: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Feed the pending tokens and the root; q at the root [B, 1, V]."""
@@ -142,20 +161,45 @@ class TreeDrafter(Drafter):
     def _logq(q: torch.Tensor) -> torch.Tensor:
         return q.double().clamp_min(1e-300).log().clamp_min(_FLOOR)
 
-    def _grow(self, logq, depth, on):
+    @property
+    def sampled(self) -> bool:
+        """Children are drawn from q (not its top-k): ``sample``, else when q is not greedy."""
+        return (not self.session.greedy) if self.sample is None else self.sample
+
+    def _children(self, q: torch.Tensor):
+        """``branch`` children of every node [B, F, V] -> tokens [B, F, branch], their
+        log q, and the q each was drawn from ([B, F, branch, V]; None for top-k)."""
+        if not self.sampled:
+            top = q.topk(self.branch, -1)
+            return top.indices, self._logq(top.values), None
+        # without replacement: the exponential race's order (as Gumbel-top-k); child j was
+        # drawn from q with its earlier siblings removed, renormalised
+        e = torch.empty_like(q).exponential_(generator=self.generator).clamp_min(1e-30)
+        idx = (q / e).topk(self.branch, -1).indices                               # [B, F, b]
+        taken = torch.nn.functional.one_hot(idx, q.shape[-1]).to(q.dtype)         # [B, F, b, V]
+        before = taken.cumsum(2) - taken                                         # earlier ones
+        qj = q[:, :, None] * (1 - before)
+        qj = qj / qj.sum(-1, keepdim=True).clamp_min(1e-30)
+        return idx, self._logq(q.gather(-1, idx)), qj
+
+    def _grow(self, q, depth, on):
         """Every node made, level by level: tokens, parents (0 = the root, i = node i),
-        path scores [B, M] and the slot each was fed at among this step's (-1: not fed)."""
-        b, dev = logq.shape[0], logq.device
+        path scores [B, M], the slot each was fed at among this step's (-1: not fed) and the
+        q each was drawn from ([B, M, V]; None for top-k children)."""
+        b, dev = q.shape[0], q.device
         tok = par = fed = torch.zeros(b, 0, dtype=torch.long, device=dev)
-        score = logq.new_zeros(b, 0)
+        probs = []
+        score = torch.zeros(b, 0, dtype=torch.float64, device=dev)
         front = torch.zeros(b, 1, dtype=torch.long, device=dev)          # frontier (0: root)
-        front_score = logq.new_zeros(b, 1)
+        front_score = score.new_zeros(b, 1)
         view = torch.ones(b, 1, self._f, dtype=torch.bool, device=dev)   # the slots each sees
         for level in range(1, depth + 1):
-            top = logq.topk(self.branch, -1)                                  # [B, F, branch]
+            idx, logq, qj = self._children(q)                               # [B, F, branch]
+            if qj is not None:
+                probs.append(qj.flatten(1, 2))
             first = tok.shape[1] + 1                     # node index of the level's first child
-            child_score = (front_score[:, :, None] + top.values).flatten(1)
-            tok = torch.cat([tok, top.indices.flatten(1)], 1)
+            child_score = (front_score[:, :, None] + logq).flatten(1)
+            tok = torch.cat([tok, idx.flatten(1)], 1)
             par = torch.cat([par, front.repeat_interleave(self.branch, 1)], 1)
             score = torch.cat([score, child_score], 1)
             fed = torch.cat([fed, torch.full_like(tok[:, first - 1:], -1)], 1)
@@ -171,10 +215,10 @@ class TreeDrafter(Drafter):
             offsets = torch.full((b, w), level - 1 - (seen - self._f), dtype=torch.long, device=dev)
             q = self._feed_front(tok.gather(1, nodes - 1), on[:, None].expand(b, w),
                                  TreeMask(view, offsets), best // self.branch)
-            logq, front, front_score = self._logq(q), nodes, child_score.gather(1, best)
-        return tok, par, score, fed
+            front, front_score = nodes, child_score.gather(1, best)
+        return tok, par, score, fed, torch.cat(probs, 1) if probs else None
 
-    def _select(self, tok, par, score, fed, depth: int) -> Draft:
+    def _select(self, tok, par, score, fed, probs, depth: int) -> Draft:
         """The best ``nodes`` by score (all when None), renumbered in their made order (level
         by level: parents first)."""
         b, m = tok.shape
@@ -192,7 +236,9 @@ class TreeDrafter(Drafter):
         parents = renumber.gather(1, par.gather(1, keep))
         self._slot = torch.cat([torch.full((b, 1), self._f - 1, dtype=torch.long,
                                            device=tok.device), fed.gather(1, keep)], 1)
-        return Draft(tokens=tok.gather(1, keep), probs=None,
+        if probs is not None:
+            probs = probs.gather(1, keep[:, :, None].expand(b, n, probs.shape[-1]))
+        return Draft(tokens=tok.gather(1, keep), probs=probs,
                      tree=Tree(parents, depth, self.branch))
 
     # -- observe ------------------------------------------------------------------------
