@@ -15,7 +15,11 @@ plain decoding against speculative decoding, through the adapters' own calls.
   Qwen3.5-9B shape (three in four decoder layers Gated DeltaNet linear attention, rolled back
   by snapshot and replay), a 336 px image (144 visual tokens), random bf16 weights; the draft
   is the same class with the target's first decoder layers (``"image"``: two; Qwen3.5 four,
-  up to its first full-attention layer), eps as above.
+  up to its first full-attention layer), eps as above; for Qwen2.5-VL also a smaller model of
+  the family (``"3b-shape"``: the Qwen2.5-VL-3B shape with its own random weights and the
+  family's padded vocabulary; with random weights its acceptance is near zero, so its row
+  measures the cost side: the bound at the first-layers draft's tokens per step is reported
+  as ``bound_at_image_acceptance``).
 - ``tts``: ``TextToSpeech`` with a ``SingleCodebookAdapter`` on a Llasa-1B shape (Llama 1B:
   16 layers of hidden 2048, a 193,800-id vocabulary of text and 65,536 codec ids); the draft is
   its first two layers the same way. Codes only (``decode=False``): the codec is not timed.
@@ -111,6 +115,15 @@ QWEN_SHAPES = {  # (model type, text config, vision config) at 7B / 9B; tiny for
 }
 
 
+# A smaller same-family draft: Qwen2.5-VL-3B (its own vision tower's output width, the
+# family's 151,936-id vocabulary under the 7B's 152,064: padded, as users pair them).
+SMALL_SHAPES = {
+    "qwen2.5-vl": (dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                        num_attention_heads=16, num_key_value_heads=2, vocab_size=151936),
+                   dict(out_hidden_size=2048)),
+}
+
+
 def build_qwen(kind: str, dev, dtype, tiny: bool):
     """A Qwen2.5-VL-7B or Qwen3.5-9B shape (random weights), its processor, and an image draft
     of the same class made of the target's first decoder layers (two; Qwen3.5: four, its first
@@ -152,7 +165,20 @@ def build_qwen(kind: str, dev, dtype, tiny: bool):
     dlm.embed_tokens, dlm.norm, dlm.rotary_emb = lm.embed_tokens, lm.norm, lm.rotary_emb
     dlm.layers = torch.nn.ModuleList(list(lm.layers[:n]))
     proc = qwen_processor(words, kind, patch=14, max_pixels=336 * 336)
-    return target, {"image": draft.eval()}, proc, residual_writes(lm.layers[n:])
+    drafts = {"image": draft.eval()}
+    if kind in SMALL_SHAPES:                 # a smaller model of the family, its own weights
+        small_text, small_vision = SMALL_SHAPES[kind]
+        if tiny:
+            small_text = {**text, "num_hidden_layers": 2, "vocab_size": text["vocab_size"] - 64}
+            small_vision = {}
+        layers = small_text["num_hidden_layers"]
+        small_text = {**small_text, "layer_types": ["full_attention"] * layers}
+        small = type(cfg)(text_config={**cfg.text_config.to_dict(), **small_text},
+                          vision_config={**cfg.vision_config.to_dict(), **small_vision}, **ids)
+        torch.manual_seed(1)
+        with torch.device(dev):
+            drafts["3b-shape"] = cls(small).to(dtype).eval()
+    return target, drafts, proc, residual_writes(lm.layers[n:])
 
 
 def build_tts(dev, dtype, tiny: bool):
@@ -217,7 +243,8 @@ def setup_vlm(which: str, args, dev, dtype) -> Setup:
                                             {"type": "text", "text": question}]}])
 
     def call(draft_name, method, compile):
-        g = VisionLanguageGenerator(target, proc, drafts.get(draft_name), draft_name)
+        mode = "text" if draft_name == "text" else "image"
+        g = VisionLanguageGenerator(target, proc, drafts.get(draft_name), mode)
         out = g.generate(image, prompt, method=method, max_new_tokens=args.new_tokens,
                          temperature=0, num_draft_tokens=args.k, compile=compile)
         return out.token_ids, out.stats
@@ -264,14 +291,18 @@ def measure(which: str, st: Setup, args, modes, emit, bw, dev) -> None:
             emit(dict(kind=f"{which}-plain", mode=mode, eps=eps, ms_per_token=1e3 * t_plain / n,
                       step_over_floor=1e3 * t_plain / n / floor_ms,
                       speedup_vs_eager_plain=base[1] / t_plain, identical=ref == base[0]))
+            seen = {}
             for name in st.drafts:
                 (toks, stats), t = timed(lambda: st.call(name, "exact", cap), dev)
                 b = bound(stats, costs, name, args.k)
+                seen[name] = stats
+                extra = ({} if name != "3b-shape" or "image" not in seen else dict(
+                    bound_at_image_acceptance=bound(seen["image"], costs, name, args.k)))
                 emit(dict(kind=f"{which}-spec", mode=mode, eps=eps, draft=name, k=args.k,
                           acceptance=stats.acceptance_rate, tokens_per_step=stats.tokens_per_step,
                           ms_per_token=1e3 * t / n, speedup=t_plain / t, bound=b,
                           efficiency=t_plain / t / b, speedup_vs_eager_plain=base[1] / t,
-                          identical=toks == base[0]))
+                          identical=toks == base[0], **extra))
         mmspec.release_graphs()
 
 

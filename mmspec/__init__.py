@@ -5,7 +5,8 @@ models; modality pipelines live in the ``modalities`` package.
 """
 
 from .acceptance import Exact, Greedy, Rule
-from .drafters import Drafter, Jacobi, ModelDrafter, NoDraft
+from .drafters import (DraftHead, Drafter, FeatureDrafter, Jacobi, ModelDrafter, NoDraft,
+                       TreeDrafter)
 from .engine import Engine, Plan
 from .generate import generate, generate_stream
 from .loop import Stops, run, stream
@@ -14,6 +15,7 @@ from .registry import (build_method, make_rule, parse_method, register_drafter, 
 from .runner import Run, prepare
 from .sampling import SamplingParams
 from .session import CausalLMSession, Session, release_graphs
+from .tree import Tree
 from .types import Draft, GenerateOutput, StepStats, TargetOutput, VerifyOutput
 
 __version__ = "0.1.0"
@@ -23,6 +25,6 @@ __all__ = [
     "Rule", "Exact", "Greedy", "make_rule", "rule_names", "rules", "register_rule",
     "register_drafter", "parse_method", "build_method",
     "SamplingParams", "Session", "CausalLMSession", "Drafter", "ModelDrafter", "NoDraft",
-    "Jacobi", "Engine", "Plan", "Run", "prepare", "Stops",
+    "Jacobi", "TreeDrafter", "FeatureDrafter", "DraftHead", "Tree", "Engine", "Plan", "Run", "prepare", "Stops",
     "generate", "generate_stream", "run", "stream", "release_graphs",
 ]

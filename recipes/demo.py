@@ -32,6 +32,11 @@ from recipes.cli import COUNT, SEED, Number, Parser, describe, run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = ("plain", "exact", "sjd", "sjd-maximal", "sjd-gumbel", "lantern", "gsd")
+# Trees and draft heads: (row, method, parameters); the head is samples/models/*-head.
+CHAIN = dict(tree_depth=4, tree_branch=1, tree_width=1)
+TREE = dict(tree_depth=5, tree_branch=2, tree_width=4)
+TREE_ROWS = (("tree (draft)", "tree", TREE), ("head chain", "head", CHAIN),
+             ("head tree", "head", TREE))
 REPEATS = 2        # timed runs per method, after a warm-up call of each pipeline
 
 
@@ -65,15 +70,18 @@ def image_demo(n_prompts: int = 8, seed: int = 0, out_dir: str = "out/demo", pro
 
     models = os.path.join(ROOT, "samples", "models")
     pipe = TextToImage.from_pretrained(os.path.join(models, "shapes-t2i"),
-                                       draft=os.path.join(models, "shapes-t2i-draft"))
+                                       draft=os.path.join(models, "shapes-t2i-draft"),
+                                       head=os.path.join(models, "shapes-t2i-head"))
     with open(os.path.join(ROOT, "samples", "prompts", "shapes_eval.txt")) as f:
         prompts = [line.strip() for line in f if line.strip()][:n_prompts]
     rows, images = [], {}
     pipe(prompts, method="plain", seed=seed, progress=False, decode=False)  # warm-up, full batch
-    for method in METHODS:
-        out, dt = timed(lambda: pipe(prompts, method=method, seed=seed, progress=progress))
-        images[method] = out.images
-        rows.append(dict(method=method, nfe=out.stats.steps,
+    runs = [(m, m, {}) for m in METHODS] + list(TREE_ROWS)
+    for name, method, params in runs:
+        out, dt = timed(lambda: pipe(prompts, method=method, seed=seed, progress=progress,
+                                     **params))
+        images[name] = out.images
+        rows.append(dict(method=name, nfe=out.stats.steps,
                          compression=pipe.target.num_tokens / out.stats.steps,
                          tokens_per_step=out.stats.tokens_per_step,
                          acceptance=out.stats.acceptance_rate, seconds=dt,
@@ -122,11 +130,11 @@ def _plot(rows, path):
 
 
 def print_image_table(rows, n_prompts):
-    print(f"{'method':12} {'NFE':>4} {'compression':>11} {'tokens/step':>11} {'acceptance':>10} "
+    print(f"{'method':13} {'NFE':>4} {'compression':>11} {'tokens/step':>11} {'acceptance':>10} "
           f"{'wall-clock':>18} {'accuracy':>8}")
-    print("-" * 80)
+    print("-" * 81)
     for r in rows:
-        print(f"{r['method']:12} {r['nfe']:>4} {r['compression']:>10.2f}x {r['tokens_per_step']:>11.2f} "
+        print(f"{r['method']:13} {r['nfe']:>4} {r['compression']:>10.2f}x {r['tokens_per_step']:>11.2f} "
               f"{r['acceptance']:>10.3f} {_speed(r):>18} {r['accuracy']:>8.2f}")
     print(f"\nNFE: target forwards for the batch of {n_prompts} images (the slowest row); "
           "compression = 256 tokens / NFE;\ntokens/step per row; wall-clock = plain seconds / "
@@ -144,7 +152,10 @@ VLM_SETUPS = {   # family -> (target, [(row, draft, draft mode, method)])
                              ("exact, text-only draft", "shapes-vlm-text-draft", "text", "exact"),
                              ("exact, VLM draft", "shapes-vlm-draft", "image", "exact"),
                              ("exact, ensemble draft", "shapes-vlm-draft", "ensemble", "exact"),
-                             ("sjd", "shapes-vlm-text-draft", "text", "sjd")]),
+                             ("sjd", "shapes-vlm-text-draft", "text", "sjd"),
+                             ("tree, VLM draft", "shapes-vlm-draft", "image", "tree"),
+                             ("head chain", "shapes-vlm-draft", "image", "head"),
+                             ("head tree", "shapes-vlm-draft", "image", "head")]),
     "qwen2-vl": ("shapes-qwen-vl", [("plain", "shapes-qwen-vl-draft", "image", "plain"),
                                     ("exact, VLM draft", "shapes-qwen-vl-draft", "image", "exact"),
                                     ("sjd", "shapes-qwen-vl-draft", "image", "sjd")]),
@@ -176,12 +187,17 @@ def vlm_demo(n: int = 24, seed: int = 0, family: str = "llava"):
     images, msgs = [q[0] for q in qs], [q[1] for q in qs]
     target, setups = VLM_SETUPS[family]
     rows = []
+    head = os.path.join(models, f"{target}-head")
     for name, draft, mode, method in setups:
-        gen = VisionLanguageGenerator.from_pretrained(os.path.join(models, target),
-                                                      draft=os.path.join(models, draft), draft_mode=mode)
-        gen.generate(images[:1], msgs[:1], method=method, temperature=0, max_new_tokens=4)  # warm
+        gen = VisionLanguageGenerator.from_pretrained(
+            os.path.join(models, target), draft=os.path.join(models, draft), draft_mode=mode,
+            head=head if os.path.isdir(head) else None)
+        params = {"tree": TREE, "head tree": TREE, "head chain": CHAIN}.get(
+            method if method == "tree" else name, {})
+        gen.generate(images[:1], msgs[:1], method=method, temperature=0, max_new_tokens=4,
+                     **params)  # warm
         out, secs = timed(lambda: gen.generate(images, msgs, method=method, temperature=0,
-                                               max_new_tokens=24, seed=seed))
+                                               max_new_tokens=24, seed=seed, **params))
         acc = sum(t.strip() == a for t, (_, _, a) in zip(out.texts, qs)) / n
         rows.append(dict(method=name, nfe=out.stats.steps, tokens_per_step=out.stats.tokens_per_step,
                          acceptance=out.stats.acceptance_rate, seconds=secs, quality=acc))

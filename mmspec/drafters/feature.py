@@ -56,6 +56,8 @@ class HeadSession(CausalLMSession):
         self.keep_features((1,))           # the one decoder layer's (normed) output
 
     def token_embeds(self, inputs: dict, rows: int) -> torch.Tensor:
+        """The token embeddings [rows, n, d] of the target's inputs for some ids (its
+        ``inputs_embeds``, or its input embeddings of ``input_ids``)."""
         if "inputs_embeds" in inputs:
             return inputs["inputs_embeds"][:rows]
         return self.head.decoder.model.embed_tokens(inputs["input_ids"][:rows])
@@ -105,6 +107,7 @@ class FeatureDrafter(TreeDrafter):
 
     @classmethod
     def width_of(cls, params) -> int:
+        """As ``TreeDrafter.width_of``, with room for up to ``depth`` pending pairs."""
         # the head is fed up to depth pending pairs and the root besides the frontiers
         return TreeDrafter.width_of(params) + cls._args(params)["depth"]
 

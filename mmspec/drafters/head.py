@@ -57,6 +57,7 @@ class HeadConfig:
     extra: dict = field(default_factory=dict)
 
     def llama(self):
+        """The one-layer decoder's ``LlamaConfig``."""
         from transformers import LlamaConfig
 
         return LlamaConfig(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
@@ -154,6 +155,7 @@ class DraftHead(nn.Module):
                 if not k.startswith(("decoder.model.embed_tokens", "decoder.lm_head"))}
 
     def save_pretrained(self, path) -> None:
+        """Write ``config.json`` and ``model.safetensors`` (the head's own weights) to ``path``."""
         from safetensors.torch import save_file
 
         path = Path(path)

@@ -106,6 +106,8 @@ class TreeDrafter(Drafter):
 
     @classmethod
     def width_of(cls, params) -> int:
+        """Slots a step needs for these parameters: the tree's nodes in the target, the
+        pending tokens, root and frontiers in the draft (static caches are sized by it)."""
         a = cls._args(params)
         d, br, w = (check_count(f"tree_{k}", a[k]) for k in ("depth", "branch", "width"))
         sizes = cls.level_sizes(d, br, w)

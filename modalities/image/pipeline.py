@@ -97,19 +97,26 @@ class TextToImage:
 
     # -- loading ------------------------------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, target, draft=None, device=None, **load_kwargs) -> "TextToImage":
+    def from_pretrained(cls, target, draft=None, device=None, head=None,
+                        **load_kwargs) -> "TextToImage":
         """``target`` / ``draft``: a folder or Hugging Face id, a model object, or an adapter;
-        ``device``: where to put them; ``load_kwargs`` go to transformers' ``from_pretrained``
-        (``dtype`` / ``torch_dtype``, ``device_map`` ...)."""
+        ``device``: where to put them; ``head``: a draft head's folder (or ``DraftHead``);
+        ``load_kwargs`` go to transformers' ``from_pretrained`` (``dtype`` / ``torch_dtype``,
+        ``device_map`` ...)."""
         t, defaults = load_adapter(target, **load_kwargs)
         d = load_adapter(draft, **load_kwargs)[0] if draft is not None else None
-        return cls(t, d, defaults).to(device)
+        pipe = cls(t, d, defaults).to(device)
+        pipe.head = load_head(head, pipe.target.model)
+        return pipe
 
     def to(self, device=None, dtype=None) -> "TextToImage":
-        """Move (and cast) target and draft, as ``torch.nn.Module.to``."""
+        """Move (and cast) target and draft, as ``torch.nn.Module.to`` (a head follows its
+        target)."""
         for a in (self.target, self.draft):
             if a is not None and (device is not None or dtype is not None):
                 a.to(device, dtype)
+        if getattr(self, "head", None) is not None:
+            self.head.attach(self.target.model)
         return self
 
     @property

@@ -46,12 +46,15 @@ class TextToSpeech:
         self.defaults = dict(defaults or {})
 
     @classmethod
-    def from_pretrained(cls, target, draft=None, device=None, **load_kwargs):
+    def from_pretrained(cls, target, draft=None, device=None, head=None, **load_kwargs):
         """``target`` / ``draft``: a folder or Hugging Face id, a model object, or an adapter;
-        ``device``: where to put them; ``load_kwargs`` go to transformers' ``from_pretrained``."""
+        ``device``: where to put them; ``head``: a draft head's folder (or ``DraftHead``);
+        ``load_kwargs`` go to transformers' ``from_pretrained``."""
         t, defaults = load_speech_adapter(target, **load_kwargs)
         d = load_speech_adapter(draft, **load_kwargs)[0] if draft is not None else None
-        return cls(t, d, defaults).to(device)
+        tts = cls(t, d, defaults).to(device)
+        tts.head = load_head(head, tts.target.model)
+        return tts
 
     def to(self, device=None, dtype=None) -> "TextToSpeech":
         """Move (and cast) the models of target and draft, and their codecs (device only)."""
@@ -60,6 +63,8 @@ class TextToSpeech:
                 a.model.to(device=device, dtype=dtype)
                 if device is not None:
                     a.codec.to(device)
+        if getattr(self, "head", None) is not None:
+            self.head.attach(self.target.model)
         return self
 
     @property

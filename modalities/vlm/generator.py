@@ -155,10 +155,13 @@ class VisionLanguageGenerator:
                              "different ids; accepted tokenizers that agree on the shared range")
 
     def to(self, device=None, dtype=None) -> "VisionLanguageGenerator":
-        """Move (and cast) target and draft, as ``torch.nn.Module.to``."""
+        """Move (and cast) target and draft, as ``torch.nn.Module.to`` (a head follows its
+        target)."""
         for m in (self.target, self.draft):
             if m is not None and (device is not None or dtype is not None):
                 m.to(device=device, dtype=dtype)
+        if self.head is not None:
+            self.head.attach(self.target)
         return self
 
     @property
@@ -168,9 +171,10 @@ class VisionLanguageGenerator:
 
     @classmethod
     def from_pretrained(cls, target, draft=None, draft_mode=None, device=None,
-                        assistant_model=None, **load_kwargs):
+                        assistant_model=None, head=None, **load_kwargs):
         """``target`` / ``draft``: folders or Hugging Face ids, or model objects; ``device``:
-        where to put them; ``load_kwargs`` go to transformers' ``from_pretrained``."""
+        where to put them; ``head``: a draft head's folder (or ``DraftHead``); ``load_kwargs``
+        go to transformers' ``from_pretrained``."""
         from transformers import (
             AutoConfig,
             AutoModelForCausalLM,
@@ -188,7 +192,9 @@ class VisionLanguageGenerator:
         model = load(target)
         proc = load_pretrained(AutoProcessor, target) if isinstance(target, (str, os.PathLike)) else None
         draft = draft if assistant_model is None else assistant_model
-        return cls(model, proc, load(draft) if draft is not None else None, draft_mode).to(device)
+        gen = cls(model, proc, load(draft) if draft is not None else None, draft_mode).to(device)
+        gen.head = load_head(head, gen.target)
+        return gen
 
     # -- inputs ---------------------------------------------------------------------------------
     def _texts(self, prompts) -> list[str]:

@@ -358,7 +358,7 @@ def load_checkpoint(head, out: str, lr: float):
 # -- 3. measure -----------------------------------------------------------------------------
 
 CHAIN = dict(tree_depth=4, tree_branch=1, tree_width=1)
-TREE = dict(tree_depth=5, tree_branch=3, tree_width=4, tree_nodes=24)
+TREE = dict(tree_depth=5, tree_branch=2, tree_width=4)
 
 
 def measure(source: Source, head, args) -> list[dict]:
@@ -384,25 +384,28 @@ def measure(source: Source, head, args) -> list[dict]:
     return rows
 
 
-def model_card(args, head, rows, seconds: float) -> str:
+def model_card(target: str, head, rows, trained: dict) -> str:
     cfg = head.config
     table = "\n".join(f"| {r['method']} | {r['tokens_per_step']:.2f} | {r['acceptance']:.3f} | "
                       f"{r['steps']} |" for r in rows)
-    return f"""# Draft head for `{args.target}`
+    t = trained
+    return f"""# Draft head for `{target}`
 
 A `mmspec.DraftHead` (EAGLE-3 style: the target's hidden states of layers
 {list(cfg.feature_layers)} fused, one decoder layer, the target's embeddings and output head
 shared) trained by `python -m recipes.train.draft_head` on the target's own generations
-({args.modality}, data `{args.data}`, {args.samples} prompts, temperature {args.temperature},
-{args.steps} steps, unroll {args.unroll}, {seconds:.0f} s).
+({t['modality']}, data `{t['data']}`, {t['samples']} prompts, temperature {t['temperature']},
+{t['steps']} steps, unroll {t['unroll']}, {t['seconds']:.0f} s on {t['device']}).
 
 Use: `head=DraftHead.from_pretrained(this folder, target)` on the front door (or
 `head="this folder"`), then `method="head"` (a tree: `tree_depth`, `tree_branch`,
-`tree_width`, `tree_nodes`; a chain: `tree_branch=1, tree_width=1`). Exact: the target's
-distribution is unchanged.
+`tree_width`; a chain: `tree_branch=1, tree_width=1`). Exact: the target's distribution is
+unchanged.
 
-Measured on {args.eval} held-out prompts (temperature {args.temperature}, seed
-{args.seed}); chain = depth 4; tree = {TREE}:
+Measured on {t['eval']} held-out prompts (temperature {t['temperature']}, seed {t['seed']});
+chain = depth 4; tree = depth {TREE['tree_depth']}, {TREE['tree_branch']} children per node,
+{TREE['tree_width']} nodes expanded per level
+(`python -m recipes.train.draft_head ... --measure-only` measures again):
 
 | method | tokens per target step | acceptance | target steps |
 |---|---|---|---|
@@ -435,6 +438,8 @@ def build_parser():
                     help="the target's hidden_states fused (default: low, middle, last)")
     ap.add_argument("--save-every", type=COUNT, default=500, help="checkpoint interval (steps)")
     ap.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+    ap.add_argument("--measure-only", action="store_true",
+                    help="measure the head saved in OUT again (no collection, no training)")
     ap.add_argument("--seed", type=Number(int, 0), default=0, help="seed of data and training")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                     help="where the target runs")
@@ -453,6 +458,34 @@ def main(argv=None) -> None:
     accelerator = Accelerator(cpu=args.device == "cpu")
     t0 = time.perf_counter()
     source = load_source(args)
+    if args.measure_only:
+        head = DraftHead.from_pretrained(args.out, source.model)
+        with open(os.path.join(args.out, "training.json")) as f:
+            trained = json.load(f)
+    else:
+        head = fit(source, args, accelerator)
+        trained = dict(modality=args.modality, data=args.data, samples=args.samples,
+                       temperature=args.temperature, steps=args.steps, unroll=args.unroll,
+                       seconds=time.perf_counter() - t0, eval=args.eval, seed=args.seed,
+                       device=_device_name(args.device))
+    if accelerator.is_main_process:
+        head.eval()
+        rows = measure(source, head, args)
+        for r in rows:
+            print(f"{r['method']:>10}: {r['tokens_per_step']:.2f} tokens/step, acceptance "
+                  f"{r['acceptance']:.3f}, {r['steps']} steps")
+        trained.update(eval=args.eval, seed=args.seed, temperature=args.temperature)
+        for name, value in (("training.json", trained), ("metrics.json", rows)):
+            with open(os.path.join(args.out, name), "w") as f:
+                json.dump(value, f, indent=2)
+        with open(os.path.join(args.out, "README.md"), "w") as f:
+            f.write(model_card(args.target, head, rows, trained))
+
+
+def fit(source: Source, args, accelerator):
+    """Collect (or reuse OUT/data.safetensors on --resume), train, save the head."""
+    from mmspec.drafters import DraftHead
+
     head = DraftHead.for_target(source.model, args.feature_layers)
     head.config.target = args.target
     os.makedirs(args.out, exist_ok=True)
@@ -467,23 +500,25 @@ def main(argv=None) -> None:
     start, opt = (load_checkpoint(head, args.out, args.lr) if args.resume else (0, None))
     train(head, template, batches, args, accelerator, start, opt)
     if accelerator.is_main_process:
-        head.eval()
         head.save_pretrained(args.out)
-        rows = measure(source, head, args)
-        for r in rows:
-            print(f"{r['method']:>10}: {r['tokens_per_step']:.2f} tokens/step, acceptance "
-                  f"{r['acceptance']:.3f}, {r['steps']} steps")
-        with open(os.path.join(args.out, "README.md"), "w") as f:
-            f.write(model_card(args, head, rows, time.perf_counter() - t0))
-        with open(os.path.join(args.out, "metrics.json"), "w") as f:
-            json.dump(rows, f, indent=2)
+    return head
+
+
+def _device_name(device: str) -> str:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return "CPU"
 
 
 def _template(source: Source, head):
     """The target's session that maps the head's outputs to the rules' ids (its ``logits``)."""
     rec = Recorder(head.config.feature_layers)
     source.generate(source.items[:1], seed=0, temperature=1.0, drafter=rec)
-    return rec.target
+    t = rec.target
+    for name, value in list(vars(t).items()):   # made under inference mode: not for autograd
+        if torch.is_tensor(value) and value.is_inference():
+            setattr(t, name, value.clone())
+    return t
 
 
 if __name__ == "__main__":
