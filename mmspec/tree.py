@@ -99,9 +99,9 @@ class Tree:
         n = par.shape[1]
         eye = torch.eye(n, dtype=torch.bool, device=par.device).expand(par.shape[0], n, n)
         anc, up = eye.clone(), par
-        for _ in range(self.max_depth):
+        for _ in range(self.max_depth):            # one level up per round (the root stays)
             anc |= torch.nn.functional.one_hot(up, n).bool()
-            up = up.gather(1, up)
+            up = par.gather(1, up)
         return anc
 
     def children(self) -> torch.Tensor:

@@ -71,6 +71,32 @@ def test_captured_equals_eager_images_with_guidance_and_jacobi(monkeypatch):
         assert host_free == ([False, True] if method == "exact" else []), method
 
 
+def test_captured_trees_and_heads_equal_eager():
+    """A draft model's trees and a head's trees (and chains), with guidance, through captured
+    steps (one graph per tree width): plain greedy's tokens."""
+    from mmspec.drafters import DraftHead
+    from modalities.image import TextToImage, TokenSpanAdapter
+    from tiny_image import tiny_token_span, tiny_vq
+
+    dev = torch.device("cuda")
+    vq = tiny_vq()
+    vq.vq.to(dev)
+    m, off = tiny_token_span()
+    d, _ = tiny_token_span(seed=1, hidden=16, layers=1)
+    mk = lambda x: TokenSpanAdapter(x.to(dev), list(range(off, off + 16)), (4, 4), vq,  # noqa: E731
+                                    prefix=[1], suffix=[2], pad_id=0)
+    torch.manual_seed(3)
+    pipe = TextToImage(mk(m), mk(d), head=DraftHead.for_target(m.to(dev)))
+    kw = dict(guidance_scale=2.0, temperature=0, progress=False, seed=0)
+    plain = pipe([[3, 4, 5], [6]], method="plain", **kw)
+    for method, params in (("tree", {}), ("head", {}),
+                           ("head", dict(tree_branch=1, tree_width=1, tree_depth=3))):
+        eager = pipe([[3, 4, 5], [6]], method=method, **params, **kw)
+        cap = pipe([[3, 4, 5], [6]], method=method, compile=True, **params, **kw)
+        assert torch.equal(eager.tokens, plain.tokens), (method, params)
+        assert torch.equal(cap.tokens, plain.tokens), (method, params)
+
+
 def test_inductor_fused_capture_equals_eager():
     dev = torch.device("cuda")
     t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)

@@ -160,6 +160,8 @@ def test_tree_tables():
     assert t.depths()[0].tolist() == [0, 1, 1, 2, 2, 2]
     assert t.children()[1].tolist() == [[1, 2], [3, 4], [5, -1], [-1, -1], [-1, -1], [-1, -1]]
     anc = t.ancestors()[0]
+    deep = Tree.chain(6).ancestors()[0]
+    assert bool(deep.equal(torch.ones(7, 7, dtype=torch.bool).tril()))      # every distance
     assert anc[5].nonzero().flatten().tolist() == [0, 2, 5]
     assert anc[3].nonzero().flatten().tolist() == [0, 1, 3]
     chain = Tree.chain(3)
@@ -291,15 +293,16 @@ def test_a_tree_step_gives_each_node_its_paths_distribution(ragged_prompts, stat
 
     model = tiny_llama()
     ids, mask = ragged_prompts
-    tree = Tree.from_parents((0, 0, 1, 1, 2, 4), batch=3)
+    # depths up to 6: every ancestor distance (a pointer-doubling walk would miss 3, 5, 6)
+    tree = Tree.from_parents((0, 0, 1, 1, 2, 4, 6, 7, 8), batch=3)
     g = torch.Generator().manual_seed(0)
-    nodes = torch.randint(1, 16, (3, 7), generator=g)
+    nodes = torch.randint(1, 16, (3, 10), generator=g)
     nodes[:, 0] = ids[:, -1]
     sess = _session(model, static, guided)
     _prefill(sess, ids, mask)
     p = sess.step(nodes, tree=tree)
     par = (0,) + tuple(tree.parents[0].tolist())
-    for node in range(7):
+    for node in range(10):
         chain, up = [node], node
         while up:
             up = par[up]
