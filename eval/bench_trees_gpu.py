@@ -13,7 +13,7 @@ decoding.
 - ``step`` rows: one target step over N tokens as a chain and as a tree (the uniform tree of
   two children per node, N = 3, 7, 15, 31), captured (CUDA graphs) or eager.
 - ``gen`` rows: plain decoding, a chain of K = 4 drafts (``ModelDrafter``) and a tree
-  (``TreeDrafter``: depth 4, two children per node, four nodes expanded per level: 26 nodes):
+  (``TreeDrafter``: depth 4, two children per node, four nodes expanded per level: 22 nodes):
   ms per token, tokens per step, the speedup against plain decoding in the same mode and the
   analytic bound tokens/step x a plain step / (the verification step + the draft's steps:
   K single steps for the chain; for the tree its root step and three frontier steps of
@@ -131,7 +131,7 @@ def generate_rows(target, draft, b, eps, mode, cap, args, emit, dev, n, k):
         target, input_ids=ids, drafter=tree_drafter(draft, b, args.prompt, n, cap), **gen), dev)
     costs = {"chain": c["tk"] + k * c["d1"],
              "tree": c["tn"] + c["d2"] + (TREE["depth"] - 1) * c["dw"]}
-    for name, out, t in (("chain K=4", chain, t_chain), ("tree 26 nodes", tree, t_tree)):
+    for name, out, t in (("chain K=4", chain, t_chain), (f"tree {nodes} nodes", tree, t_tree)):
         st = out.stats
         bound = st.tokens_per_step * c["t1"] / costs[name.split()[0]]
         emit(dict(kind="gen", mode=mode, eps=eps, batch=b, method=name,
