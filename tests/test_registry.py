@@ -92,5 +92,5 @@ def test_a_drafter_passed_as_the_draft_is_taken_as_the_drafter(pair):
 
 def test_an_unknown_method_lists_the_methods():
     with pytest.raises(ValueError, match=r"method='sjd-max': accepted one of plain, exact, draft, "
-                                         r"sjd, .*lantern\+\+, <drafter>\+<rule>"):
+                                         r"head, sjd, .*tree, .*lantern\+\+, <drafter>\+<rule>"):
         parse_method("sjd-max", has_draft=True)
