@@ -127,6 +127,10 @@ METHOD_FLAGS = {
     "theta": (Number(float, -1, 1), "PCG cosine threshold"),
     "nu": (Number(float, 0), "annealed decay"),
     "mu": (Number(float), "annealed offset"),
+    "tree_depth": (COUNT, "tree and head methods: levels of drafts"),
+    "tree_branch": (COUNT, "tree and head methods: children per expanded node"),
+    "tree_width": (COUNT, "tree and head methods: nodes expanded per level"),
+    "tree_nodes": (COUNT, "tree and head methods: keep the best nodes (top-k children only)"),
 }
 
 
@@ -179,6 +183,9 @@ def add_models(ap, bundled: str, flag: str = "--model") -> None:
     ap.add_argument("--draft", default=None,
                     help="draft model folder or id (default: the bundled draft with the "
                          "bundled model, else none)")
+    ap.add_argument("--head", default=None,
+                    help="draft head folder for method 'head' (default: the bundled head with "
+                         "the bundled model, else none)")
 
 
 def bundled_pair(model: str | None, draft: str | None, bundled: str,
@@ -193,6 +200,15 @@ def bundled_pair(model: str | None, draft: str | None, bundled: str,
     if draft is None and os.path.exists(os.path.join(BUNDLED, bundled_draft)):
         draft = os.path.join(BUNDLED, bundled_draft)
     return path, draft
+
+
+def bundled_head(model: str | None, head: str | None, bundled: str) -> str | None:
+    """The ``--head`` flag, or the bundled model's head (``samples/models/<bundled>-head``)
+    when no model is given and it exists."""
+    if head is not None or model is not None:
+        return head
+    path = os.path.join(BUNDLED, f"{bundled}-head")
+    return path if os.path.isdir(path) else None
 
 
 def add_sampling(ap, top_p: bool = True) -> None:
@@ -228,12 +244,13 @@ def configure(args) -> str:
     return args.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def check_method(method: str, params: dict, has_draft: bool, embeddings=None) -> None:
+def check_method(method: str, params: dict, has_draft: bool, embeddings=None,
+                 has_head: bool = False) -> None:
     """The method and its parameters, parsed and its rule built, before the plain baseline
     runs (``--method sjd-max`` or ``--k 5000`` fail here, not after minutes)."""
     from mmspec.registry import MethodContext, parse_method
 
-    spec = parse_method(method, params, has_draft=has_draft)
+    spec = parse_method(method, params, has_draft=has_draft, has_head=has_head)
     spec.build_rule(MethodContext(embeddings=embeddings))
 
 

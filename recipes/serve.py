@@ -26,8 +26,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")   # no calls home fro
 
 BUNDLED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "samples",
                        "models")
-T2I_METHODS = ("exact", "sjd", "sjd-maximal", "lantern", "gsd")
-VLM_METHODS = ("exact", "sjd")
+T2I_METHODS = ("exact", "tree", "head", "sjd", "sjd-maximal", "lantern", "gsd")
+VLM_METHODS = ("exact", "tree", "head", "sjd")
 TTS_METHODS = {"exact": {}, "pcg": {"theta": 0.45}}
 COLUMNS = ["method", "tokens/step", "acceptance", "seconds", "speedup", "quality"]
 
@@ -39,8 +39,10 @@ class Models:
 
     t2i: str = os.path.join(BUNDLED, "shapes-t2i")
     t2i_draft: str | None = os.path.join(BUNDLED, "shapes-t2i-draft")
+    t2i_head: str | None = os.path.join(BUNDLED, "shapes-t2i-head")
     vlm: str = os.path.join(BUNDLED, "shapes-vlm")
     vlm_draft: str | None = os.path.join(BUNDLED, "shapes-vlm-text-draft")
+    vlm_head: str | None = os.path.join(BUNDLED, "shapes-vlm-head")
     tts: str = os.path.join(BUNDLED, "shapes-tts")
     tts_draft: str | None = os.path.join(BUNDLED, "shapes-tts-draft")
 
@@ -96,7 +98,7 @@ class Demo:
         from modalities.image import TextToImage
 
         pipe = TextToImage.from_pretrained(self.models.t2i, draft=self.models.t2i_draft,
-                                           device=self.device)
+                                           device=self.device, head=self.models.t2i_head)
         pipe("a red circle", method="plain", seed=0, progress=False, decode=False)
         return pipe
 
@@ -104,7 +106,7 @@ class Demo:
         from modalities.vlm import VisionLanguageGenerator
 
         return VisionLanguageGenerator.from_pretrained(self.models.vlm, draft=self.models.vlm_draft,
-                                                       device=self.device)
+                                                       device=self.device, head=self.models.vlm_head)
 
     def _load_tts(self):
         from modalities.speech import TextToSpeech
@@ -271,19 +273,29 @@ def build_parser():
         ap.add_argument(f"--{kind}-draft", default=None,
                         help="its draft (default: the bundled draft with the bundled model, "
                              "else none)")
+        if kind != "tts":
+            ap.add_argument(f"--{kind}-head", default=None,
+                            help="its draft head (default: the bundled head with the bundled "
+                                 "model, else none)")
     add_common(ap)
     return describe(ap)
 
 
 def models_from(args) -> Models:
-    """The models the flags name; a model given without its draft runs without one."""
+    """The models the flags name; a model given without its draft (or head) runs without one."""
     kw = {}
     for kind in ("t2i", "vlm", "tts"):
         model, draft = getattr(args, f"{kind}_model"), getattr(args, f"{kind}_draft")
+        head = getattr(args, f"{kind}_head", None)
         if model is not None:
             kw[kind], kw[f"{kind}_draft"] = model, draft
-        elif draft is not None:
-            kw[f"{kind}_draft"] = draft
+            if kind != "tts":
+                kw[f"{kind}_head"] = head
+        else:
+            if draft is not None:
+                kw[f"{kind}_draft"] = draft
+            if head is not None:
+                kw[f"{kind}_head"] = head
     return Models(**kw)
 
 

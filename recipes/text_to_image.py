@@ -20,12 +20,14 @@ import os
 from PIL import Image
 
 from recipes.cli import (COUNT, Number, Parser, add_common, add_compile, add_method_flags,
-                         add_models, add_sampling, bundled_pair, check_method, configure,
+                         add_models, add_sampling, bundled_head, bundled_pair, check_method,
+                         configure,
                          describe, run)
 
 # the method parameters this recipe takes as flags
 METHOD_PARAMS = ("window", "coupling", "init", "num_draft_tokens", "k", "delta", "lam",
-                 "group_size", "p_threshold", "embed_threshold", "theta", "nu", "mu")
+                 "group_size", "p_threshold", "embed_threshold", "theta", "nu", "mu",
+                 "tree_depth", "tree_branch", "tree_width", "tree_nodes")
 
 
 def grid(pairs: list[tuple[Image.Image, Image.Image]], scale: int = 4) -> Image.Image:
@@ -48,8 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="class ids for class-conditional models (default: none)")
     add_models(ap, "shapes-t2i")
     ap.add_argument("--method", default="sjd-maximal",
-                    help="plain, exact, sjd, sjd-maximal, sjd-gumbel, lantern, gsd, pcg, "
-                         "annealed, lantern++, or <drafter>+<rule>")
+                    help="plain, exact, tree, head, sjd, sjd-maximal, sjd-gumbel, lantern, gsd, "
+                         "pcg, annealed, lantern++, or <drafter>+<rule>")
     add_method_flags(ap, METHOD_PARAMS)
     add_sampling(ap)
     ap.add_argument("--negative-prompt", default=None, help="(default: the empty prompt)")
@@ -69,10 +71,12 @@ def main(argv=None) -> dict:
     args = parse(argv)
     from modalities.image import TextToImage
 
+    head = bundled_head(args.model, args.head, "shapes-t2i")
     model, draft = bundled_pair(args.model, args.draft, "shapes-t2i", "shapes-t2i-draft")
-    pipe = TextToImage.from_pretrained(model, draft=draft, device=configure(args))
+    pipe = TextToImage.from_pretrained(model, draft=draft, device=configure(args), head=head)
     params = {k: getattr(args, k) for k in METHOD_PARAMS if getattr(args, k) is not None}
-    check_method(args.method, params, pipe.draft is not None, pipe.target.codebook_embeddings())
+    check_method(args.method, params, pipe.draft is not None, pipe.target.codebook_embeddings(),
+                 has_head=pipe.head is not None)
     prompts = list(args.prompts) + list(args.prompt)
     if args.prompts_file:
         with open(args.prompts_file) as f:

@@ -58,9 +58,10 @@ def main(argv=None):
             texts += [x.strip() for x in f if x.strip()]
     if not texts:
         raise ValueError("give texts (or --text, or --texts-file)")
-    tts = TextToSpeech.from_pretrained(model, draft=draft, device=configure(args))
+    tts = TextToSpeech.from_pretrained(model, draft=draft, device=configure(args), head=args.head)
     params = {k: getattr(args, k) for k in METHOD_PARAMS if getattr(args, k) is not None}
-    check_method(args.method, params, tts.draft is not None, tts.target.codebook_embeddings(0))
+    check_method(args.method, params, tts.draft is not None, tts.target.codebook_embeddings(0),
+                 has_head=tts.head is not None)
     kw = dict(temperature=args.temperature, top_k=args.top_k, seed=args.seed,
               guidance_scale=args.guidance, compile=args.compile)
     plain = tts(texts, method="plain", **kw)

@@ -16,7 +16,7 @@ import argparse
 from PIL import Image
 
 from recipes.cli import (COUNT, SEED, TEMPERATURE, Parser, add_common, add_compile, add_models,
-                         bundled_pair, check_method, configure, describe, run)
+                         bundled_head, bundled_pair, check_method, configure, describe, run)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--draft-mode", choices=["text", "image", "ensemble"], default=None,
                     help="how the draft sees the image (default: image for a VLM draft, text "
                          "for a language model)")
-    ap.add_argument("--method", default="exact", help="plain, exact, lantern, jacobi, ...")
+    ap.add_argument("--method", default="exact",
+                    help="plain, exact, tree, head, lantern, sjd, ...")
     ap.add_argument("--num-draft-tokens", type=COUNT, default=4, help="drafts per step K")
     ap.add_argument("--max-new-tokens", type=COUNT, default=64)
     ap.add_argument("--temperature", type=TEMPERATURE, default=0.0, help="0 is greedy")
@@ -43,11 +44,13 @@ def main(argv=None):
         raise ValueError("give at least one image path before the question")
     from modalities.vlm import VisionLanguageGenerator
 
+    head = bundled_head(args.target, args.head, "shapes-vlm")
     target, draft = bundled_pair(args.target, args.draft, "shapes-vlm", "shapes-vlm-text-draft")
     gen = VisionLanguageGenerator.from_pretrained(target, draft=draft, draft_mode=args.draft_mode,
-                                                  device=configure(args))
+                                                  device=configure(args), head=head)
     check_method(args.method, {"num_draft_tokens": args.num_draft_tokens}, gen.draft is not None,
-                 gen.target.get_input_embeddings().weight.detach().float())
+                 gen.target.get_input_embeddings().weight.detach().float(),
+                 has_head=gen.head is not None)
     images = [Image.open(p).convert("RGB") for p in paths]
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
     prompts = [messages for _ in images]
