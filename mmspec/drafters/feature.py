@@ -101,8 +101,8 @@ class FeatureDrafter(TreeDrafter):
     @classmethod
     def from_params(cls, params, context) -> "FeatureDrafter":
         if context.head is None:
-            raise ValueError("method 'head' drafts with a draft head: pass draft=DraftHead(...) "
-                             "(DraftHead.from_pretrained(path, target))")
+            raise ValueError("method 'head' drafts with a draft head: pass head= (a folder "
+                             "saved by recipes.train.draft_head, or a DraftHead)")
         return cls(context.head, **cls._args(params))
 
     @classmethod
