@@ -45,6 +45,8 @@ BENCHES = {
     "gpu": Command("eval.bench_gpu", "7B-shape engine benchmark (GPU)"),
     "adapters": Command("eval.bench_adapters_gpu", "VLM and TTS adapters at scale (GPU)"),
     "profile": Command("eval.profile_gpu", "kernel tables of the engine's steps (GPU)"),
+    "trees": Command("eval.bench_trees_gpu", "tree steps and tree drafting against chains (GPU)"),
+    "tree-sizes": Command("eval.tree_sizes", "tokens per step of a T2I draft and head by tree size"),
 }
 
 

@@ -83,3 +83,26 @@ def test_bench_jacobi_reports_step_compression_of_the_batch(capsys):
     for r in rows:
         assert abs(r["step_compression"] - 16 / r["nfe"]) < 1e-3
         assert r["tokens_per_step"] >= r["step_compression"] - 1e-3
+
+
+def test_bench_trees_tiny_cpu_rows_equal_plain_decoding(tmp_path):
+    """The tree benchmark on the tiny shape (float32 on the CPU): chains and trees give plain
+    decoding's tokens at batch 1 and 4; a tree step and a chain step are both timed."""
+    from eval.bench_trees_gpu import main
+
+    main(["--shape", "tiny", "--device", "cpu", "--modes", "eager", "--batches", "1,4",
+          "--eps", "0.05", "--new-tokens", "12", "--out", str(tmp_path)])
+    rows = [json.loads(line) for line in (tmp_path / "bench.jsonl").read_text().splitlines()]
+    gen = [r for r in rows if r["kind"] == "gen" and r["method"] != "plain"]
+    assert {r["method"] for r in gen} == {"chain K=4", "tree 22 nodes"} and len(gen) == 4
+    assert all(r["identical"] for r in gen)
+    assert all(r["tree_ms"] > 0 and r["chain_ms"] > 0 for r in rows if r["kind"] == "step")
+
+
+def test_tree_sizes_runs_on_the_bundled_models(capsys):
+    from eval.tree_sizes import main
+
+    main(["--captions", "1", "--trees", "2x2x2", "--ks", "2"])
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["name"] for r in rows] == ["exact K=2", "draft tree 2x2x2", "head tree 2x2x2"]
+    assert all(r["tokens_per_step"] >= 1.0 for r in rows)
