@@ -29,6 +29,21 @@ def _record_host_free(monkeypatch) -> list:
     return seen
 
 
+def _token_span_pipe():
+    """A tiny token-span text-to-image pipeline with a draft, on the GPU."""
+    from modalities.image import TextToImage, TokenSpanAdapter
+    from tiny_image import tiny_token_span, tiny_vq
+
+    dev = torch.device("cuda")
+    vq = tiny_vq()
+    vq.vq.to(dev)
+    m, off = tiny_token_span()
+    d, _ = tiny_token_span(seed=1, hidden=16, layers=1)
+    mk = lambda x: TokenSpanAdapter(x.to(dev), list(range(off, off + 16)), (4, 4), vq,  # noqa: E731
+                                    prefix=[1], suffix=[2], pad_id=0)
+    return TextToImage(mk(m), mk(d))
+
+
 @pytest.mark.parametrize("k", [1, 3, 8])
 def test_captured_equals_eager_text(k):
     dev = torch.device("cuda")
@@ -49,19 +64,8 @@ def test_captured_equals_eager_text(k):
 
 def test_captured_equals_eager_images_with_guidance_and_jacobi(monkeypatch):
     """... and with a draft model the captured steps are queued ahead (host-free drafter)."""
-    from modalities.image import TextToImage, TokenSpanAdapter
-    from tiny_image import tiny_token_span, tiny_vq
-
     host_free = _record_host_free(monkeypatch)
-
-    dev = torch.device("cuda")
-    vq = tiny_vq()
-    vq.vq.to(dev)
-    m, off = tiny_token_span()
-    d, _ = tiny_token_span(seed=1, hidden=16, layers=1)
-    mk = lambda x: TokenSpanAdapter(x.to(dev), list(range(off, off + 16)), (4, 4), vq,  # noqa: E731
-                                    prefix=[1], suffix=[2], pad_id=0)
-    pipe = TextToImage(mk(m), mk(d))
+    pipe = _token_span_pipe()
     for method in ("plain", "exact", "sjd-maximal"):
         kw = dict(guidance_scale=2.0, temperature=0, progress=False, seed=0, method=method)
         host_free.clear()
@@ -75,18 +79,10 @@ def test_captured_trees_and_heads_equal_eager():
     """A draft model's trees and a head's trees (and chains), with guidance, through captured
     steps (one graph per tree width): plain greedy's tokens."""
     from mmspec.drafters import DraftHead
-    from modalities.image import TextToImage, TokenSpanAdapter
-    from tiny_image import tiny_token_span, tiny_vq
 
-    dev = torch.device("cuda")
-    vq = tiny_vq()
-    vq.vq.to(dev)
-    m, off = tiny_token_span()
-    d, _ = tiny_token_span(seed=1, hidden=16, layers=1)
-    mk = lambda x: TokenSpanAdapter(x.to(dev), list(range(off, off + 16)), (4, 4), vq,  # noqa: E731
-                                    prefix=[1], suffix=[2], pad_id=0)
+    pipe = _token_span_pipe()
     torch.manual_seed(3)
-    pipe = TextToImage(mk(m), mk(d), head=DraftHead.for_target(m.to(dev)))
+    pipe.head = DraftHead.for_target(pipe.target.model)
     kw = dict(guidance_scale=2.0, temperature=0, progress=False, seed=0)
     plain = pipe([[3, 4, 5], [6]], method="plain", **kw)
     for method, params in (("tree", {}), ("head", {}),
