@@ -214,12 +214,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-spec-pipeline", action="store_true",
                     help="speculative steps synchronised one by one (generate(pipeline=False)); "
                          "default: generate's (queued ahead with captured steps)")
+    ap.add_argument("--peer-gptfast", default=None, metavar="DIR",
+                    help="also run gpt-fast from this checkout (pytorch-labs/gpt-fast, fetched "
+                         "by you; eval/peer_gptfast.py) on the same shape and draft, batch 1 "
+                         "(default: none)")
     ap.add_argument("--out", default="out/bench_gpu", help="output folder")
     return describe(ap)
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    check_peer(args)
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     rows, emit = open_log(args.out)
@@ -318,7 +323,38 @@ def main(argv=None):
                 emit(dict(kind="hf-static-compile", eps=eps, batch=b, ms_per_token=1e3 * t_c / n,
                           step_over_floor=(1e3 * t_c / n) / floor_ms, warmup_s=warm))
             mmspec.release_graphs()     # the kept static caches of this batch size
+    if args.peer_gptfast:
+        for row in run_gptfast(args):
+            emit(row)
     write_report(args.out, rows)
+
+
+def check_peer(args) -> None:
+    """``--peer-gptfast`` refused before any work: the 7B shape only, a gpt-fast folder."""
+    if args.peer_gptfast is None:
+        return
+    if args.shape != "7b":
+        raise ValueError(f"--peer-gptfast: accepted with --shape 7b (gpt-fast's 7B config), "
+                         f"not {args.shape}")
+    if not os.path.isfile(os.path.join(args.peer_gptfast, "generate.py")):
+        raise ValueError(f"--peer-gptfast {args.peer_gptfast}: accepted a gpt-fast checkout "
+                         "(a folder with generate.py and model.py)")
+
+
+def run_gptfast(args) -> list[dict]:
+    """gpt-fast's rows (``eval.peer_gptfast`` in a child process: its imports set inductor
+    flags), on the same shape, draft, eps values, prompt and token counts, batch 1."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "eval.peer_gptfast", args.peer_gptfast,
+           "--eps", ",".join(str(e) for e in args.eps), "--new-tokens", str(args.new_tokens),
+           "--prompt", str(args.prompt)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise ValueError(f"--peer-gptfast {args.peer_gptfast}: gpt-fast failed: {tail[0]}")
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
 def write_report(out_dir, rows):
@@ -341,8 +377,35 @@ def write_report(out_dir, rows):
             _f(r.get("efficiency")), _f(r.get("bound_call")), _f(r.get("efficiency_call")),
             _f(r.get("speedup_decode")), _f(r.get("efficiency_decode")),
             r.get("identical", r.get("identical_to_mmspec", r.get("identical_to_plain", ""))))) + " |")
+    lines += _side_by_side(rows)
     with open(os.path.join(out_dir, "report.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
+
+
+def _side_by_side(rows) -> list[str]:
+    """mmspec's default GPU mode (compile=True: captured) against gpt-fast, batch 1."""
+    peer = {(r["kind"], r["eps"]): r for r in rows if r["kind"].startswith("gptfast-")}
+    if not peer:
+        return []
+    out = ["", "mmspec `compile=True` (captured) against gpt-fast, batch 1, ms per token "
+           "(the call, prompt pass included):", "",
+           "| eps | what | mmspec | gpt-fast | mmspec / gpt-fast | gpt-fast first call s |",
+           "|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("mode") != "captured" or r.get("batch") != 1:
+            continue
+        if r["kind"] == "mmspec-plain":
+            g = peer.get(("gptfast-plain", 0.0))
+            what = "plain"
+        elif r["kind"] == "mmspec-spec" and r.get("k") == 4 and r.get("draft") == "2-layer":
+            g = peer.get(("gptfast-spec", r["eps"]))
+            what = "speculative K = 4"
+        else:
+            continue
+        if g is not None:
+            out.append(f"| {r['eps']} | {what} | {r['ms_per_token']:.2f} | {g['ms_per_token']:.2f} "
+                       f"| {r['ms_per_token'] / g['ms_per_token']:.2f} | {g['first_call_s']:.0f} |")
+    return out
 
 
 def _f(v, nd=2):

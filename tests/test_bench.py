@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 
 def test_bench_gpu_tiny_cpu_rows_are_identical_and_bounded(tmp_path):
     from eval.bench_gpu import main
@@ -106,3 +108,20 @@ def test_tree_sizes_runs_on_the_bundled_models(capsys):
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["name"] for r in rows] == ["exact K=2", "draft tree 2x2x2", "head tree 2x2x2"]
     assert all(r["tokens_per_step"] >= 1.0 for r in rows)
+
+
+def test_gptfast_side_by_side_rows_and_bad_input(tmp_path):
+    """The side-by-side table pairs mmspec's captured rows with gpt-fast's; a gpt-fast folder
+    is checked before any work."""
+    from eval.bench_gpu import _side_by_side, main
+
+    rows = [dict(kind="mmspec-plain", mode="captured", eps=0.0, batch=1, ms_per_token=6.0),
+            dict(kind="mmspec-spec", mode="captured", eps=0.05, batch=1, k=4, draft="2-layer",
+                 ms_per_token=4.0),
+            dict(kind="gptfast-plain", eps=0.0, batch=1, ms_per_token=5.0, first_call_s=95.0),
+            dict(kind="gptfast-spec", eps=0.05, batch=1, ms_per_token=4.0, first_call_s=90.0)]
+    table = "\n".join(_side_by_side(rows))
+    assert "| 0.0 | plain | 6.00 | 5.00 | 1.20 | 95 |" in table
+    assert "| 0.05 | speculative K = 4 | 4.00 | 4.00 | 1.00 | 90 |" in table
+    with pytest.raises(ValueError, match="accepted a gpt-fast checkout"):
+        main(["--peer-gptfast", str(tmp_path), "--out", str(tmp_path)])
