@@ -63,7 +63,7 @@ def tree_step_cost(model, batch, tree_branching, dev, compile, prompt_len=128, r
 
 
 def tree_drafter(draft, batch, prompt, new, compile):
-    width = TreeDrafter.width_of({f"tree_{k}": v for k, v in TREE.items()})
+    width = TreeDrafter.width({f"tree_{k}": v for k, v in TREE.items()})
     sess = CausalLMSession(draft, mmspec.SamplingParams(temperature=0),
                            static_len=static_length(prompt, batch, new, width, holes=True),
                            compile=compile)

@@ -25,6 +25,7 @@ __all__ = [
     "Rule", "Exact", "Greedy", "make_rule", "rule_names", "rules", "register_rule",
     "register_drafter", "parse_method", "build_method",
     "SamplingParams", "Session", "CausalLMSession", "Drafter", "ModelDrafter", "NoDraft",
-    "Jacobi", "TreeDrafter", "FeatureDrafter", "DraftHead", "Tree", "Engine", "Plan", "Run", "prepare", "Stops",
+    "Jacobi", "TreeDrafter", "FeatureDrafter", "DraftHead", "Tree", "Engine", "Plan", "Run",
+    "prepare", "Stops",
     "generate", "generate_stream", "run", "stream", "release_graphs",
 ]

@@ -186,7 +186,8 @@ def check_trees(target: Session, drafter: Drafter, rule: Rule) -> None:
     if not target.trees:
         raise ValueError(f"{type(drafter).__name__} drafts trees: accepted a target session "
                          f"that takes tree steps ({type(target).__name__} does not: recurrent "
-                         "or sliding-window layers, or positions that follow the cache length); use a chain method")
+                         "or sliding-window layers, or positions that follow the cache "
+                         "length); use a chain method")
     if not rule.trees:
         raise ValueError(f"rule {rule.name!r} does not verify draft trees: accepted 'exact' or "
                          "'greedy' with a tree drafter")
@@ -241,14 +242,13 @@ class Loop:
         t1 = time.perf_counter()
         fed = torch.cat([rows.last[:, None], draft.tokens], 1)                 # [B, K+1, *event]
         valid = rows.active[:, None].expand(self.b, fed.shape[1])
-        tree = draft.tree
-        p = self.target.step(fed, valid) if tree is None else self.target.step(fed, valid, tree)
+        p = self.target.step(fed, valid, draft.tree)
         self._sync()
         t2 = time.perf_counter()
-        if tree is None:
+        if draft.tree is None:
             out = self.rule(draft.tokens, draft.probs, p, self.generator, validate=False)
         else:
-            out = self.rule.verify_tree(tree, draft.tokens, draft.probs, p, self.generator)
+            out = self.rule.verify_tree(draft.tree, draft.tokens, draft.probs, p, self.generator)
         if not self.target.ragged:
             out = _common_prefix(out, rows.active)
         bad = nonfinite(p, draft.probs)            # None: densities validated themselves
@@ -298,10 +298,7 @@ class Loop:
     def _apply_commit(self) -> None:
         c = self.pending
         if c is not None:
-            if c.path is None:
-                self.target.commit(c.keep, c.valid)
-            else:
-                self.target.commit(c.keep, c.valid, c.path)
+            self.target.commit(c.keep, c.valid, c.path)
             self.pending = None
 
     def flush(self) -> None:

@@ -9,9 +9,9 @@
 first ``keep`` slots appended since the previous commit, marks which of them hold real tokens
 (holes for rows that accepted less), and crops the rest. A tree step (``step(..., tree=)``,
 sessions that declare ``trees``) feeds a draft tree's nodes, each seeing its ancestors only;
-its commit names the slots kept per row (``path``: the accepted path, moved to the front). ``CausalLMSession`` implements it for
-any transformers causal LM (``model(input_ids | inputs_embeds, attention_mask, position_ids,
-cache)``), with optional classifier-free guidance as a doubled batch: rows [0, B) are
+its commit names the slots kept per row (``path``: the accepted path, moved to the front).
+``CausalLMSession`` implements it for any transformers causal LM (``model(input_ids |
+inputs_embeds, attention_mask, position_ids, cache)``), with optional classifier-free guidance as a doubled batch: rows [0, B) are
 conditional, rows [B, 2B) unconditional, both fed the same tokens and rolled back together;
 the returned distributions are of the guided logits u + s (c - u).
 
@@ -30,17 +30,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .attention import bucket, prefix, sdpa_configs
-from .cache import (
-    DynamicCache,
-    SequenceMask,
-    StateSnapshot,
-    StaticSequenceMask,
-    TreeMask,
-    cache_argument,
-    crop,
-    gather_tail,
-    recurrent_layers,
-)
+from .cache import (DynamicCache, SequenceMask, StateSnapshot, StaticSequenceMask, TreeMask,
+                    cache_argument, crop, gather_tail, recurrent_layers)
 from .sampling import SamplingParams, guide
 
 

@@ -15,8 +15,8 @@ all rows at once:
    features of the accepted path (``VerifyOutput.path``), so the head never keeps a slot
    built on its own guesses.
 
-Children are top-k of q (point masses), as ``TreeDrafter``: lossless verification for any
-tree. ``attach`` (called by ``mmspec.runner.prepare``) ties the drafter to the target's
+Children as ``TreeDrafter``'s (top-k when greedy, else sampled without replacement), so
+verification is lossless. ``attach`` (called by ``mmspec.runner.prepare``) ties the drafter to the target's
 session: the target keeps the head's feature layers; the head's session gets the target's
 sampling and cache settings.
 """
@@ -40,6 +40,15 @@ class _HeadOutput:
     last_hidden_state: torch.Tensor
 
 
+def token_embeds(session, inputs: dict, rows: int) -> torch.Tensor:
+    """The token embeddings [rows, n, d] of a target session's model inputs (its ``embed`` or
+    ``prompt_inputs``): their ``inputs_embeds``, or the model's input embeddings of their
+    ``input_ids``; the first ``rows`` rows (the conditional ones under guidance)."""
+    if "inputs_embeds" in inputs:
+        return inputs["inputs_embeds"][:rows]
+    return session.model.get_input_embeddings()(inputs["input_ids"][:rows])
+
+
 class HeadSession(CausalLMSession):
     """The head's decoder as a session over the target session's ids (``template``): the
     target's hooks turn ids into token embeddings (``embed``, ``prompt_inputs``) and outputs
@@ -55,16 +64,10 @@ class HeadSession(CausalLMSession):
         self.prompt_embeds: torch.Tensor | None = None     # [B, P, d] set before prefill
         self.keep_features((1,))           # the one decoder layer's (normed) output
 
-    def token_embeds(self, inputs: dict, rows: int) -> torch.Tensor:
-        """The token embeddings [rows, n, d] of the target's inputs for some ids (its
-        ``inputs_embeds``, or its input embeddings of ``input_ids``)."""
-        if "inputs_embeds" in inputs:
-            return inputs["inputs_embeds"][:rows]
-        return self.head.decoder.model.embed_tokens(inputs["input_ids"][:rows])
-
     def embed(self, tokens, first_step=False):
         t = self.template.embed(self.template._rows(tokens), first_step)
-        return {"inputs_embeds": self.head.inputs(self.token_embeds(t, tokens.shape[0]), self.feed)}
+        e = token_embeds(self.template, t, tokens.shape[0])
+        return {"inputs_embeds": self.head.inputs(e, self.feed)}
 
     def prompt_inputs(self, tokens):
         e = self.prompt_embeds[:, :tokens.shape[1]]
@@ -87,7 +90,6 @@ class FeatureDrafter(TreeDrafter):
 
     needs_model = False
     needs_head = True
-    param_names = TreeDrafter.param_names
 
     def __init__(self, head: DraftHead, depth: int = 4, branch: int = 2, width: int = 4,
                  nodes: int | None = None, sample: bool | None = None):
@@ -106,10 +108,9 @@ class FeatureDrafter(TreeDrafter):
         return cls(context.head, **cls._args(params))
 
     @classmethod
-    def width_of(cls, params) -> int:
-        """As ``TreeDrafter.width_of``, with room for up to ``depth`` pending pairs."""
-        # the head is fed up to depth pending pairs and the root besides the frontiers
-        return TreeDrafter.width_of(params) + cls._args(params)["depth"]
+    def width(cls, params, context=None) -> int:
+        """As ``TreeDrafter.width``, with room for up to ``depth`` pending pairs."""
+        return TreeDrafter.width(params) + cls._args(params)["depth"]
 
     def attach(self, target: Session) -> None:
         if not hasattr(target, "keep_features"):
@@ -131,7 +132,7 @@ class FeatureDrafter(TreeDrafter):
         if p > 1:
             f = torch.cat([f, self.head.reduce_features(tgt.features)], 1)     # [B, P, d]
         full = tgt.prompt_inputs(tgt._rows(input_ids))          # the prompt's token inputs
-        self.session.prompt_embeds = self.session.token_embeds(full, b)
+        self.session.prompt_embeds = token_embeds(tgt, full, b)
         self.session.feed = f[:, :-1]
         self.session.prefill(input_ids, attention_mask)
         self._backlog = self._backlog_valid = None

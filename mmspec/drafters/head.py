@@ -20,7 +20,7 @@ stored); the head stores ``reduce``, ``fuse`` and its decoder (a one-layer
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -54,7 +54,6 @@ class HeadConfig:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 4096
     target: str = ""
-    extra: dict = field(default_factory=dict)
 
     def llama(self):
         """The one-layer decoder's ``LlamaConfig``."""
@@ -96,7 +95,6 @@ class DraftHead(nn.Module):
         self.reduce = nn.Linear(n * d, d, bias=False)
         self.fuse = nn.Linear(2 * d, d, bias=False)
         self.decoder = LlamaForCausalLM(config.llama())
-        self._target_ref = None
 
     @classmethod
     def for_target(cls, target, feature_layers=None, **kw) -> "DraftHead":
@@ -127,11 +125,10 @@ class DraftHead(nn.Module):
                              f"{type(emb).__name__} and {type(out).__name__} (multi-codebook "
                              "models are not supported)")
         v, d = self.config.vocab_size, self.config.hidden_size
-        if out is None or tuple(out.weight.shape) != (v, d) or emb.weight.shape[1] != d:
-            got = None if out is None else tuple(out.weight.shape)
+        if tuple(out.weight.shape) != (v, d) or emb.weight.shape[1] != d:
             raise ValueError(f"this head was made for an output head of [{v}, {d}] (target "
-                             f"{self.config.target or '?'}); the target has {got}: accepted "
-                             "the target it was trained for")
+                             f"{self.config.target or '?'}); the target has "
+                             f"{tuple(out.weight.shape)}: accepted the target it was trained for")
         dec = self.decoder
         dec.model.embed_tokens = emb
         dec.lm_head = out

@@ -4,8 +4,8 @@ Per step, all rows at once (terms of ``mmspec.tree``):
 
 1. Root: the draft feeds its pending tokens and the last emitted token (the root) and gets
    q at the root.
-2. Levels 1..D: every node of the frontier gets its ``branch`` most likely tokens as
-   children, scored by path log-probability (the sum over its path); the ``width`` best
+2. Levels 1..D: every node of the frontier gets ``branch`` children (below), scored by path
+   log-probability (the sum over its path); the ``width`` best
    children of a level form the next frontier, fed to the draft as one tree step (each sees
    its own ancestors among the slots fed this step) so that they get their own q. The last
    level is not fed.
@@ -18,10 +18,11 @@ without replacement (the exponential race's order), each with the q it was drawn
 without its earlier siblings), verified by recursive rejection (``mmspec.acceptance.tree``):
 lossless as long as no node is dropped for its own value, so sampled trees keep every node
 (``nodes`` is refused) while frontiers may still be chosen by score (a node's children are
-drawn given its path, whatever chose it). After
-verification the draft keeps its pending slots and the accepted path's fed nodes (moved to
-the front, ``Session.commit(path=)``); an accepted node that was never fed (the last level,
-or a node outside every frontier) waits to be fed first in the next step.
+drawn given its path, whatever chose it).
+
+After verification the draft keeps its pending slots and the accepted path's fed nodes
+(moved to the front, ``Session.commit(path=)``); an accepted node that was never fed (the
+last level, or a node outside every frontier) waits to be fed first in the next step.
 """
 
 from __future__ import annotations
@@ -43,10 +44,10 @@ class TreeDrafter(Drafter):
 
     session: the draft model's session (prefilled by ``begin``); needs ``trees``.
     depth:   D, levels of drafts (the longest path; >= 1).
-    branch:  children per expanded node (top-k of q; >= 1).
+    branch:  children per expanded node (>= 1).
     width:   nodes expanded per level (the frontier; >= 1).
-    nodes:   drafts kept per row, the best by path probability (None: every node made:
-             branch + (D - 1) * width * branch); top-k children only.
+    nodes:   drafts kept per row, the best by path probability (None: every node made,
+             ``made``); top-k children only.
     sample:  children drawn from q (True) or its top-k (False); None: drawn unless the
              draft's distributions are greedy.
     """
@@ -60,7 +61,8 @@ class TreeDrafter(Drafter):
         if not session.trees:
             raise ValueError(f"a tree drafter needs a draft session that takes tree steps "
                              f"({type(session).__name__} does not: recurrent or sliding-window "
-                             "layers, or positions that follow the cache length): accepted a chain method")
+                             "layers, or positions that follow the cache length): accepted a "
+                             "chain method")
         self.session = session
         self.depth = check_count("tree_depth", depth)
         self.branch = check_count("tree_branch", branch)
@@ -105,7 +107,7 @@ class TreeDrafter(Drafter):
                     sample=params.get("tree_sample"))
 
     @classmethod
-    def width_of(cls, params) -> int:
+    def width(cls, params, context=None) -> int:
         """Slots a step needs for these parameters: the tree's nodes in the target, the
         pending tokens, root and frontiers in the draft (static caches are sized by it)."""
         a = cls._args(params)
@@ -114,10 +116,6 @@ class TreeDrafter(Drafter):
         # a step feeds the draft up to 2 + (its frontiers) slots: room for both
         fed = 2 + sum(min(w, s) for s in sizes[:-1])
         return max(sum(sizes) if a["nodes"] is None else a["nodes"], fed)
-
-    @classmethod
-    def width(cls, params, context) -> int:
-        return cls.width_of(params)
 
     @classmethod
     def from_params(cls, params, context) -> "TreeDrafter":

@@ -98,8 +98,9 @@ class DelayPatternSession(Session):
         self.eos_step = torch.full((self.batch_size,), 1 << 30, dtype=torch.long, device=dev)
         self._pending_eos = self.eos_step
 
-    def step(self, tokens: torch.Tensor, valid=None) -> torch.Tensor:
-        """tokens [B, n, C] (the last committed step, then drafts) -> probs [B, n, C, V]."""
+    def step(self, tokens: torch.Tensor, valid=None, tree=None) -> torch.Tensor:
+        """tokens [B, n, C] (the last committed step, then drafts) -> probs [B, n, C, V]
+        (no tree steps: ``trees`` is False, so the loop never passes one)."""
         b, n, c = tokens.shape
         rows = torch.cat([tokens, tokens], 0) if self.guided else tokens
         r = rows.shape[0]
@@ -146,7 +147,7 @@ class DelayPatternSession(Session):
         self.length += n
         return self.params.probs(logits)
 
-    def commit(self, keep: int, valid) -> None:
+    def commit(self, keep: int, valid, path=None) -> None:
         n = self._since
         if not 0 <= keep <= n:
             raise ValueError(f"keep={keep}: accepted 0..{n}")

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from mmspec.drafters.base import NoDraft
+from mmspec.drafters.feature import token_embeds
 from recipes.cli import COUNT, Number, Parser, describe, run
 
 MODALITIES = ("t2i", "vlm", "tts", "text")
@@ -56,7 +57,7 @@ class Recorder(NoDraft):
 
     def begin(self, input_ids, attention_mask, vocab_size=None, **prompt):
         t, b = self.target, input_ids.shape[0]
-        self.embeds = [_token_embeds(t, t.prompt_inputs(t._rows(input_ids)), b)]
+        self.embeds = [token_embeds(t, t.prompt_inputs(t._rows(input_ids)), b)]
         self.feats = [t.features] if input_ids.shape[1] > 1 else []
         self.mask, self.probs, self.valid = attention_mask, [], []
 
@@ -70,7 +71,7 @@ class Recorder(NoDraft):
         self.feats.append(t.features)
         self.probs.append(target_probs.to(torch.float16))
         tok = out.tokens[:, :1].clamp(min=0)
-        self.embeds.append(_token_embeds(t, t.embed(t._rows(tok)), tok.shape[0]))
+        self.embeds.append(token_embeds(t, t.embed(t._rows(tok)), tok.shape[0]))
 
     def batch(self) -> dict:
         """The call's tensors: T = prompt + generated positions fed, S generated."""
@@ -80,12 +81,6 @@ class Recorder(NoDraft):
                     probs=torch.cat(self.probs, 1).cpu(),                        # [B, S, V]
                     mask=torch.cat([self.mask, valid], 1)[:, :-1].cpu(),         # [B, T]
                     prompt=torch.tensor(self.mask.shape[1]), steps=torch.tensor(len(self.probs)))
-
-
-def _token_embeds(session, inputs: dict, rows: int) -> torch.Tensor:
-    if "inputs_embeds" in inputs:
-        return inputs["inputs_embeds"][:rows].detach()
-    return session.model.get_input_embeddings()(inputs["input_ids"][:rows]).detach()
 
 
 @dataclass
@@ -99,9 +94,9 @@ class Source:
     held_out: list
     max_new_tokens: int
 
-    def generate(self, items, seed: int, temperature: float, method="plain", drafter=None,
-                 **params):
-        kw = dict(method=method, seed=seed, temperature=temperature, drafter=drafter, **params)
+    def generate(self, items, seed: int, temperature: float, drafter=None):
+        """Generate for ``items`` with ``drafter`` (None: plain decoding), exact rule."""
+        kw = dict(method="plain", seed=seed, temperature=temperature, drafter=drafter)
         if self.modality == "t2i":
             return self.front(list(items), progress=False, decode=False, **kw)
         if self.modality == "tts":
@@ -115,11 +110,9 @@ class Source:
 
         tok, model = self.front
         enc = tok(list(items), return_tensors="pt", padding=True).to(model.device)
-        if kw.pop("method") != "plain" and drafter is None:
-            raise ValueError("text targets measure the head through mmspec.generate(drafter=)")
-        kw.pop("drafter")
         return mmspec.generate(model, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
-                               max_new_tokens=self.max_new_tokens, drafter=drafter, **kw)
+                               max_new_tokens=self.max_new_tokens, drafter=drafter, seed=seed,
+                               temperature=temperature)
 
 
 def shapes_items(modality: str, n: int, start: int) -> list:
@@ -368,16 +361,9 @@ def measure(source: Source, head, args) -> list[dict]:
     rows = []
     for name, tree in (("plain", None), ("head chain", CHAIN), ("head tree", TREE)):
         t0 = time.perf_counter()
-        if tree is None:
-            out = source.generate(source.held_out, seed=args.seed, temperature=args.temperature)
-        elif source.modality == "text":
-            drafter = FeatureDrafter(head, **{k[5:]: v for k, v in tree.items()})
-            out = source.generate(source.held_out, seed=args.seed, temperature=args.temperature,
-                                  drafter=drafter)
-        else:
-            source.front.head = head
-            out = source.generate(source.held_out, seed=args.seed, temperature=args.temperature,
-                                  method="head", **tree)
+        drafter = None if tree is None else FeatureDrafter(
+            head, **{k.removeprefix("tree_"): v for k, v in tree.items()})
+        out = source.generate(source.held_out, args.seed, args.temperature, drafter)
         rows.append(dict(method=name, tokens_per_step=out.stats.tokens_per_step,
                          acceptance=out.stats.acceptance_rate, steps=out.stats.steps,
                          seconds=time.perf_counter() - t0))
