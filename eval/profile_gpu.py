@@ -84,7 +84,7 @@ def _loop_syncs(fn) -> dict:
 def profile_mode(target, draft, dev, mode: str, k: int = 4, new_tokens: int = 128,
                  prompt_len: int = 128, reps: int = 30, trace: str | None = None) -> dict:
     cap = {"eager": False, "captured": True, "inductor": "inductor",
-           "inductor-untuned": "inductor"}[mode]
+           "inductor-untuned": "inductor", "regional": "regional"}[mode]
     cuda = dev.type == "cuda"
     options = CausalLMSession.inductor_options
     if mode == "inductor-untuned":
@@ -98,7 +98,10 @@ def profile_mode(target, draft, dev, mode: str, k: int = 4, new_tokens: int = 12
     none = torch.ones(1, 0, dtype=torch.bool, device=dev)
     try:
         with torch.inference_mode():
+            t0 = time.perf_counter()
             s = _session(target, dev, cap, prompt, 1)
+            sync(dev)
+            r["capture_s"] = time.perf_counter() - t0     # compilation and capture, width 1
             tok = prompt[:, :1]
             if cap:
                 for name, model, sess in (("", target, s), ("draft_", draft, None)):
@@ -138,7 +141,10 @@ def profile_mode(target, draft, dev, mode: str, k: int = 4, new_tokens: int = 12
         r["identical"] = bool(torch.equal(outs["plain_ms_per_token"].sequences,
                                           outs["plain_sync_ms_per_token"].sequences))
         spec = dict(gen, num_draft_tokens=k)
-        c = dict(verify=step_cost(target, 1, k + 1, dev, cap, prompt_len, reps),
+        t0 = time.perf_counter()
+        verify = step_cost(target, 1, k + 1, dev, cap, prompt_len, reps)
+        r["verify_capture_s"] = time.perf_counter() - t0 - reps * verify
+        c = dict(verify=verify,
                  draft=step_cost(draft, 1, 1, dev, cap, prompt_len, reps),
                  pt=prefill_cost(target, 1, dev, prompt_len), pd=prefill_cost(draft, 1, dev, prompt_len))
         r.update({f"{key}_ms": 1e3 * v for key, v in c.items()})
@@ -179,7 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=list(SHAPES), default="7b", help="model shape")
     ap.add_argument("--device", default="cuda", help="cuda, cuda:1 ... (cpu: eager only)")
-    ap.add_argument("--modes", type=Names(("eager", "captured", "inductor", "inductor-untuned")),
+    ap.add_argument("--modes", type=Names(("eager", "captured", "inductor", "inductor-untuned",
+                                              "regional")),
                     default="captured,inductor")
     ap.add_argument("--k", type=COUNT, default=4, help="drafts per step K")
     ap.add_argument("--new-tokens", type=COUNT, default=128)

@@ -8,7 +8,10 @@ Modes:
               steps pass 4-D masks, so every step of one width has fixed shapes.
     graphs    static caches, each step width captured once as a CUDA graph and replayed
               (``compile=True``; CUDA only).
-    inductor  as graphs, each step fused by torch.compile before it is captured
+    regional  as graphs, each decoder layer fused by torch.compile (once per width, reused by
+              every layer) before the step is captured (``compile="regional"``; caches a power
+              of two long; mmspec.regions).
+    inductor  as graphs, each step fused whole by torch.compile before it is captured
               (``compile="inductor"``; about a minute of compilation per width for a 7B model).
 
 Pipelining: the loop queues step t + 1 on the device before the host reads step t, so the
@@ -25,7 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-MODES = ("eager", "static", "graphs", "inductor")
+MODES = ("eager", "static", "graphs", "inductor", "regional")
+# compile= values of the captured modes
+COMPILE = {"graphs": True, "inductor": "inductor", "regional": "regional"}
 
 
 @dataclass(frozen=True)
@@ -57,13 +62,14 @@ class Engine:
                 raise ValueError("engine: accepted an Engine, given instead of compile=, "
                                  "static_cache=, pipeline= and profile= (not with them)")
             return engine
-        if compile not in (False, True, "inductor"):
-            raise ValueError(f"compile={compile!r}: accepted False, True or 'inductor'")
+        if compile is not False and compile not in COMPILE.values():
+            raise ValueError(f"compile={compile!r}: accepted False, True, 'regional' or "
+                             "'inductor'")
         if static_cache not in (None, False, True):
             raise ValueError(f"static_cache={static_cache!r}: accepted None, True or False")
         if compile and static_cache is False:
             raise ValueError("compile=True needs static_cache=True (fixed shapes)")
-        mode = ({True: "graphs", "inductor": "inductor"}.get(compile) if compile
+        mode = ({v: k for k, v in COMPILE.items()}[compile] if compile
                 else "static" if static_cache else "eager")
         return cls(mode, pipeline, profile)
 
@@ -75,12 +81,12 @@ class Engine:
     @property
     def captures(self) -> bool:
         """Steps captured as CUDA graphs (K then stays fixed to the end: one width)."""
-        return self.mode in ("graphs", "inductor")
+        return self.mode in COMPILE
 
     @property
     def compile(self) -> bool | str:
         """The sessions' ``compile`` argument."""
-        return {"graphs": True, "inductor": "inductor"}.get(self.mode, False)
+        return COMPILE.get(self.mode, False)
 
     def check(self, model) -> "Engine":
         """Refuse what the model's device cannot do, before any work."""
@@ -108,7 +114,7 @@ class Engine:
             raise ValueError(f"pipeline=True: the last drafts would pass max_position_embeddings="
                              f"{min(limits)} ({positions} positions needed): accepted fewer new "
                              "tokens or drafts, or pipeline=None")
-        default = self.mode == "graphs" and not self.profile
+        default = self.mode in ("graphs", "regional") and not self.profile
         queue = draft_model and fits and (default if self.pipeline is None else self.pipeline)
         return Plan(self, max_new_tokens, num_draft_tokens, queue,
                     num_draft_tokens > 0 and (queue or holes))
@@ -140,7 +146,7 @@ class Plan:
         if not self.engine.static:
             return None
         return static_length(prompt_len, batch, self.max_new_tokens, self.num_draft_tokens,
-                             self.holes)
+                             self.holes, pow2=self.engine.mode == "regional")
 
     def cache(self, prompt_len: int, batch: int) -> dict:
         """A session's cache arguments (``static_len``, ``compile``) for its prompt."""
@@ -156,12 +162,15 @@ class Plan:
 
 
 def static_length(prompt_len: int, batch: int, max_new_tokens: int, k: int,
-                  holes: bool = False) -> int:
+                  holes: bool = False, pow2: bool = False) -> int:
     """Slots a static cache needs: one row uses prompt + new + K + 1; ragged rows (or
     ``holes``: every step keeps its K + 1 slots) leave at most K holes per step, bounded by
-    (K + 1) slots per generated token and one more step; rounded up to 64."""
+    (K + 1) slots per generated token and one more step; rounded up to 64, or with ``pow2``
+    to a power of two >= 256 (compiled layers are compiled again for each cache length)."""
     if batch == 1 and not holes:
         need = prompt_len + max_new_tokens + k + 1
     else:
         need = prompt_len + (k + 1) * (max_new_tokens + 1)
+    if pow2:
+        return max(256, 1 << (need - 1).bit_length())
     return -(-need // 64) * 64

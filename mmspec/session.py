@@ -24,11 +24,13 @@ probabilities by default, densities for continuous tokens, frame distributions f
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from dataclasses import dataclass, field
 
 import torch
 
+from . import regions
 from .attention import bucket, prefix, sdpa_configs
 from .cache import (DynamicCache, SequenceMask, StateSnapshot, StaticSequenceMask, TreeMask,
                     cache_argument, crop, gather_tail, recurrent_layers)
@@ -157,8 +159,10 @@ class CausalLMSession(Session):
                     the mask and positions are built from them inside the step, so a captured
                     step is one copy of its inputs and one replay.
     compile:        capture each step width once as a CUDA graph and replay it (needs a
-                    static cache and a CUDA device); ``"inductor"``: capture the step after
-                    fusing it with torch.compile. The prompt is always run eagerly.
+                    static cache and a CUDA device); ``"regional"``: capture it with each
+                    decoder layer fused by torch.compile (``mmspec.regions``); ``"inductor"``:
+                    capture the step after fusing it whole with torch.compile. The prompt is
+                    always run eagerly.
     net:            the module called for each step, when it is a part of ``model`` (default:
                     ``model``).
     """
@@ -194,11 +198,11 @@ class CausalLMSession(Session):
             getattr(layer, "is_sliding", False) for layer in getattr(probe, "layers", []))
         self._cache_arg = cache_argument(self.net)
         # Prefix attention (mmspec.attention) for SDPA models on a static cache; not under
-        # "inductor", whose fused steps would be compiled again for every width.
+        # "inductor" or "regional", whose fused steps would be compiled again for every width.
         # The decoder's attention decides (a VLM's vision tower may differ; it gets no 4-D mask).
         self._sdpa_configs = sdpa_configs(self.net) if static_len is not None else []
         text_sdpa = any(c is _decoder_config(self.net) for c in self._sdpa_configs)
-        self._bucketed = text_sdpa and compile != "inductor"
+        self._bucketed = text_sdpa and compile not in ("inductor", "regional")
         # 4-D masks are bool for SDPA; other attention (eager) adds them to its scores.
         self._additive = None if text_sdpa else next(model.parameters()).dtype
         self.cache = None
@@ -407,29 +411,37 @@ class CausalLMSession(Session):
                                              options=dict(self.inductor_options))
                 fn = st.fused
             n = valid.shape[1]
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            states = StateSnapshot.take(self._recurrent) if self._recurrent else None
-            with torch.cuda.stream(side):
-                for _ in range(2):                 # warm up, then undo the writes
-                    self._static_step(fn, static_inputs, static["valid"], width, tree=static_tree)
-                    crop(self.cache, n)
-                    self.seq.undo(static["valid"])
-                    if states is not None:         # recurrent states: from the snapshot
-                        states.restore()
-            torch.cuda.current_stream().wait_stream(side)
-            if st.pool is None:
-                st.pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=st.pool):
-                out = self._static_step(fn, static_inputs, static["valid"], width,
-                                        tree=static_tree)
-            st.graphs[key] = (graph, static, out)
+            fused = (regions.compiled(self.net, self.inductor_options)
+                     if self.compile == "regional" else contextlib.nullcontext())
+            with fused:
+                st.graphs[key] = self._capture(fn, static, static_inputs, static_tree, width, n)
         graph, static, out = st.graphs[key]
         for k, v in tensors.items():
             static[k].copy_(v)
         graph.replay()
         return out
+
+    def _capture(self, fn, static: dict, static_inputs: dict, static_tree, width: int, n: int):
+        """Warm a step up on a side stream, undo its writes, capture it: (graph, static, out)."""
+        st = self._static
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        states = StateSnapshot.take(self._recurrent) if self._recurrent else None
+        with torch.cuda.stream(side):
+            for _ in range(2):                 # warm up, then undo the writes
+                self._static_step(fn, static_inputs, static["valid"], width, tree=static_tree)
+                crop(self.cache, n)
+                self.seq.undo(static["valid"])
+                if states is not None:         # recurrent states: from the snapshot
+                    states.restore()
+        torch.cuda.current_stream().wait_stream(side)
+        if st.pool is None:
+            st.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=st.pool):
+            out = self._static_step(fn, static_inputs, static["valid"], width,
+                                    tree=static_tree)
+        return graph, static, out
 
     def step(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, tree=None):
         """tokens [B, n, *event] -> ``distributions`` of the outputs (default: processed,

@@ -21,8 +21,7 @@ from PIL import Image
 
 from recipes.cli import (COUNT, Number, Parser, add_common, add_compile, add_method_flags,
                          add_models, add_sampling, bundled_head, bundled_pair, check_method,
-                         configure,
-                         describe, run)
+                         compile_switch, configure, describe, run)
 
 # the method parameters this recipe takes as flags
 METHOD_PARAMS = ("window", "coupling", "init", "num_draft_tokens", "k", "delta", "lam",
@@ -88,7 +87,7 @@ def main(argv=None) -> dict:
                          "models)")
     common = dict(num_images_per_prompt=args.num_images, guidance_scale=args.guidance,
                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                  seed=args.seed, progress=not args.no_progress, compile=args.compile)
+                  seed=args.seed, progress=not args.no_progress, compile=compile_switch(args))
     if args.negative_prompt:
         common["negative_prompt"] = args.negative_prompt
     plain = pipe(prompts, method="plain", **common)

@@ -17,7 +17,8 @@ import os
 
 
 from recipes.cli import (Parser, add_common, add_compile, add_method_flags, add_models,
-                         add_sampling, bundled_pair, check_method, configure, describe, run)
+                         add_sampling, bundled_pair, check_method, compile_switch, configure,
+                         describe, run)
 
 METHOD_PARAMS = ("num_draft_tokens", "theta", "window")
 
@@ -63,7 +64,7 @@ def main(argv=None):
     check_method(args.method, params, tts.draft is not None, tts.target.codebook_embeddings(0),
                  has_head=tts.head is not None)
     kw = dict(temperature=args.temperature, top_k=args.top_k, seed=args.seed,
-              guidance_scale=args.guidance, compile=args.compile)
+              guidance_scale=args.guidance, compile=compile_switch(args))
     plain = tts(texts, method="plain", **kw)
     spec = tts(texts, method=args.method, **kw, **params)
     plain.save(os.path.join(args.out, "plain"), spectrogram=False)

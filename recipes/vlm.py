@@ -16,7 +16,8 @@ import argparse
 from PIL import Image
 
 from recipes.cli import (COUNT, SEED, TEMPERATURE, Parser, add_common, add_compile, add_models,
-                         bundled_head, bundled_pair, check_method, configure, describe, run)
+                         bundled_head, bundled_pair, check_method, compile_switch, configure,
+                         describe, run)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,7 +56,7 @@ def main(argv=None):
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
     prompts = [messages for _ in images]
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-              compile=args.compile)
+              compile=compile_switch(args))
     plain = gen.generate(images, prompts, method="plain", **kw)
     spec = gen.generate(images, prompts, method=args.method,
                         num_draft_tokens=args.num_draft_tokens, **kw)

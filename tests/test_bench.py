@@ -121,7 +121,19 @@ def test_gptfast_side_by_side_rows_and_bad_input(tmp_path):
             dict(kind="gptfast-plain", eps=0.0, batch=1, ms_per_token=5.0, first_call_s=95.0),
             dict(kind="gptfast-spec", eps=0.05, batch=1, ms_per_token=4.0, first_call_s=90.0)]
     table = "\n".join(_side_by_side(rows))
-    assert "| 0.0 | plain | 6.00 | 5.00 | 1.20 | 95 |" in table
-    assert "| 0.05 | speculative K = 4 | 4.00 | 4.00 | 1.00 | 90 |" in table
+    assert "| 0.0 | plain | `compile=True` | 6.00 | 5.00 | 1.20 | 95 |" in table
+    assert "| 0.05 | speculative K = 4 | `compile=True` | 4.00 | 4.00 | 1.00 | 90 |" in table
     with pytest.raises(ValueError, match="accepted a gpt-fast checkout"):
         main(["--peer-gptfast", str(tmp_path), "--out", str(tmp_path)])
+
+
+def test_first_call_smoke_run_and_bad_input(capsys):
+    """eval.first_call's four timings on the CPU (eager), in this process; compiled modes
+    are refused off CUDA in one line."""
+    from eval.first_call import main, measure
+
+    row = measure("tiny", "cpu", "eager", k=2, new_tokens=4, prompt_len=8)
+    assert row["mode"] == "eager" and row["device"] == "cpu"
+    assert all(row[k] > 0 for k in ("spec_first_s", "spec_s", "plain_first_s", "plain_s"))
+    with pytest.raises(ValueError, match="--modes captured: accepted eager only on cpu"):
+        main(["--device", "cpu", "--modes", "captured"])

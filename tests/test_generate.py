@@ -502,3 +502,44 @@ def test_per_phase_seconds_are_disjoint_and_add_up_to_the_call(pair, ragged_prom
     phases = s.seconds_prefill + s.seconds_draft + s.seconds_verify + s.seconds_accept
     assert phases <= s.seconds_total + 1e-6 and s.seconds_total <= wall
     assert phases >= 0.6 * s.seconds_total
+
+
+def test_regional_compilation_swaps_layers_in_and_back(pair):
+    """compile="regional": the decoder layers and the output head are the regions; inside
+    ``regions.compiled`` the model runs them compiled with the same logits, after it (and after
+    an error) the user's modules are back."""
+    from mmspec import regions
+
+    target, _ = pair
+    layers = target.model.layers
+    names = [(type(p).__name__, n) for p, n in regions.regions(target)]
+    assert names == [("ModuleList", str(i)) for i in range(len(layers))] + [
+        (type(target).__name__, "lm_head")]
+    ids = torch.tensor([[3, 4, 5, 6]])
+    modules = list(target.modules())
+    with torch.no_grad():
+        ref = target(ids).logits
+        with regions.compiled(target, {}, backend="eager"):
+            assert all(isinstance(m, torch._dynamo.eval_frame.OptimizedModule) for m in layers)
+            got = target(ids).logits
+        with pytest.raises(RuntimeError, match="inside"):
+            with regions.compiled(target, {}, backend="eager"):
+                raise RuntimeError("inside")
+    assert torch.equal(ref, got)
+    assert list(target.modules()) == modules
+
+
+def test_regional_mode_plans_power_of_two_caches():
+    """Compiled layers are compiled again for each cache length: "regional" rounds a static
+    cache up to a power of two (>= 256), the other static modes to a multiple of 64."""
+    from mmspec import Engine
+    from mmspec.engine import static_length
+
+    engine = Engine.from_switches(compile="regional")
+    assert (engine.mode, engine.captures, engine.compile) == ("regional", True, "regional")
+    plan = engine.plan(max_new_tokens=128, num_draft_tokens=4, draft_model=True)
+    assert plan.queue_drafts and plan.holes                      # queued, as compile=True
+    assert plan.static_len(128, 1) == 1024 == static_length(128, 1, 128, 4, True, pow2=True)
+    assert Engine("graphs").plan(max_new_tokens=128).static_len(128, 1) == 320
+    assert Engine("regional").plan(max_new_tokens=10).static_len(5, 1) == 256
+    assert Engine("regional").plan(max_new_tokens=300).static_len(5, 1) == 512

@@ -93,15 +93,21 @@ def test_captured_trees_and_heads_equal_eager():
         assert torch.equal(cap.tokens, plain.tokens), (method, params)
 
 
-def test_inductor_fused_capture_equals_eager():
+@pytest.mark.parametrize("fuse", ["inductor", "regional"])
+def test_fused_capture_equals_eager(fuse):
     dev = torch.device("cuda")
     t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
     d = tiny_llama(vocab=64, hidden=32, layers=1, seed=1).to(dev)
-    ids = torch.tensor([[1, 2, 3, 4, 5]], device=dev)
-    kw = dict(temperature=0, max_new_tokens=16, num_draft_tokens=3)
+    ids = torch.tensor([[1, 2, 3, 4, 5], [0, 0, 7, 8, 9]], device=dev)
+    mask = (ids != 0).long()
+    kw = dict(attention_mask=mask, temperature=0, max_new_tokens=16, num_draft_tokens=3)
     eager = mmspec.generate(t, d, ids, **kw)
-    fused = mmspec.generate(t, d, ids, compile="inductor", **kw)
+    modules = [type(m) for m in t.modules()]
+    fused = mmspec.generate(t, d, ids, compile=fuse, **kw)
     assert torch.equal(eager.sequences, fused.sequences)
+    assert [type(m) for m in t.modules()] == modules         # the user's modules are back
+    plain = mmspec.generate(t, None, ids, compile=fuse, **{**kw, "num_draft_tokens": 0})
+    assert torch.equal(eager.sequences, plain.sequences)
 
 
 def test_captured_steps_are_reused_by_the_next_call():

@@ -98,3 +98,17 @@ def test_loading_is_quiet_unless_verbose(capfd):
     finally:
         set_verbose(False)
     assert "Loading weights" in capfd.readouterr().err
+
+
+def test_compile_flags_map_to_the_front_doors_switch():
+    """--compile alone is compile=True; --compile-mode regional/inductor implies --compile."""
+    from recipes.cli import Parser, add_compile, compile_switch
+
+    ap = Parser()
+    add_compile(ap)
+    assert [compile_switch(ap.parse_args(a)) for a in
+            ([], ["--compile"], ["--compile-mode", "graphs"], ["--compile-mode", "regional"],
+             ["--compile", "--compile-mode", "inductor"])] == [
+        False, True, True, "regional", "inductor"]
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--compile-mode", "fast"])
