@@ -189,8 +189,9 @@ def check_trees(target: Session, drafter: Drafter, rule: Rule) -> None:
                          "or sliding-window layers, or positions that follow the cache "
                          "length); use a chain method")
     if not rule.trees:
-        raise ValueError(f"rule {rule.name!r} does not verify draft trees: accepted 'exact' or "
-                         "'greedy' with a tree drafter")
+        raise ValueError(f"rule {rule.name!r} does not verify draft trees: accepted 'exact', "
+                         "'greedy' or a relaxed rule (lantern, gsd, annealed) with a tree "
+                         "drafter")
 
 
 def check_pipeline(drafter: Drafter, pipeline: bool | None) -> None:

@@ -284,3 +284,19 @@ def test_diffusers_conventions(vq):
         pipe(prompts, output_type="latent", **kw)
     with pytest.raises(ValueError, match="seed and generator"):
         pipe(prompts, seed=1, generator=torch.Generator(), **kw)
+
+
+def test_relaxed_rules_verify_draft_trees_on_images(vq):
+    """A tree drafter with a relaxed rule by name: at the rule's exact parameters the same
+    images as exact tree verification (same draws), relaxed it runs and emits every token."""
+    pipe, prompts = token_span_pipe(vq)
+    kw = dict(guidance_scale=2.0, progress=False, seed=3, tree_depth=3, tree_branch=2)
+    exact = pipe(prompts, method="tree", **kw)
+    assert torch.equal(pipe(prompts, method="tree+lantern", delta=0.0, **kw).tokens, exact.tokens)
+    assert torch.equal(pipe(prompts, method="tree+annealed", delta=1.0, nu=0.0, **kw).tokens,
+                       exact.tokens)
+    for method in ("tree+lantern", "tree+gsd", "tree+annealed", "tree+lantern++"):
+        out = pipe(prompts, method=method, **kw)
+        assert out.tokens.shape == (2, 16) and out.stats.steps <= 16, method
+    with pytest.raises(ValueError, match="does not verify draft trees"):
+        pipe(prompts, method="tree+pcg", **kw)

@@ -54,6 +54,10 @@ class Annealed(Relaxed):
         px = p.gather(-1, x[..., None]).squeeze(-1)
         return self.ratio(w * px, self.draft_mass(x, q, p))
 
+    def node_accept(self, x, r, q, depth=0):
+        w = self.weight(depth, r)
+        return self.ratio(w * r.gather(-1, x[..., None]).squeeze(-1), self.draft_mass(x, q, r))
+
     def residual(self, x, p, q, pos):
         w = self.weight(pos, p)[..., None]
         return _residual(p, torch.minimum(self.dense_q(x, q, p), w * p))

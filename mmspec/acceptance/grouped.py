@@ -90,6 +90,11 @@ class Grouped(Relaxed):
         a = self.ratio(pg, qg)
         return torch.maximum(a, self.exact_accept_prob(x, p, q)) if self.monotone else a
 
+    @property
+    def trees(self) -> bool:
+        """Trees need acceptance never below the exact rule's: ``monotone`` only."""
+        return self.monotone
+
     def tv_bound(self, p, q, pos=0):
         if q is None:
             return torch.ones(p.shape[:-1], dtype=p.dtype, device=p.device)

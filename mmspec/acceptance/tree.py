@@ -29,6 +29,13 @@ children (top-k of a draft, any pruning that does not look at the target) are lo
 sampled children must be drawn given only their path and earlier siblings (a tree whose
 shape depends on the sampled values of other nodes is not covered).
 
+Relaxed rules (``Relaxed``: LANTERN, LANTERN++, GSD, annealed) run the same walk with their own
+acceptance against the running target r and the exact residual on rejection. Their bound per
+emitted token (proof in ``Relaxed``): at a node whose children are tried with targets
+r_1 = p, r_2, ..., r_m, TV(o, p) <= sum_j E_j, where E_j = sum_y (q_j(y) a_j(y) - r_j(y))^+ is
+the chain's quantity for that round, bounded by ``tv_bound(r_j, q_j)``: at most m times the
+chain's bound (``Relaxed.node_tv_bound``).
+
 Greedy: walk while some child's token equals the argmax of the current node's p (the first
 such child in node order), then emit that argmax: the target's greedy chain for any tree.
 
@@ -47,12 +54,18 @@ from ..types import PAD, VerifyOutput
 from .base import Rule
 
 
-def sibling_round(target: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None):
+def sibling_round(target: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None,
+                  accept=None, depth: int = 0):
     """One round at a node: target [..., V] (the running r), x [...] the child's token, q
     [..., V] or None (point mass) -> (acceptance probability [...], r after a rejection
-    [..., V])."""
-    qx = Rule.draft_mass(x, q, target)
-    a = Rule.ratio(target.gather(-1, x[..., None]).squeeze(-1), qx)
+    [..., V]). ``accept(x, r, q, depth)``: a relaxed rule's acceptance (``Relaxed.node_accept``,
+    never below the exact one) instead of min(1, r(x) / q(x)); ``depth``: the node's (0 the
+    root), the child's draft position."""
+    if accept is None:
+        qx = Rule.draft_mass(x, q, target)
+        a = Rule.ratio(target.gather(-1, x[..., None]).squeeze(-1), qx)
+    else:
+        a = accept(x, target, q, depth)
     return a, residual(target, Rule.dense_q(x, q, target))
 
 
@@ -84,9 +97,10 @@ def check_tree(tree: Tree, tokens: torch.Tensor, probs, target_probs: torch.Tens
 
 
 def exact_tree(tree: Tree, tokens: torch.Tensor, probs: torch.Tensor | None,
-               target_probs: torch.Tensor, generator=None) -> VerifyOutput:
+               target_probs: torch.Tensor, generator=None, accept=None) -> VerifyOutput:
     """Exact verification of a tree (module docstring): tokens [B, K], probs [B, K, V] or
-    None, target_probs [B, K + 1, V] -> the emitted tokens, counts and ``path``."""
+    None, target_probs [B, K + 1, V] -> the emitted tokens, counts and ``path``. With
+    ``accept`` (``Relaxed.node_accept``) the rounds accept as that relaxed rule does."""
     check_tree(tree, tokens, probs, target_probs)
     p = target_probs
     b, dev = tokens.shape[0], p.device
@@ -104,12 +118,13 @@ def exact_tree(tree: Tree, tokens: torch.Tensor, probs: torch.Tensor | None,
             child = kids[rows, cur, m]
             trying = walking & ~moved & (child > 0)
             i = (child - 1).clamp(min=0)
-            a, rejected = sibling_round(r, tokens[rows, i], None if probs is None else probs[rows, i])
-            accept = trying & (u[d, m] < a)
-            r = torch.where((trying & ~accept)[:, None], rejected, r)
-            r = torch.where(accept[:, None], p[rows, child.clamp(min=0)], r)
-            cur = torch.where(accept, child, cur)
-            moved = moved | accept
+            a, rejected = sibling_round(r, tokens[rows, i], None if probs is None else probs[rows, i],
+                                        accept, d)
+            took = trying & (u[d, m] < a)
+            r = torch.where((trying & ~took)[:, None], rejected, r)
+            r = torch.where(took[:, None], p[rows, child.clamp(min=0)], r)
+            cur = torch.where(took, child, cur)
+            moved = moved | took
         walking = walking & moved
         n = n + moved.long()
         path[:, d + 1] = torch.where(moved, cur, 0)
