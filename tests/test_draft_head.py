@@ -110,3 +110,42 @@ def test_the_recipe_refuses_bad_input_in_one_line(tmp_path, capsys):
                         "--target", "x", "--out", str(tmp_path), "--resume"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "checkpoint does not exist" in r.stderr
+
+
+def test_a_reduced_draft_vocabulary_drafts_only_its_ids_and_trains(tmp_path):
+    """--draft-vocab: the ids with the most target mass; the head's q is zero elsewhere, its
+    tokens under greedy are plain greedy's, training lifts acceptance, the ids round-trip
+    through the files (its output rows are the target's, not stored)."""
+    torch.manual_seed(0)
+    target = tiny_llama(vocab=16, hidden=32, layers=2, scale=4.0)
+    batches, template = _collect(target)
+    head = DraftHead.for_target(target, draft_vocab_size=8)
+    ids = recipe.draft_vocab(head, batches, target.config.num_hidden_layers)
+    assert ids.shape == (8,) and ids.unique().numel() == 8
+    head.set_draft_ids(ids)
+    assert torch.equal(head.decoder.lm_head.weight, target.lm_head.weight[ids.sort().values])
+    wide = head.full_logits(torch.randn(2, 3, 8))
+    outside = torch.ones(16, dtype=torch.bool)
+    outside[ids] = False
+    assert bool(torch.isinf(wide[..., outside]).all()) and bool(torch.isfinite(wide[..., ids]).all())
+    before = _tokens_per_step(target, head)
+    args = argparse.Namespace(lr=3e-3, steps=150, unroll=2, seed=0, save_every=10_000,
+                              out="unused")
+    from accelerate import Accelerator
+
+    recipe.train(head, template, batches, args, Accelerator(cpu=True))
+    assert _tokens_per_step(target, head) > before + 0.3
+    ref = torch.randint(1, 16, (3, 4), generator=torch.Generator().manual_seed(7))
+    kw = dict(input_ids=ref, temperature=0, max_new_tokens=12)
+    assert torch.equal(mmspec.generate(target, drafter=FeatureDrafter(head), **kw).sequences,
+                       mmspec.generate(target, **kw).sequences)
+    head.save_pretrained(tmp_path / "h")
+    back = DraftHead.from_pretrained(tmp_path / "h", target)
+    assert torch.equal(back.draft_ids, head.draft_ids)
+    assert torch.equal(back.decoder.lm_head.weight, head.decoder.lm_head.weight)
+    assert "decoder.lm_head.weight" not in head.state_to_save()
+    with pytest.raises(ValueError, match=r"draft_vocab_size=16: accepted None or an integer "
+                                         r"in \[1, 15\]"):
+        DraftHead.for_target(target, draft_vocab_size=16)
+    with pytest.raises(ValueError, match="accepted 8 distinct ids in"):
+        head.set_draft_ids(torch.tensor([1, 1, 2, 3, 4, 5, 6, 7]))

@@ -74,7 +74,8 @@ class HeadSession(CausalLMSession):
         return {"inputs_embeds": self.head.inputs(e, self.feed)}
 
     def logits(self, out):
-        return self.template.logits(_HeadOutput(out.logits, out.hidden_states[-1]))
+        return self.template.logits(_HeadOutput(self.head.full_logits(out.logits),
+                                                out.hidden_states[-1]))
 
     def mask_logits(self, logits, gen_index):
         return self.template.mask_logits(logits, gen_index)

@@ -9,6 +9,13 @@ The head drafts token t + 2 from the pair (feature of position t, token t + 1):
                                                               own cache (causal over pairs)
     q     = softmax(lm_head(g_t))                             the target's output head
 
+With a reduced draft vocabulary (``draft_vocab_size`` = N, EAGLE-3's draft vocabulary) the
+head's output layer is the target's output rows of N ids (``draft_ids``, chosen in training:
+the ids with the most target probability mass): its logits over those N ids are scattered
+back into the target's width with -inf elsewhere, so q is zero outside them (exact
+verification stays lossless; the rows are copied from the target's head at ``attach``, the
+ids are stored).
+
 Drafting further than one token, the head's own output g_t stands in for the target's
 feature of the next position (the head learns this with a multi-step loss,
 ``recipes.train.draft_head``). ``embed`` and ``lm_head`` are the target's (shared, not
@@ -44,6 +51,8 @@ class HeadConfig:
     vocab_size:      the target's output width.
     max_position_embeddings: positions the decoder layer's rotary embedding serves.
     target:          the target it was trained for (a name or path; informational).
+    draft_vocab_size: None (the target's whole output head) or N < vocab_size: the head
+                     drafts only ``draft_ids`` (module docstring).
     """
 
     hidden_size: int
@@ -54,6 +63,7 @@ class HeadConfig:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 4096
     target: str = ""
+    draft_vocab_size: int | None = None
 
     def llama(self):
         """The one-layer decoder's ``LlamaConfig``."""
@@ -92,9 +102,16 @@ class DraftHead(nn.Module):
 
         self.config = config
         d, n = config.hidden_size, len(config.feature_layers)
+        vd = config.draft_vocab_size
+        if vd is not None and not (isinstance(vd, int) and 1 <= vd < config.vocab_size):
+            raise ValueError(f"draft_vocab_size={vd!r}: accepted None or an integer in [1, "
+                             f"{config.vocab_size - 1}] (fewer ids than the target's "
+                             f"{config.vocab_size})")
         self.reduce = nn.Linear(n * d, d, bias=False)
         self.fuse = nn.Linear(2 * d, d, bias=False)
         self.decoder = LlamaForCausalLM(config.llama())
+        if vd is not None:
+            self.register_buffer("draft_ids", torch.arange(vd))
 
     @classmethod
     def for_target(cls, target, feature_layers=None, **kw) -> "DraftHead":
@@ -129,11 +146,44 @@ class DraftHead(nn.Module):
             raise ValueError(f"this head was made for an output head of [{v}, {d}] (target "
                              f"{self.config.target or '?'}); the target has "
                              f"{tuple(out.weight.shape)}: accepted the target it was trained for")
+        self._shared = (emb, out)          # a tuple: not registered as submodules
         dec = self.decoder
         dec.model.embed_tokens = emb
-        dec.lm_head = out
         self.to(device=out.weight.device, dtype=out.weight.dtype)
+        dec.lm_head = out if self.config.draft_vocab_size is None else self._reduced(out)
         return self
+
+    def set_draft_ids(self, ids: torch.Tensor) -> None:
+        """Draft only ``ids`` (distinct ids of the target's output head, ``draft_vocab_size``
+        of them); the output rows are copied from the attached target's head."""
+        vd, v = self.config.draft_vocab_size, self.config.vocab_size
+        ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+        if vd is None or ids.numel() != vd or ids.unique().numel() != vd or int(ids.min()) < 0 \
+                or int(ids.max()) >= v:
+            raise ValueError(f"ids: accepted {vd} distinct ids in [0, {v - 1}] (the head's "
+                             "draft_vocab_size)")
+        self.draft_ids.copy_(ids.sort().values.to(self.draft_ids.device))
+        self.decoder.lm_head = self._reduced(self._shared[1])
+
+    def _reduced(self, out: nn.Linear) -> nn.Linear:
+        """An output layer of the target's rows at ``draft_ids`` (derived, not trained)."""
+        layer = nn.Linear(out.in_features, len(self.draft_ids), bias=out.bias is not None,
+                          device=out.weight.device, dtype=out.weight.dtype)
+        with torch.no_grad():
+            layer.weight.copy_(out.weight[self.draft_ids.to(out.weight.device)])
+            if out.bias is not None:
+                layer.bias.copy_(out.bias[self.draft_ids.to(out.weight.device)])
+        layer.requires_grad_(False)
+        return layer
+
+    def full_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The decoder's logits [..., N or V] in the target's width [..., V]: with a reduced
+        vocabulary, -inf outside ``draft_ids``."""
+        if self.config.draft_vocab_size is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        ids = self.draft_ids.to(logits.device).expand(*logits.shape[:-1], -1)
+        return full.scatter(-1, ids, logits)
 
     def reduce_features(self, features: torch.Tensor) -> torch.Tensor:
         """The target's fused features [..., F] (``feature_layers`` concatenated) -> [..., d]."""

@@ -270,13 +270,35 @@ def head_loss(head, template, batch: dict, steps: int) -> torch.Tensor:
         g = head.decoder.model(inputs_embeds=x, attention_mask=additive,
                                position_ids=pos.repeat(1, j), use_cache=False).last_hidden_state
         g = g[:, -t:]
-        logits = template.logits(_HeadOutput(head.decoder.lm_head(g), g))[:, predicted].float()
-        ce = -(target * torch.log_softmax(logits, -1)).sum(-1)                # [B, S]
+        wide = head.full_logits(head.decoder.lm_head(g))
+        logits = template.logits(_HeadOutput(wide, g))[:, predicted].float()
+        logq = torch.log_softmax(logits, -1)
+        # a reduced draft vocabulary learns the target's mass on its own ids
+        ce = -(target * logq.masked_fill(logits == float("-inf"), 0.0)).sum(-1)   # [B, S]
         ok = row_ok.clone()
         ok[:, : max(0, j - 1 - (p_len - 1))] = False       # step j needs j - 1 positions before
         total = total + ce[ok].mean() / j
         feature = torch.cat([g.new_zeros(b, 1, d), g[:, :-1]], 1)           # own outputs
     return total
+
+
+def draft_vocab(head, batches: list[dict], num_layers: int) -> torch.Tensor:
+    """The ``draft_vocab_size`` ids of the target's output head with the most probability
+    mass over the collected positions: the target's output head applied to its last layer's
+    features (which the head fuses)."""
+    cfg = head.config
+    if num_layers not in cfg.feature_layers:
+        raise ValueError(f"--draft-vocab reads the target's last layer ({num_layers}) among "
+                         f"the fused features: accepted --feature-layers with {num_layers}")
+    out, d = head._shared[1], cfg.hidden_size
+    i = cfg.feature_layers.index(num_layers)
+    mass = torch.zeros(cfg.vocab_size, dtype=torch.float64, device=out.weight.device)
+    with torch.no_grad():
+        for batch in batches:
+            h = batch["features"][..., i * d:(i + 1) * d].to(out.weight.device, out.weight.dtype)
+            keep = batch["mask"][:, :-1].to(out.weight.device).bool()
+            mass += torch.softmax(out(h).double(), -1)[keep].sum(0)
+    return mass.topk(cfg.draft_vocab_size).indices
 
 
 def train(head, template, batches: list[dict], args, accelerator, start: int = 0,
@@ -370,6 +392,13 @@ def measure(source: Source, head, args) -> list[dict]:
     return rows
 
 
+def _vocab_line(cfg) -> str:
+    if cfg.draft_vocab_size is None:
+        return "It drafts over the target's whole output head."
+    return (f"It drafts {cfg.draft_vocab_size} of the target's {cfg.vocab_size} ids (those with "
+            "the most target probability mass in the training data; `draft_ids`).")
+
+
 def model_card(target: str, head, rows, trained: dict) -> str:
     cfg = head.config
     table = "\n".join(f"| {r['method']} | {r['tokens_per_step']:.2f} | {r['acceptance']:.3f} | "
@@ -382,6 +411,7 @@ A `mmspec.DraftHead` (EAGLE-3 style: the target's hidden states of layers
 shared) trained by `python -m recipes.train.draft_head` on the target's own generations
 ({t['modality']}, data `{t['data']}`, {t['samples']} prompts, temperature {t['temperature']},
 {t['steps']} steps, unroll {t['unroll']}, {t['seconds']:.0f} s on {t['device']}).
+{_vocab_line(cfg)}
 
 Use: `head=DraftHead.from_pretrained(this folder, target)` on the front door (or
 `head="this folder"`), then `method="head"` (a tree: `tree_depth`, `tree_branch`,
@@ -422,6 +452,10 @@ def build_parser():
                     help="training-time-test steps (own features fed back)")
     ap.add_argument("--feature-layers", type=Number(int, 0), nargs="*", default=None,
                     help="the target's hidden_states fused (default: low, middle, last)")
+    ap.add_argument("--draft-vocab", type=COUNT, default=None,
+                    help="draft only this many ids, those with the most target probability "
+                         "mass in the collected data (EAGLE-3's draft vocabulary; default: "
+                         "the target's whole output head)")
     ap.add_argument("--save-every", type=COUNT, default=500, help="checkpoint interval (steps)")
     ap.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
     ap.add_argument("--measure-only", action="store_true",
@@ -472,7 +506,8 @@ def fit(source: Source, args, accelerator):
     """Collect (or reuse OUT/data.safetensors on --resume), train, save the head."""
     from mmspec.drafters import DraftHead
 
-    head = DraftHead.for_target(source.model, args.feature_layers)
+    head = DraftHead.for_target(source.model, args.feature_layers,
+                                draft_vocab_size=args.draft_vocab)
     head.config.target = args.target
     os.makedirs(args.out, exist_ok=True)
     data = os.path.join(args.out, "data.safetensors")
@@ -482,12 +517,20 @@ def fit(source: Source, args, accelerator):
         batches = collect(source, head.config.feature_layers, args, accelerator)
         if accelerator.is_main_process:
             save_data(batches, data)
+    if args.draft_vocab is not None:
+        head.set_draft_ids(draft_vocab(head, batches, _decoder_layers(source.model)))
     template = _template(source, head)
     start, opt = (load_checkpoint(head, args.out, args.lr) if args.resume else (0, None))
     train(head, template, batches, args, accelerator, start, opt)
     if accelerator.is_main_process:
         head.save_pretrained(args.out)
     return head
+
+
+def _decoder_layers(model) -> int:
+    from mmspec.session import _decoder_config
+
+    return _decoder_config(model).num_hidden_layers
 
 
 def _device_name(device: str) -> str:
