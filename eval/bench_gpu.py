@@ -39,7 +39,6 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import mmspec
-from mmspec.engine import static_length
 from mmspec.session import CausalLMSession
 from recipes.cli import COUNT, Names, Number, Numbers, Parser, describe, run
 
@@ -161,12 +160,8 @@ def timed(fn, dev, repeats=2):
 
 
 def step_cost(model, batch, width, dev, compile: bool, prompt_len=128, reps=20) -> float:
-    """Seconds of one decoding step of ``width`` tokens at ``batch`` rows (static cache; under
-    ``"regional"`` as long as a 128-token call's, whose compiled layers it reuses)."""
-    length = prompt_len + 64 + 4 * reps
-    if compile == "regional":
-        length = static_length(prompt_len, batch, 128, 0, pow2=True)
-    s = CausalLMSession(model, mmspec.SamplingParams(temperature=0), static_len=length,
+    """Seconds of one decoding step of ``width`` tokens at ``batch`` rows (static cache)."""
+    s = CausalLMSession(model, mmspec.SamplingParams(temperature=0), static_len=prompt_len + 64 + 4 * reps,
                         compile=compile)
     ids = torch.randint(1, model.config.get_text_config().vocab_size, (batch, prompt_len), device=dev)
     with torch.inference_mode():

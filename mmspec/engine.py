@@ -9,8 +9,8 @@ Modes:
     graphs    static caches, each step width captured once as a CUDA graph and replayed
               (``compile=True``; CUDA only).
     regional  as graphs, each decoder layer fused by torch.compile (once per width, reused by
-              every layer) before the step is captured (``compile="regional"``; caches a power
-              of two long; mmspec.regions).
+              every layer and every cache length) before the step is captured
+              (``compile="regional"``; mmspec.regions).
     inductor  as graphs, each step fused whole by torch.compile before it is captured
               (``compile="inductor"``; about a minute of compilation per width for a 7B model).
 
@@ -146,7 +146,7 @@ class Plan:
         if not self.engine.static:
             return None
         return static_length(prompt_len, batch, self.max_new_tokens, self.num_draft_tokens,
-                             self.holes, pow2=self.engine.mode == "regional")
+                             self.holes)
 
     def cache(self, prompt_len: int, batch: int) -> dict:
         """A session's cache arguments (``static_len``, ``compile``) for its prompt."""
@@ -162,15 +162,12 @@ class Plan:
 
 
 def static_length(prompt_len: int, batch: int, max_new_tokens: int, k: int,
-                  holes: bool = False, pow2: bool = False) -> int:
+                  holes: bool = False) -> int:
     """Slots a static cache needs: one row uses prompt + new + K + 1; ragged rows (or
     ``holes``: every step keeps its K + 1 slots) leave at most K holes per step, bounded by
-    (K + 1) slots per generated token and one more step; rounded up to 64, or with ``pow2``
-    to a power of two >= 256 (compiled layers are compiled again for each cache length)."""
+    (K + 1) slots per generated token and one more step; rounded up to 64."""
     if batch == 1 and not holes:
         need = prompt_len + max_new_tokens + k + 1
     else:
         need = prompt_len + (k + 1) * (max_new_tokens + 1)
-    if pow2:
-        return max(256, 1 << (need - 1).bit_length())
     return -(-need // 64) * 64

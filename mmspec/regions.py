@@ -9,7 +9,9 @@ projections outside the layers are compiled the same way.
 
 ``compiled(net, options)`` swaps the compiled layers in while a step is warmed up and captured
 as a CUDA graph, and puts the user's modules back after: the graph replays the fused kernels,
-the model itself is left as it was.
+the model itself is left as it was. ``dynamic_length(cache, mask)`` marks the static cache's
+length (and the mask's width) as a dynamic dimension, so one compilation per step width
+serves every cache length (every prompt length and budget).
 """
 
 from __future__ import annotations
@@ -42,6 +44,20 @@ def regions(net: nn.Module) -> list[tuple[nn.Module, str]]:
     outside = [(parent, name) for parent in net.modules() if id(parent) not in inside
                for name, child in parent.named_children() if isinstance(child, nn.Linear)]
     return [(layers, str(i)) for i in range(len(layers))] + outside
+
+
+def dynamic_length(cache, mask) -> None:
+    """Mark the slots dimension of a static cache's keys and values and the last dimension of
+    the 4-D mask as dynamic (torch.compile then compiles one graph for every length)."""
+    from torch import _dynamo
+
+    for layer in getattr(cache, "layers", ()):
+        for name in ("keys", "values"):
+            t = getattr(layer, name, None)
+            if isinstance(t, torch.Tensor) and t.dim() == 4:
+                _dynamo.mark_dynamic(t, 2)
+    if isinstance(mask, torch.Tensor) and mask.dim() == 4:
+        _dynamo.mark_dynamic(mask, 3)
 
 
 def _wrapped(module: nn.Module, options: dict, backend: str) -> nn.Module:

@@ -381,6 +381,8 @@ class CausalLMSession(Session):
         the mask (``width`` slots wide) and positions from the sequence buffers, the forward,
         the buffers moved."""
         mask, pos = self.seq.advance(valid, width, self._additive, tree)
+        if self.compile == "regional":
+            regions.dynamic_length(self.cache, mask)
         with prefix(self._sdpa_configs if width < self.static_len else []):
             out = fn(**inputs, **{self._cache_arg: self.cache}, attention_mask=mask,
                      position_ids=self.position_ids(pos, prompt), use_cache=True,

@@ -529,17 +529,48 @@ def test_regional_compilation_swaps_layers_in_and_back(pair):
     assert list(target.modules()) == modules
 
 
-def test_regional_mode_plans_power_of_two_caches():
-    """Compiled layers are compiled again for each cache length: "regional" rounds a static
-    cache up to a power of two (>= 256), the other static modes to a multiple of 64."""
+def test_regional_mode_queues_drafts_as_compile_true():
+    """compile="regional" is a captured mode: drafts queued by default, K fixed, caches sized
+    as the other static modes (its compiled layers take any cache length)."""
     from mmspec import Engine
-    from mmspec.engine import static_length
 
     engine = Engine.from_switches(compile="regional")
     assert (engine.mode, engine.captures, engine.compile) == ("regional", True, "regional")
     plan = engine.plan(max_new_tokens=128, num_draft_tokens=4, draft_model=True)
-    assert plan.queue_drafts and plan.holes                      # queued, as compile=True
-    assert plan.static_len(128, 1) == 1024 == static_length(128, 1, 128, 4, True, pow2=True)
-    assert Engine("graphs").plan(max_new_tokens=128).static_len(128, 1) == 320
-    assert Engine("regional").plan(max_new_tokens=10).static_len(5, 1) == 256
-    assert Engine("regional").plan(max_new_tokens=300).static_len(5, 1) == 512
+    assert plan.queue_drafts and plan.holes and plan.fixed_k
+    assert plan.static_len(128, 1) == Engine("graphs").plan(
+        max_new_tokens=128, num_draft_tokens=4, draft_model=True).static_len(128, 1)
+
+
+def test_regional_layers_compile_once_for_every_cache_length(pair):
+    """With the cache length and the mask width marked dynamic (``regions.dynamic_length``),
+    steps on static caches of three lengths trace each region once (torch.compile's eager
+    backend: the tracing, without code generation); the same logits as uncompiled."""
+    from torch._dynamo.utils import counters
+    from transformers import StaticCache
+
+    from mmspec import regions
+
+    target, _ = pair
+    torch._dynamo.reset()
+    counters.clear()
+    ids = torch.tensor([[3, 4, 5, 6, 7]])
+    for slots in (64, 128, 192):
+        outs = []
+        for fused in (False, True):
+            cache = StaticCache(config=target.config, max_cache_len=slots)
+            with torch.no_grad():
+                target(input_ids=ids[:, :4], cache=cache, use_cache=True)
+                mask = torch.zeros(1, 1, 1, slots, dtype=torch.bool)
+                mask[..., :5] = True
+                step = dict(input_ids=ids[:, 4:], cache=cache, attention_mask=mask,
+                            position_ids=torch.tensor([[4]]), use_cache=True)
+                if fused:
+                    regions.dynamic_length(cache, mask)
+                    with regions.compiled(target, {}, backend="eager"):
+                        outs.append(target(**step).logits)
+                else:
+                    outs.append(target(**step).logits)
+        torch.testing.assert_close(outs[1], outs[0])
+    assert counters["stats"]["unique_graphs"] == len(regions.regions(target))
+    torch._dynamo.reset()
