@@ -9,13 +9,14 @@ codebook with any of them; ``DepthFrame`` does so for frames from a depth decode
 """
 
 from .annealed import Annealed
-from .base import Relaxed, Rule
+from .base import Rule
 from .coarse import CoarseGrained
 from .continuous import ContinuousExact
 from .exact import Exact, Greedy
 from .frame import DepthFrame, Frame
 from .grouped import Grouped
 from .lantern import Lantern
+from .relaxed import Relaxed
 
 __all__ = ["Rule", "Relaxed", "Exact", "Greedy", "Lantern", "Grouped", "CoarseGrained",
            "Annealed", "Frame", "DepthFrame", "ContinuousExact"]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ..sampling import residual as _residual
-from .base import Relaxed
+from .relaxed import Relaxed
 
 
 @dataclass(frozen=True, repr=False, eq=False)

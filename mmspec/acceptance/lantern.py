@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .base import Relaxed
 from .geometry import check_table, knn_index
+from .relaxed import Relaxed
 
 
 @dataclass(frozen=True, repr=False, eq=False)
