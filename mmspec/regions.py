@@ -17,13 +17,9 @@ serves every cache length (every prompt length and budget).
 from __future__ import annotations
 
 import contextlib
-import weakref
 
 import torch
 from torch import nn
-
-# Compiled wrappers, made once per module and backend (torch.compile caches their traces).
-_WRAPPED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def decoder_layers(net: nn.Module) -> nn.ModuleList | None:
@@ -61,11 +57,10 @@ def dynamic_length(cache, mask) -> None:
 
 
 def _wrapped(module: nn.Module, options: dict, backend: str) -> nn.Module:
-    made = _WRAPPED.setdefault(module, {})
-    if backend not in made:
-        kw = dict(options=dict(options)) if backend == "inductor" else {}
-        made[backend] = torch.compile(module, dynamic=False, backend=backend, **kw)
-    return made[backend]
+    """A compiled wrapper (made per capture: torch.compile keeps the traced code on the
+    module's code object, so a new wrapper finds what an earlier one compiled)."""
+    kw = dict(options=dict(options)) if backend == "inductor" else {}
+    return torch.compile(module, dynamic=False, backend=backend, **kw)
 
 
 @contextlib.contextmanager

@@ -574,3 +574,24 @@ def test_regional_layers_compile_once_for_every_cache_length(pair):
         torch.testing.assert_close(outs[1], outs[0])
     assert counters["stats"]["unique_graphs"] == len(regions.regions(target))
     torch._dynamo.reset()
+
+
+def test_regional_wrappers_keep_no_model_alive():
+    """The compiled wrappers live only while a step is captured: a model is freed after."""
+    import gc
+    import weakref
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from mmspec import regions
+
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2, vocab_size=64)
+    m = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad(), regions.compiled(m, {}, backend="eager"):
+        m(torch.tensor([[1, 2, 3]]))
+    layer = weakref.ref(m.model.layers[0])
+    del m
+    gc.collect()
+    assert layer() is None
+    torch._dynamo.reset()
