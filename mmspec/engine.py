@@ -19,8 +19,9 @@ device never waits for the host between steps. It needs a drafter whose steps ne
 value of the previous one (``Drafter.host_free``): plain decoding, or a draft model that keeps
 rejected slots as holes (the plan's ``queue_drafts``; caches then need K + 1 slots per step,
 ``holes``). ``pipeline=None`` pipelines plain decoding (unless ``profile``) and queues a draft
-model's steps under ``graphs`` (measured faster on an H100, docs/benchmarks.md) where every
-draft position fits the models' positions; ``True`` asks for it, ``False`` turns both off.
+model's steps under ``graphs`` and ``regional`` (measured faster on an H100,
+docs/benchmarks.md) where every draft position fits the models' positions; ``True`` asks for
+it, ``False`` turns both off.
 """
 
 from __future__ import annotations
@@ -53,9 +54,9 @@ class Engine:
     @classmethod
     def from_switches(cls, compile=False, static_cache=None, pipeline=None,
                       profile: bool = False, engine: "Engine | None" = None) -> "Engine":
-        """The front doors' switches: ``compile`` (False, True: CUDA graphs, ``"inductor"``),
-        ``static_cache`` (None: = bool(compile)), ``pipeline`` and ``profile``; or ``engine``,
-        an Engine given instead of them."""
+        """The front doors' switches: ``compile`` (False, True: CUDA graphs, ``"regional"``,
+        ``"inductor"``), ``static_cache`` (None: = bool(compile)), ``pipeline`` and
+        ``profile``; or ``engine``, an Engine given instead of them."""
         if engine is not None:
             if not isinstance(engine, Engine) or (compile, static_cache, pipeline, profile) != (
                     False, None, None, False):
