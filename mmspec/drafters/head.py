@@ -134,7 +134,8 @@ class DraftHead(nn.Module):
         return head
 
     def attach(self, target) -> "DraftHead":
-        """Share ``target``'s input embeddings and output head (checked against the config)."""
+        """Share ``target``'s input embeddings and output head (checked against the config;
+        ``shared`` holds them)."""
         emb, out = target.get_input_embeddings(), target.get_output_embeddings()
         if not isinstance(emb, nn.Embedding) or not isinstance(out, nn.Linear):
             raise ValueError(f"a draft head shares one input embedding table and one output head "
@@ -146,7 +147,8 @@ class DraftHead(nn.Module):
             raise ValueError(f"this head was made for an output head of [{v}, {d}] (target "
                              f"{self.config.target or '?'}); the target has "
                              f"{tuple(out.weight.shape)}: accepted the target it was trained for")
-        self._shared = (emb, out)          # a tuple: not registered as submodules
+        # the target's modules, kept in a tuple (not registered: not the head's weights)
+        self.shared = (emb, out)
         dec = self.decoder
         dec.model.embed_tokens = emb
         self.to(device=out.weight.device, dtype=out.weight.dtype)
@@ -163,7 +165,7 @@ class DraftHead(nn.Module):
             raise ValueError(f"ids: accepted {vd} distinct ids in [0, {v - 1}] (the head's "
                              "draft_vocab_size)")
         self.draft_ids.copy_(ids.sort().values.to(self.draft_ids.device))
-        self.decoder.lm_head = self._reduced(self._shared[1])
+        self.decoder.lm_head = self._reduced(self.shared[1])
 
     def _reduced(self, out: nn.Linear) -> nn.Linear:
         """An output layer of the target's rows at ``draft_ids`` (derived, not trained)."""

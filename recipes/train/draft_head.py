@@ -290,7 +290,7 @@ def draft_vocab(head, batches: list[dict], num_layers: int) -> torch.Tensor:
     if num_layers not in cfg.feature_layers:
         raise ValueError(f"--draft-vocab reads the target's last layer ({num_layers}) among "
                          f"the fused features: accepted --feature-layers with {num_layers}")
-    out, d = head._shared[1], cfg.hidden_size
+    out, d = head.shared[1], cfg.hidden_size
     i = cfg.feature_layers.index(num_layers)
     mass = torch.zeros(cfg.vocab_size, dtype=torch.float64, device=out.weight.device)
     with torch.no_grad():
