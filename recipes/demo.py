@@ -36,7 +36,7 @@ METHODS = ("plain", "exact", "sjd", "sjd-maximal", "sjd-gumbel", "lantern", "gsd
 CHAIN = dict(tree_depth=4, tree_branch=1, tree_width=1)
 TREE = dict(tree_depth=5, tree_branch=2, tree_width=4)
 TREE_ROWS = (("tree (draft)", "tree", TREE), ("head chain", "head", CHAIN),
-             ("head tree", "head", TREE))
+             ("head tree", "head", TREE), ("head tree+lantern", "head+lantern", TREE))
 REPEATS = 2        # timed runs per method, after a warm-up call of each pipeline
 
 
@@ -130,12 +130,14 @@ def _plot(rows, path):
 
 
 def print_image_table(rows, n_prompts):
-    print(f"{'method':13} {'NFE':>4} {'compression':>11} {'tokens/step':>11} {'acceptance':>10} "
+    w = max(13, *(len(r["method"]) for r in rows))
+    print(f"{'method':{w}} {'NFE':>4} {'compression':>11} {'tokens/step':>11} {'acceptance':>10} "
           f"{'wall-clock':>18} {'accuracy':>8}")
-    print("-" * 81)
+    print("-" * (68 + w))
     for r in rows:
-        print(f"{r['method']:13} {r['nfe']:>4} {r['compression']:>10.2f}x {r['tokens_per_step']:>11.2f} "
-              f"{r['acceptance']:>10.3f} {_speed(r):>18} {r['accuracy']:>8.2f}")
+        print(f"{r['method']:{w}} {r['nfe']:>4} {r['compression']:>10.2f}x "
+              f"{r['tokens_per_step']:>11.2f} {r['acceptance']:>10.3f} {_speed(r):>18} "
+              f"{r['accuracy']:>8.2f}")
     print(f"\nNFE: target forwards for the batch of {n_prompts} images (the slowest row); "
           "compression = 256 tokens / NFE;\ntokens/step per row; wall-clock = plain seconds / "
           f"method seconds, median of {REPEATS} warm runs (range), {torch.get_num_threads()} CPU "
