@@ -26,7 +26,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")   # no calls home fro
 
 BUNDLED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "samples",
                        "models")
-T2I_METHODS = ("exact", "tree", "head", "sjd", "sjd-maximal", "lantern", "gsd")
+T2I_METHODS = ("exact", "tree", "head", "head+lantern", "sjd", "sjd-maximal", "lantern", "gsd")
 VLM_METHODS = ("exact", "tree", "head", "sjd")
 TTS_METHODS = {"exact": {}, "pcg": {"theta": 0.45}}
 COLUMNS = ["method", "tokens/step", "acceptance", "seconds", "speedup", "quality"]

@@ -21,10 +21,13 @@ def demo():
 
 
 def test_image_call_returns_plain_then_each_method(demo):
-    gallery, rows = demo.text_to_image("a large red circle at the top left", ["sjd"], 0)
-    assert [label for _, label in gallery] == ["plain", "sjd"]
-    assert [r[0] for r in rows] == ["plain", "sjd"] and len(rows[0]) == len(COLUMNS)
+    gallery, rows = demo.text_to_image("a large red circle at the top left",
+                                       ["sjd", "head+lantern"], 0)
+    assert [label for _, label in gallery] == ["plain", "sjd", "head+lantern"]
+    assert [r[0] for r in rows] == ["plain", "sjd", "head+lantern"]
+    assert len(rows[0]) == len(COLUMNS)
     assert rows[0][4] == "1.00x" and rows[1][1] > 1.0           # sjd commits several per step
+    assert rows[2][1] > 1.0                                    # a relaxed head tree too
     assert rows[0][5] in ("matches", "does not match")
     _, rows = demo.text_to_image("red circle", [], 0)         # outside the shapes grammar
     assert rows[0][5] == "n/a"
