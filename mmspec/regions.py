@@ -22,11 +22,12 @@ import torch
 from torch import nn
 
 
-def decoder_layers(net: nn.Module) -> nn.ModuleList | None:
-    """The decoder's layers: the ModuleList holding the most parameters (None: none)."""
-    lists = [m for m in net.modules() if isinstance(m, nn.ModuleList) and len(m) > 1]
+def decoder_layers(net: nn.Module) -> nn.ModuleList:
+    """The decoder's layers: the ModuleList holding the most parameters."""
+    lists = [m for m in net.modules() if isinstance(m, nn.ModuleList) and len(m)]
     if not lists:
-        return None
+        raise ValueError(f'compile="regional" compiles a decoder\'s layers: {type(net).__name__} '
+                         "holds no ModuleList of layers; accepted compile=True or 'inductor'")
     return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
 
 
@@ -34,8 +35,6 @@ def regions(net: nn.Module) -> list[tuple[nn.Module, str]]:
     """(parent, name) of each block compiled: the decoder layers, then the linear layers
     outside them (the output head)."""
     layers = decoder_layers(net)
-    if layers is None:
-        return []
     inside = {id(m) for m in layers.modules()}
     outside = [(parent, name) for parent in net.modules() if id(parent) not in inside
                for name, child in parent.named_children() if isinstance(child, nn.Linear)]

@@ -198,7 +198,8 @@ class CausalLMSession(Session):
             getattr(layer, "is_sliding", False) for layer in getattr(probe, "layers", []))
         self._cache_arg = cache_argument(self.net)
         # Prefix attention (mmspec.attention) for SDPA models on a static cache; not under
-        # "inductor" or "regional", whose fused steps would be compiled again for every width.
+        # "inductor" (its fused steps would be compiled again for every width) nor
+        # "regional" (switching the attention function would trace every layer again).
         # The decoder's attention decides (a VLM's vision tower may differ; it gets no 4-D mask).
         self._sdpa_configs = sdpa_configs(self.net) if static_len is not None else []
         text_sdpa = any(c is _decoder_config(self.net) for c in self._sdpa_configs)
@@ -403,25 +404,32 @@ class CausalLMSession(Session):
             static_inputs = {k: static[k] for k in inputs}
             static_tree = (None if tree is None else
                            TreeMask(static["tree_ancestors"], static["tree_offsets"]))
-            fn = self.net
-            if self.compile == "inductor":
-                if st.fused is None:
-                    from torch import _dynamo
-
-                    _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
-                    st.fused = torch.compile(self.net, dynamic=False,
-                                             options=dict(self.inductor_options))
-                fn = st.fused
-            n = valid.shape[1]
-            fused = (regions.compiled(self.net, self.inductor_options)
-                     if self.compile == "regional" else contextlib.nullcontext())
-            with fused:
-                st.graphs[key] = self._capture(fn, static, static_inputs, static_tree, width, n)
+            fn, fusing = self._fused()
+            with fusing:
+                st.graphs[key] = self._capture(fn, static, static_inputs, static_tree, width,
+                                               valid.shape[1])
         graph, static, out = st.graphs[key]
         for k, v in tensors.items():
             static[k].copy_(v)
         graph.replay()
         return out
+
+    def _fused(self):
+        """(the module a captured step calls, the context it is captured in): the network
+        under ``compile=True``, the network fused whole under ``"inductor"`` (made once per
+        static cache), the network with its layers compiled while capturing under
+        ``"regional"``."""
+        if self.compile == "regional":
+            return self.net, regions.compiled(self.net, self.inductor_options)
+        if self.compile != "inductor":
+            return self.net, contextlib.nullcontext()
+        st = self._static
+        if st.fused is None:
+            from torch import _dynamo
+
+            _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
+            st.fused = torch.compile(self.net, dynamic=False, options=dict(self.inductor_options))
+        return st.fused, contextlib.nullcontext()
 
     def _capture(self, fn, static: dict, static_inputs: dict, static_tree, width: int, n: int):
         """Warm a step up on a side stream, undo its writes, capture it: (graph, static, out)."""

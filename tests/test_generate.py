@@ -527,6 +527,11 @@ def test_regional_compilation_swaps_layers_in_and_back(pair):
                 raise RuntimeError("inside")
     assert torch.equal(ref, got)
     assert list(target.modules()) == modules
+    head = mmspec.DraftHead.for_target(target)                # a one-layer decoder
+    assert regions.decoder_layers(head.decoder) is head.decoder.model.layers
+    with pytest.raises(ValueError, match='compile="regional" compiles a decoder.s layers: '
+                                         "Linear holds no ModuleList"):
+        regions.regions(torch.nn.Linear(2, 2))
 
 
 def test_regional_mode_queues_drafts_as_compile_true():

@@ -50,11 +50,11 @@ class Annealed(Relaxed):
         return (self.delta * torch.exp(-self.nu * pos - self.mu)).clamp_min(1.0)
 
     def accept_prob(self, x, p, q):
-        w = self.weight(torch.arange(x.shape[-1], device=p.device), p)            # [K]
-        px = p.gather(-1, x[..., None]).squeeze(-1)
-        return self.ratio(w * px, self.draft_mass(x, q, p))
+        return self.node_accept(x, p, q, torch.arange(x.shape[-1], device=p.device))
 
     def node_accept(self, x, r, q, depth=0):
+        """min(1, w r(x) / q(x)) with the weight of ``depth`` (an int, or positions
+        broadcasting against x)."""
         w = self.weight(depth, r)
         return self.ratio(w * r.gather(-1, x[..., None]).squeeze(-1), self.draft_mass(x, q, r))
 
