@@ -2,9 +2,12 @@
 
 Compiling a whole model fuses all its layers into one graph, lowered and tuned again for every
 step width. The layers of a decoder run the same code on weights of the same shapes: compiled
-one at a time, the first layer's kernels are generated and tuned once per width, and every
-other layer's graph is the same graph, found in inductor's cache (each layer is still traced on
-its own, since its cache slot is a different Python object). The output head and the other
+one at a time, the first layer's kernels are generated and tuned once per width and every
+other layer runs the same compiled code. For that, each layer is called with a view of the
+cache that holds only its own slots (``layer_cache``): the attention's ``cache.update(...,
+layer_idx)`` then reads no index, torch.compile puts no guard on it, and the first layer's
+traced code serves them all (a layer that does use its index elsewhere gets a guard on it from
+torch.compile, and its own trace: correct either way). The output head and the other
 projections outside the layers are compiled the same way.
 
 ``compiled(net, options)`` swaps the compiled layers in while a step is warmed up and captured
@@ -17,6 +20,8 @@ serves every cache length (every prompt length and budget).
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 
 import torch
 from torch import nn
@@ -55,11 +60,71 @@ def dynamic_length(cache, mask) -> None:
         _dynamo.mark_dynamic(mask, 3)
 
 
-def _wrapped(module: nn.Module, options: dict, backend: str) -> nn.Module:
+@functools.cache
+def _layer_cache_class(cls: type) -> type:
+    """``cls`` with ``update`` writing one layer's slots (``_layer``), whatever index it gets."""
+
+    def update(self, keys, values, layer_idx, *args, **kwargs):
+        return self._layer.update(keys, values, *args, **kwargs)
+
+    return type(f"Layer{cls.__name__}", (cls,), {"update": update})
+
+
+def layer_cache(cache, index: int):
+    """A view of ``cache`` for the layer at ``index`` (the same class as far as ``isinstance``
+    sees, the same layers and state; ``update`` goes to the layer's own slots), or ``cache``
+    itself when it is not a plain layered cache (encoder-decoder, offloaded, its own
+    ``update``)."""
+    from transformers.cache_utils import Cache
+
+    plain = (isinstance(cache, Cache) and type(cache).update is Cache.update
+             and not getattr(cache, "offloading", False)
+             and index < len(getattr(cache, "layers", ())))
+    if not plain:
+        return cache
+    view = copy.copy(cache)
+    view.__class__ = _layer_cache_class(type(cache))
+    view._layer = cache.layers[index]
+    return view
+
+
+class _Region(nn.Module):
+    """A layer compiled, called with its own view of the cache."""
+
+    def __init__(self, layer: nn.Module, index: int | None, options: dict, backend: str):
+        super().__init__()
+        self.index = index
+        kw = dict(options=dict(options)) if backend == "inductor" else {}
+        self.compiled = torch.compile(layer, dynamic=False, backend=backend, **kw)
+
+    def forward(self, *args, **kwargs):
+        if self.index is not None:
+            args = [layer_cache(v, self.index) if _is_cache(v) else v for v in args]
+            kwargs = {k: layer_cache(v, self.index) if _is_cache(v) else v
+                      for k, v in kwargs.items()}
+        return self.compiled(*args, **kwargs)
+
+
+def _is_cache(value) -> bool:
+    from transformers.cache_utils import Cache
+
+    return isinstance(value, Cache)
+
+
+def _cache_index(layers: nn.ModuleList, i: int) -> int | None:
+    """``i`` when every ``layer_idx`` the layer's modules hold is ``i`` (the cache slots its
+    attention updates are the i-th), else None (the layer gets the whole cache)."""
+    held = {m.layer_idx for m in layers[i].modules()
+            if isinstance(getattr(m, "layer_idx", None), int)}
+    return i if held == {i} else None
+
+
+def _wrapped(parent: nn.Module, name: str, module: nn.Module, options: dict,
+             backend: str) -> nn.Module:
     """A compiled wrapper (made per capture: torch.compile keeps the traced code on the
     module's code object, so a new wrapper finds what an earlier one compiled)."""
-    kw = dict(options=dict(options)) if backend == "inductor" else {}
-    return torch.compile(module, dynamic=False, backend=backend, **kw)
+    index = _cache_index(parent, int(name)) if isinstance(parent, nn.ModuleList) else None
+    return _Region(module, index, options, backend)
 
 
 @contextlib.contextmanager
@@ -69,14 +134,14 @@ def compiled(net: nn.Module, options: dict, backend: str = "inductor"):
     from torch import _dynamo
 
     pairs = regions(net)
-    # One traced entry per layer and step width (all layers share one code object).
+    # Layers that keep their own trace (see _cache_index) need an entry each per step width.
     _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 1024)
     _dynamo.config.accumulated_cache_size_limit = max(
         _dynamo.config.accumulated_cache_size_limit, 4096)
     originals = [getattr(parent, name) for parent, name in pairs]
     try:
         for (parent, name), module in zip(pairs, originals):
-            setattr(parent, name, _wrapped(module, options, backend))
+            setattr(parent, name, _wrapped(parent, name, module, options, backend))
         yield
     finally:
         for (parent, name), module in zip(pairs, originals):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from contextlib import nullcontext
 
 import numpy as np
 import pytest
@@ -517,10 +518,12 @@ def test_regional_compilation_swaps_layers_in_and_back(pair):
         (type(target).__name__, "lm_head")]
     ids = torch.tensor([[3, 4, 5, 6]])
     modules = list(target.modules())
+    originals = list(layers)
     with torch.no_grad():
         ref = target(ids).logits
         with regions.compiled(target, {}, backend="eager"):
-            assert all(isinstance(m, torch._dynamo.eval_frame.OptimizedModule) for m in layers)
+            assert all(isinstance(m.compiled, torch._dynamo.eval_frame.OptimizedModule)
+                       and m.compiled._orig_mod is o for m, o in zip(layers, originals))
             got = target(ids).logits
         with pytest.raises(RuntimeError, match="inside"):
             with regions.compiled(target, {}, backend="eager"):
@@ -548,9 +551,11 @@ def test_regional_mode_queues_drafts_as_compile_true():
 
 
 def test_regional_layers_compile_once_for_every_cache_length(pair):
-    """With the cache length and the mask width marked dynamic (``regions.dynamic_length``),
-    steps on static caches of three lengths trace each region once (torch.compile's eager
-    backend: the tracing, without code generation); the same logits as uncompiled."""
+    """With the cache length and the mask width marked dynamic (``regions.dynamic_length``)
+    and each layer given its own view of the cache (``regions.layer_cache``), steps on static
+    caches of three lengths trace the layers' code once and the output head once
+    (torch.compile's eager backend: the tracing, without code generation); the same logits as
+    uncompiled."""
     from torch._dynamo.utils import counters
     from transformers import StaticCache
 
@@ -577,8 +582,61 @@ def test_regional_layers_compile_once_for_every_cache_length(pair):
                 else:
                     outs.append(target(**step).logits)
         torch.testing.assert_close(outs[1], outs[0])
-    assert counters["stats"]["unique_graphs"] == len(regions.regions(target))
+    assert len(target.model.layers) > 1
+    assert counters["stats"]["unique_graphs"] == 2
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("by_index", [False, True])
+def test_regional_layer_reading_its_index_is_traced_on_its_own(by_index):
+    """GPT-2 scales attention by 1 / (layer index + 1) when asked: torch.compile then guards
+    on each layer's index and traces every layer (3 + the head), else once (1 + the head);
+    the logits equal uncompiled ones either way, on both cache kinds."""
+    from torch._dynamo.utils import counters
+    from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, StaticCache
+
+    from mmspec import regions
+
+    cfg = GPT2Config(n_embd=32, n_layer=3, n_head=2, vocab_size=64,
+                     scale_attn_by_inverse_layer_idx=by_index)
+    m = GPT2LMHeadModel(cfg).eval()
+    ids = torch.tensor([[1, 2, 3, 4]])
+    for make in (lambda: DynamicCache(config=cfg), lambda: StaticCache(config=cfg,
+                                                                       max_cache_len=16)):
+        torch._dynamo.reset()
+        counters.clear()
+        outs = []
+        for fused in (False, True):
+            cache = make()
+            with torch.no_grad():
+                m(input_ids=ids[:, :3], cache=cache, use_cache=True)
+                with regions.compiled(m, {}, backend="eager") if fused else nullcontext():
+                    outs.append(m(input_ids=ids[:, 3:], cache=cache, use_cache=True).logits)
+        torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0)
+        assert counters["stats"]["unique_graphs"] == (3 if by_index else 1) + 1
+    torch._dynamo.reset()
+
+
+def test_layer_cache_views_one_layer():
+    """``regions.layer_cache``: the cache's class for isinstance, the same layers, updates to
+    the viewed layer's slots whatever index is passed; an encoder-decoder cache is left as is."""
+    from transformers import DynamicCache, EncoderDecoderCache, LlamaConfig, StaticCache
+
+    from mmspec import regions
+
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2, vocab_size=64)
+    cache = StaticCache(config=cfg, max_cache_len=8)
+    view = regions.layer_cache(cache, 1)
+    assert isinstance(view, StaticCache) and view.layers is cache.layers
+    k = torch.ones(1, 2, 1, 16)
+    cache.update(k, k, 0)
+    keys, values = view.update(3 * k, 2 * k, 0)                  # the index passed is ignored
+    assert keys is cache.layers[1].keys and values is cache.layers[1].values
+    assert keys[0, :, 0].eq(3).all() and values[0, :, 0].eq(2).all() and keys[0, :, 1:].eq(0).all()
+    assert cache.layers[0].keys[0, :, 0].eq(1).all() and cache.layers[0].keys[0, :, 1:].eq(0).all()
+    enc = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    assert regions.layer_cache(enc, 0) is enc
 
 
 def test_regional_wrappers_keep_no_model_alive():
