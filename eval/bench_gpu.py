@@ -13,8 +13,9 @@ bound at draft cost 2/32); larger eps lowers acceptance, which is measured and r
 target itself as its own draft (cost ratio 1) is run too.
 
 Per batch size: Hugging Face eager greedy, Hugging Face static cache + compile, Hugging Face
-assisted generation (batch 1 only), mmspec plain decoding (eager, captured) and mmspec
-speculative decoding (eager, captured) for each K. Greedy decoding throughout, so every mmspec
+assisted generation (batch 1 only), mmspec plain decoding and mmspec speculative decoding
+for each K, in each mode of ``--modes`` (``COMPILE``: ``captured`` is ``compile=True``, each
+decoder layer fused and the steps captured; ``graphs`` captures without compiling). Greedy decoding throughout, so every mmspec
 output is checked token for token against mmspec plain decoding. Each row reports ms per
 generated token, ms per target step against the HBM floor (weight bytes / measured copy
 bandwidth; for plain decoding also the decoding step alone, the call less its prompt pass),
@@ -41,6 +42,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import mmspec
 from mmspec.session import CausalLMSession
 from recipes.cli import COUNT, Names, Number, Numbers, Parser, describe, run
+
+# --modes -> generate's compile=
+COMPILE = {"eager": False, "captured": True, "graphs": "graphs", "inductor": "inductor"}
 
 SHAPES = {
     "7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
@@ -204,9 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--eps", type=Numbers(Number(float, 0)), default="0.0,0.02,0.05",
                     help="scale of the draft's dropped layers' residual writes (0: the draft "
                          "is exact)")
-    ap.add_argument("--modes", type=Names(("eager", "captured", "inductor", "regional")),
-                    default="eager,captured,inductor",
-                    help="inductor runs at batch 1, K=4 only (compilation per width)")
+    ap.add_argument("--modes", type=Names(tuple(COMPILE)), default="eager,captured,graphs",
+                    help="captured: compile=True (regional); graphs: compile='graphs'; "
+                         "inductor runs at batch 1, K=4 only (compilation per width)")
     ap.add_argument("--new-tokens", type=COUNT, default=128)
     ap.add_argument("--prompt", type=COUNT, default=128, help="prompt tokens")
     ap.add_argument("--no-hf-compile", action="store_true",
@@ -250,8 +254,7 @@ def main(argv=None):
             for mode in modes:
                 if mode == "inductor" and (b != 1 or eps != 0.0):
                     continue
-                cap = {"eager": False, "captured": True, "inductor": "inductor",
-                       "regional": "regional"}[mode]
+                cap = COMPILE[mode]
                 costs[mode] = dict(t1=step_cost(target, b, 1, dev, cap),
                                    d1=step_cost(draft, b, 1, dev, cap),
                                    pt=prefill_cost(target, b, dev, args.prompt),
@@ -384,7 +387,7 @@ def write_report(out_dir, rows):
 
 
 def _side_by_side(rows) -> list[str]:
-    """mmspec's captured modes (``compile=True``, ``"regional"``) against gpt-fast, batch 1."""
+    """mmspec's captured modes (``compile=True``, ``"graphs"``) against gpt-fast, batch 1."""
     peer = {(r["kind"], r["eps"]): r for r in rows if r["kind"].startswith("gptfast-")}
     if not peer:
         return []
@@ -393,7 +396,7 @@ def _side_by_side(rows) -> list[str]:
            "| eps | what | mmspec mode | mmspec | gpt-fast | mmspec / gpt-fast | "
            "gpt-fast first call s |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        if r.get("mode") not in ("captured", "regional") or r.get("batch") != 1:
+        if r.get("mode") not in ("captured", "graphs") or r.get("batch") != 1:
             continue
         if r["kind"] == "mmspec-plain":
             g = peer.get(("gptfast-plain", 0.0))
@@ -403,7 +406,7 @@ def _side_by_side(rows) -> list[str]:
             what = "speculative K = 4"
         else:
             continue
-        mode = "`compile=True`" if r["mode"] == "captured" else '`compile="regional"`'
+        mode = "`compile=True`" if r["mode"] == "captured" else '`compile="graphs"`'
         if g is not None:
             out.append(f"| {r['eps']} | {what} | {mode} | {r['ms_per_token']:.2f} | "
                        f"{g['ms_per_token']:.2f} | {r['ms_per_token'] / g['ms_per_token']:.2f} "

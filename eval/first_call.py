@@ -1,6 +1,6 @@
 """Time to the first generated token: compilation and capture of every width a call needs.
 
-    python -m eval.first_call --modes captured,regional          # 7B Llama shape, bf16, CUDA
+    python -m eval.first_call --modes captured,graphs            # 7B Llama shape, bf16, CUDA
     python -m eval.first_call --shape tiny --device cpu --modes eager   # a smoke run
 
 eval.bench_gpu's target and draft (random bf16 weights, the draft the target's first two
@@ -28,14 +28,13 @@ import torch
 
 from recipes.cli import COUNT, ROOT, Names, Parser, describe, run
 
-MODES = {"eager": False, "captured": True, "regional": "regional", "inductor": "inductor"}
 
 
 def measure(shape: str, device: str, mode: str, k: int, new_tokens: int, prompt_len: int) -> dict:
     """The four timings of one mode, in this process."""
     import mmspec
 
-    from .bench_gpu import build, set_eps, sync
+    from .bench_gpu import COMPILE, build, set_eps, sync
 
     dev = torch.device(device)
     target, draft, originals = build(shape, dev, torch.bfloat16 if dev.type == "cuda"
@@ -44,7 +43,7 @@ def measure(shape: str, device: str, mode: str, k: int, new_tokens: int, prompt_
     prompt = torch.randint(2, target.config.vocab_size, (1, prompt_len), device=dev,
                            generator=torch.Generator(device=dev).manual_seed(0))
     gen = dict(temperature=0, max_new_tokens=new_tokens, stop_token_ids=[],
-               compile=MODES[mode], static_cache=mode != "eager")
+               compile=COMPILE[mode], static_cache=mode != "eager")
     row = dict(mode=mode, shape=shape, k=k, device=torch.cuda.get_device_name(dev)
                if dev.type == "cuda" else "cpu")
     for tag, d, kk in (("spec_first_s", draft, k), ("spec_s", draft, k),
@@ -58,12 +57,13 @@ def measure(shape: str, device: str, mode: str, k: int, new_tokens: int, prompt_
 
 
 def build_parser():
-    from .bench_gpu import SHAPES
+    from .bench_gpu import COMPILE, SHAPES
 
     ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=list(SHAPES), default="7b", help="model shape")
     ap.add_argument("--device", default="cuda", help="cuda, cuda:1 ... (cpu: eager only)")
-    ap.add_argument("--modes", type=Names(tuple(MODES)), default="captured,regional")
+    ap.add_argument("--modes", type=Names(tuple(COMPILE)), default="captured,graphs",
+                    help="captured: compile=True (regional); graphs: compile='graphs'")
     ap.add_argument("--k", type=COUNT, default=4, help="drafts per step K")
     ap.add_argument("--new-tokens", type=COUNT, default=128)
     ap.add_argument("--prompt", type=COUNT, default=128, help="prompt tokens")

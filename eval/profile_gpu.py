@@ -1,15 +1,16 @@
 """Where a decoding step's time goes: the measurements behind docs/benchmarks.md's GPU-path analysis.
 
-    python -m eval.profile_gpu --shape 7b --modes captured,inductor-untuned,inductor
+    python -m eval.profile_gpu --shape 7b --modes captured,graphs,inductor-untuned,inductor
     python -m eval.profile_gpu --shape janus-pro-7b --modes captured --k 4
     python -m eval.profile_gpu --shape tiny --device cpu --modes eager      # a smoke run
 
 eval.bench_gpu's models (random bf16 weights; the draft is the target's first two layers, eps
-0), one row, a 128-token prompt. Per mode (``inductor-untuned``: ``compile="inductor"``
-without coordinate-descent tuning), one JSON line:
+0), one row, a 128-token prompt. Per mode (bench_gpu's ``COMPILE``: ``captured`` is
+``compile=True``, ``graphs`` captures without compiling; ``inductor-untuned``:
+``compile="inductor"`` without coordinate-descent tuning), one JSON line:
 
 - ``capture_s``: seconds to the target's first width-1 step (prefill, compilation under
-  ``regional`` / ``inductor``, capture);
+  ``captured`` / ``inductor``, capture);
 - ``replay_ms``: the target's captured width-1 step replayed alone; ``launch_us`` /
   ``draft_launch_us``: host time of one replay call on an idle device (target, draft);
 - ``step_ms``: one session step, not synchronised (what bench_gpu's bound uses);
@@ -46,7 +47,7 @@ import mmspec
 from mmspec.cache import crop
 from mmspec.session import CausalLMSession
 
-from .bench_gpu import SHAPES, build, prefill_cost, set_eps, step_cost, sync, timed
+from .bench_gpu import COMPILE, SHAPES, build, prefill_cost, set_eps, step_cost, sync, timed
 from recipes.cli import COUNT, Names, Parser, describe, run
 
 
@@ -85,8 +86,7 @@ def _loop_syncs(fn) -> dict:
 
 def profile_mode(target, draft, dev, mode: str, k: int = 4, new_tokens: int = 128,
                  prompt_len: int = 128, reps: int = 30, trace: str | None = None) -> dict:
-    cap = {"eager": False, "captured": True, "inductor": "inductor",
-           "inductor-untuned": "inductor", "regional": "regional"}[mode]
+    cap = {**COMPILE, "inductor-untuned": "inductor"}[mode]
     cuda = dev.type == "cuda"
     options = CausalLMSession.inductor_options
     if mode == "inductor-untuned":
@@ -184,9 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", choices=list(SHAPES), default="7b", help="model shape")
     ap.add_argument("--device", default="cuda", help="cuda, cuda:1 ... (cpu: eager only)")
-    ap.add_argument("--modes", type=Names(("eager", "captured", "inductor", "inductor-untuned",
-                                              "regional")),
-                    default="captured,inductor")
+    ap.add_argument("--modes", type=Names((*COMPILE, "inductor-untuned")),
+                    default="captured,graphs",
+                    help="captured: compile=True (regional); graphs: compile='graphs'")
     ap.add_argument("--k", type=COUNT, default=4, help="drafts per step K")
     ap.add_argument("--new-tokens", type=COUNT, default=128)
     ap.add_argument("--prompt", type=COUNT, default=128, help="prompt tokens")

@@ -7,10 +7,10 @@ Modes:
     static    static, position-indexed caches: rollback moves a length, nothing is copied;
               steps pass 4-D masks, so every step of one width has fixed shapes.
     graphs    static caches, each step width captured once as a CUDA graph and replayed
-              (``compile=True``; CUDA only).
-    regional  as graphs, each decoder layer fused by torch.compile (once per width, reused by
-              every layer and every cache length) before the step is captured
-              (``compile="regional"``; mmspec.regions).
+              (``compile="graphs"``; CUDA only).
+    regional  as graphs, each decoder layer fused by torch.compile (traced once per width for
+              all layers and every cache length) before the step is captured
+              (``compile=True``, or ``"regional"``; mmspec.regions).
     inductor  as graphs, each step fused whole by torch.compile before it is captured
               (``compile="inductor"``; about a minute of compilation per width for a 7B model).
 
@@ -29,9 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-MODES = ("eager", "static", "graphs", "inductor", "regional")
-# compile= values of the captured modes
-COMPILE = {"graphs": True, "inductor": "inductor", "regional": "regional"}
+MODES = ("eager", "static", "graphs", "regional", "inductor")
+# The captured modes, each its compile= value (compile=True is "regional").
+CAPTURED = ("graphs", "regional", "inductor")
 
 
 @dataclass(frozen=True)
@@ -54,23 +54,25 @@ class Engine:
     @classmethod
     def from_switches(cls, compile=False, static_cache=None, pipeline=None,
                       profile: bool = False, engine: "Engine | None" = None) -> "Engine":
-        """The front doors' switches: ``compile`` (False, True: CUDA graphs, ``"regional"``,
-        ``"inductor"``), ``static_cache`` (None: = bool(compile)), ``pipeline`` and
-        ``profile``; or ``engine``, an Engine given instead of them."""
+        """The front doors' switches: ``compile`` (False; True or ``"regional"``: CUDA graphs
+        of steps whose decoder layers torch.compile fused; ``"graphs"``: CUDA graphs alone;
+        ``"inductor"``: CUDA graphs of steps fused whole), ``static_cache`` (None: =
+        bool(compile)), ``pipeline`` and ``profile``; or ``engine``, an Engine given instead
+        of them."""
         if engine is not None:
             if not isinstance(engine, Engine) or (compile, static_cache, pipeline, profile) != (
                     False, None, None, False):
                 raise ValueError("engine: accepted an Engine, given instead of compile=, "
                                  "static_cache=, pipeline= and profile= (not with them)")
             return engine
-        if compile is not False and compile not in COMPILE.values():
-            raise ValueError(f"compile={compile!r}: accepted False, True, 'regional' or "
-                             "'inductor'")
+        if compile is not False and compile is not True and compile not in CAPTURED:
+            raise ValueError(f"compile={compile!r}: accepted False, True, 'graphs', 'regional' "
+                             "or 'inductor'")
         if static_cache not in (None, False, True):
             raise ValueError(f"static_cache={static_cache!r}: accepted None, True or False")
         if compile and static_cache is False:
             raise ValueError("compile=True needs static_cache=True (fixed shapes)")
-        mode = ({v: k for k, v in COMPILE.items()}[compile] if compile
+        mode = ("regional" if compile is True else compile if compile
                 else "static" if static_cache else "eager")
         return cls(mode, pipeline, profile)
 
@@ -82,12 +84,12 @@ class Engine:
     @property
     def captures(self) -> bool:
         """Steps captured as CUDA graphs (K then stays fixed to the end: one width)."""
-        return self.mode in COMPILE
+        return self.mode in CAPTURED
 
     @property
     def compile(self) -> bool | str:
-        """The sessions' ``compile`` argument."""
-        return COMPILE.get(self.mode, False)
+        """The sessions' ``compile`` argument: the captured mode's name, or False."""
+        return self.mode if self.captures else False
 
     def check(self, model) -> "Engine":
         """Refuse what the model's device cannot do, before any work."""

@@ -159,10 +159,10 @@ class CausalLMSession(Session):
                     the mask and positions are built from them inside the step, so a captured
                     step is one copy of its inputs and one replay.
     compile:        capture each step width once as a CUDA graph and replay it (needs a
-                    static cache and a CUDA device); ``"regional"``: capture it with each
-                    decoder layer fused by torch.compile (``mmspec.regions``); ``"inductor"``:
-                    capture the step after fusing it whole with torch.compile. The prompt is
-                    always run eagerly.
+                    static cache and a CUDA device): ``"regional"`` (or True) with each
+                    decoder layer fused by torch.compile first (``mmspec.regions``),
+                    ``"graphs"`` without compiling, ``"inductor"`` with the step fused whole
+                    by torch.compile. The prompt is always run eagerly.
     net:            the module called for each step, when it is a part of ``model`` (default:
                     ``model``).
     """
@@ -175,7 +175,11 @@ class CausalLMSession(Session):
     _recurrent: list = []         # the cache's recurrent layers (set by ``prefill``)
 
     def __init__(self, model, params: SamplingParams, guidance_scale: float | None = None,
-                 static_len: int | None = None, compile: bool = False, net=None):
+                 static_len: int | None = None, compile: bool | str = False, net=None):
+        compile = "regional" if compile is True else compile
+        if compile not in (False, "graphs", "regional", "inductor"):
+            raise ValueError(f"compile={compile!r}: accepted False, True, 'graphs', 'regional' "
+                             "or 'inductor'")
         if compile and static_len is None:
             raise ValueError("compile=True needs a static cache (static_len)")
         if compile and next(model.parameters()).device.type != "cuda":
@@ -203,7 +207,7 @@ class CausalLMSession(Session):
         # The decoder's attention decides (a VLM's vision tower may differ; it gets no 4-D mask).
         self._sdpa_configs = sdpa_configs(self.net) if static_len is not None else []
         text_sdpa = any(c is _decoder_config(self.net) for c in self._sdpa_configs)
-        self._bucketed = text_sdpa and compile not in ("inductor", "regional")
+        self._bucketed = text_sdpa and compile in (False, "graphs")
         # 4-D masks are bool for SDPA; other attention (eager) adds them to its scores.
         self._additive = None if text_sdpa else next(model.parameters()).dtype
         self.cache = None
@@ -416,7 +420,7 @@ class CausalLMSession(Session):
 
     def _fused(self):
         """(the module a captured step calls, the context it is captured in): the network
-        under ``compile=True``, the network fused whole under ``"inductor"`` (made once per
+        under ``"graphs"``, the network fused whole under ``"inductor"`` (made once per
         static cache), the network with its layers compiled while capturing under
         ``"regional"``."""
         if self.compile == "regional":

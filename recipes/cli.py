@@ -226,18 +226,19 @@ def add_sampling(ap, top_p: bool = True) -> None:
 def add_compile(ap) -> None:
     ap.add_argument("--compile", action="store_true",
                     help="static caches and CUDA-graph steps (CUDA only; same tokens under greedy)")
-    ap.add_argument("--compile-mode", choices=("graphs", "regional", "inductor"), default=None,
-                    help="with it, --compile is implied: 'graphs' (--compile alone), 'regional' "
-                         "(each decoder layer fused by torch.compile first: faster steps, about "
-                         "a minute of compilation per step width) or 'inductor' (the whole step "
-                         "fused) (default: --compile's choice, graphs)")
+    ap.add_argument("--compile-mode", choices=("regional", "graphs", "inductor"), default=None,
+                    help="with it, --compile is implied: 'regional' (--compile alone: each "
+                         "decoder layer fused by torch.compile, then captured), 'graphs' "
+                         "(captured without compiling: no compilation time, slower steps) or "
+                         "'inductor' (the whole step fused, about a minute per step width) "
+                         "(default: --compile's choice, regional)")
 
 
 def compile_switch(args) -> bool | str:
     """The front doors' ``compile=`` from ``--compile`` and ``--compile-mode``."""
     if args.compile_mode is None:
         return bool(args.compile)
-    return True if args.compile_mode == "graphs" else args.compile_mode
+    return True if args.compile_mode == "regional" else args.compile_mode
 
 
 def add_common(ap) -> None:

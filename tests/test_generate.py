@@ -414,6 +414,7 @@ def test_adapters_queue_drafts_where_positions_allow():
                            positions=positions, limits=limits).queue_drafts
 
     assert queues(None, True, True, 100, [128, None])            # captured: the default
+    assert queues(None, "graphs", True, 100, [128, None])
     assert not queues(None, False, True, 100, [128])             # eager: synchronised
     assert not queues(None, "inductor", True, 100, [128])
     assert not queues(None, True, True, 100, [128], profile=True)
@@ -537,13 +538,21 @@ def test_regional_compilation_swaps_layers_in_and_back(pair):
         regions.regions(torch.nn.Linear(2, 2))
 
 
-def test_regional_mode_queues_drafts_as_compile_true():
-    """compile="regional" is a captured mode: drafts queued by default, K fixed, caches sized
-    as the other static modes (its compiled layers take any cache length)."""
+def test_compile_true_is_the_regional_mode():
+    """compile=True (or "regional") is the regional captured mode, "graphs" capture without
+    compiling: drafts queued by default in both, K fixed, caches sized alike (the compiled
+    layers take any cache length); the sessions get the mode's name; other values refused."""
     from mmspec import Engine
 
-    engine = Engine.from_switches(compile="regional")
-    assert (engine.mode, engine.captures, engine.compile) == ("regional", True, "regional")
+    for switch in (True, "regional"):
+        engine = Engine.from_switches(compile=switch)
+        assert (engine.mode, engine.captures, engine.compile) == ("regional", True, "regional")
+    graphs = Engine.from_switches(compile="graphs")
+    assert (graphs.mode, graphs.captures, graphs.compile) == ("graphs", True, "graphs")
+    assert graphs.plan(max_new_tokens=8, num_draft_tokens=4, draft_model=True).queue_drafts
+    with pytest.raises(ValueError, match="compile='fast': accepted False, True, 'graphs', "
+                                         "'regional' or 'inductor'"):
+        Engine.from_switches(compile="fast")
     plan = engine.plan(max_new_tokens=128, num_draft_tokens=4, draft_model=True)
     assert plan.queue_drafts and plan.holes and plan.fixed_k
     assert plan.static_len(128, 1) == Engine("graphs").plan(
