@@ -128,9 +128,10 @@ def _wrapped(parent: nn.Module, name: str, module: nn.Module, options: dict,
 
 
 @contextlib.contextmanager
-def compiled(net: nn.Module, options: dict, backend: str = "inductor"):
+def compiled(net: nn.Module, options: dict, backend="inductor"):
     """Run ``net`` with its regions compiled (``options``: inductor's; ``backend``: a
-    torch.compile backend); the original modules are back after."""
+    torch.compile backend); the original modules are back after. A failure of torch.compile
+    is raised as a RuntimeError that names ``compile='graphs'``."""
     from torch import _dynamo
 
     pairs = regions(net)
@@ -143,6 +144,12 @@ def compiled(net: nn.Module, options: dict, backend: str = "inductor"):
         for (parent, name), module in zip(pairs, originals):
             setattr(parent, name, _wrapped(parent, name, module, options, backend))
         yield
+    except _dynamo.exc.TorchDynamoException as err:
+        cause = getattr(err, "inner_exception", None) or err
+        first = (str(cause).strip().splitlines() or [""])[0][:300]
+        raise RuntimeError(f"compile=True: torch.compile failed on {type(net).__name__}'s "
+                           f"layers ({type(cause).__name__}: {first}); compile='graphs' "
+                           "captures the steps without compiling") from err
     finally:
         for (parent, name), module in zip(pairs, originals):
             setattr(parent, name, module)

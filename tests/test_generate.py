@@ -538,6 +538,26 @@ def test_regional_compilation_swaps_layers_in_and_back(pair):
         regions.regions(torch.nn.Linear(2, 2))
 
 
+def test_regional_compile_failure_names_the_unfused_mode(pair):
+    """torch.compile failing on the layers (here a backend that raises) is a RuntimeError
+    that says what failed and names compile='graphs'; the user's modules are back."""
+    from mmspec import regions
+
+    target, _ = pair
+    modules = list(target.modules())
+
+    def broken(gm, example_inputs):
+        raise NotImplementedError("no compiler here")
+
+    with torch.no_grad(), pytest.raises(RuntimeError, match=r"compile=True: torch.compile "
+                                        r"failed on LlamaForCausalLM's layers \(NotImplementedError: "
+                                        r"no compiler here\); compile='graphs' captures"):
+        with regions.compiled(target, {}, backend=broken):
+            target(torch.tensor([[3, 4, 5]]))
+    assert list(target.modules()) == modules
+    torch._dynamo.reset()
+
+
 def test_compile_true_is_the_regional_mode():
     """compile=True (or "regional") is the regional captured mode, "graphs" capture without
     compiling: drafts queued by default in both, K fixed, caches sized alike (the compiled
