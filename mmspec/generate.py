@@ -201,14 +201,15 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
     guidance_scale: classifier-free guidance u + s (c - u) on the logits of target and draft;
                     ``uncond_input_ids`` [B, P] (left-padded like the prompt) are the
                     unconditional rows, rolled back together with the conditional ones.
-    compile:        static caches and decoding steps captured as CUDA graphs (one per step
-                    width, replayed every step; CUDA only); ``"regional"`` first fuses each
-                    decoder layer with torch.compile, compiled once per width and reused by
-                    every layer (docs/engine.md; about a minute per width for a 7B model, once
-                    per process); ``"inductor"`` fuses each whole step (coordinate-descent
-                    tuned; about 55 s of compilation per width for a 7B model). The eager path
-                    is the reference and gives identical tokens under greedy decoding in
-                    float32. K stays fixed to the end (one width).
+    compile:        True (or ``"regional"``): static caches, each decoder layer fused by
+                    torch.compile (traced once per step width for all layers; about 40 s
+                    before a 7B model's first token, once per process) and the decoding steps
+                    captured as CUDA graphs (one per step width, replayed every step; CUDA
+                    only; docs/engine.md). ``"graphs"``: captured without compiling (ready in
+                    about a second, slower steps); ``"inductor"``: each whole step fused
+                    (coordinate-descent tuned; about 55 s of compilation per width for a 7B
+                    model). The eager path is the reference and gives identical tokens under
+                    greedy decoding in float32. K stays fixed to the end (one width).
     static_cache:   static, position-indexed caches without compiling (default: = compile).
                     Static caches and captured steps are kept for the next call with the same
                     rows and cache length (``mmspec.release_graphs(model)`` frees them).
@@ -216,7 +217,7 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
                     waits for the host between steps (``stream``). Speculative steps then keep
                     rejected slots as holes (no host value is needed between steps; caches get
                     K + 1 slots per step). None: plain decoding pipelined, and speculative
-                    decoding too with ``compile=True`` or ``"regional"`` (captured steps:
+                    decoding too with ``compile=True`` or ``"graphs"`` (captured steps:
                     measured faster on an H100 at batch 1 and 16, docs/benchmarks.md; not with
                     ``"inductor"``, whose
                     steps attend over the whole cache, nor eagerly or with ``profile``);

@@ -101,7 +101,8 @@ class ImageAdapter:
     # -- what subclasses provide ----------------------------------------------------------------
     def session(self, params: SamplingParams, guidance_scale: float | None,
                 **engine) -> CausalLMSession:
-        """engine: ``static_len`` and ``compile`` (CausalLMSession's static cache and CUDA graphs)."""
+        """engine: ``static_len`` and ``compile`` (CausalLMSession's static cache and
+        captured steps)."""
         raise NotImplementedError
 
     def prompt_batch(self, prompts: list, negative: list | None, guided: bool) -> dict:

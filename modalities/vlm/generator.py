@@ -347,8 +347,8 @@ class VisionLanguageGenerator:
         or the processor's outputs as keyword arguments (``generate(**processor(...))``).
 
         compile:      static caches for target and draft, and their decoding steps captured
-                      as CUDA graphs (``mmspec.generate``'s switch: ``True``, ``"regional"`` or
-                      ``"inductor"``; CUDA only). The prompt pass (vision tower included) runs eagerly; the
+                      as CUDA graphs (``mmspec.generate``'s switch: ``True``, each decoder layer
+                      fused first, ``"graphs"`` or ``"inductor"``; CUDA only). The prompt pass (vision tower included) runs eagerly; the
                       eager path gives the same tokens under greedy decoding.
         static_cache: static caches without capturing (default: = compile).
         pipeline:     draft-model steps queued before the last is read (rejected drafts kept
