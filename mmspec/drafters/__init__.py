@@ -2,11 +2,12 @@
 
 from .base import Drafter, NoDraft
 from .feature import FeatureDrafter
-from .head import DraftHead, HeadConfig
+from .frame import FrameDrafter
+from .head import DraftHead, FrameHead, HeadConfig
 from .jacobi import Jacobi
 from .model import ModelDrafter
 from .prefill import Prefilled
 from .tree import TreeDrafter
 
 __all__ = ["Drafter", "NoDraft", "ModelDrafter", "TreeDrafter", "FeatureDrafter", "DraftHead",
-           "HeadConfig", "Jacobi", "Prefilled"]
+           "HeadConfig", "FrameHead", "FrameDrafter", "Jacobi", "Prefilled"]

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from ..session import CausalLMSession, Session
-from .head import DraftHead
+from .frame import FrameDrafter
+from .head import DraftHead, FrameHead
 from .tree import TreeDrafter
 
 
@@ -106,6 +107,14 @@ class FeatureDrafter(TreeDrafter):
         if context.head is None:
             raise ValueError("method 'head' drafts with a draft head: pass head= (a folder "
                              "saved by recipes.train.draft_head, or a DraftHead)")
+        if isinstance(context.head, FrameHead):     # frames: a chain of tree_depth frames
+            args = cls._args(params)
+            if args["branch"] != 1 and "tree_branch" in params or \
+                    args["width"] != 1 and "tree_width" in params:
+                raise ValueError(f"tree_branch={args['branch']}, tree_width={args['width']}: a "
+                                 "frame head drafts chains (delay-pattern targets take no "
+                                 "tree steps): accepted 1, or leave them out")
+            return FrameDrafter(context.head, args["depth"])
         return cls(context.head, **cls._args(params))
 
     @classmethod

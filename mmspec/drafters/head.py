@@ -22,6 +22,10 @@ feature of the next position (the head learns this with a multi-step loss,
 stored); the head stores ``reduce``, ``fuse`` and its decoder (a one-layer
 ``LlamaForCausalLM`` whose embeddings and output head are tied to the target's at
 ``attach``). Files: ``config.json`` (``HeadConfig``) and ``model.safetensors``.
+
+``FrameHead`` is the same head over a delay-pattern decoder's frames: the frame's codebook
+embeddings summed as its input, the target's C codebook heads as its output
+(``mmspec.drafters.frame`` drafts with it).
 """
 
 from __future__ import annotations
@@ -53,6 +57,9 @@ class HeadConfig:
     target:          the target it was trained for (a name or path; informational).
     draft_vocab_size: None (the target's whole output head) or N < vocab_size: the head
                      drafts only ``draft_ids`` (module docstring).
+    codebooks:       None (a token head) or C: a frame head over a delay-pattern decoder's C
+                     codebooks (``mmspec.drafters.frame.FrameHead``; vocab_size is a
+                     codebook's).
     """
 
     hidden_size: int
@@ -64,6 +71,7 @@ class HeadConfig:
     max_position_embeddings: int = 4096
     target: str = ""
     draft_vocab_size: int | None = None
+    codebooks: int | None = None
 
     def llama(self):
         """The one-layer decoder's ``LlamaConfig``."""
@@ -227,6 +235,8 @@ class DraftHead(nn.Module):
                              "saved by DraftHead.save_pretrained)")
         raw = json.loads((path / CONFIG).read_text())
         raw["feature_layers"] = tuple(raw["feature_layers"])
+        if raw.get("codebooks"):                          # a frame head (its own attach)
+            cls = FrameHead
         head = cls(HeadConfig(**raw))
         missing, unexpected = head.load_state_dict(load_file(str(path / WEIGHTS)), strict=False)
         own_missing = [k for k in missing if not k.startswith(("decoder.model.embed_tokens",
@@ -234,3 +244,66 @@ class DraftHead(nn.Module):
         if own_missing or unexpected:
             raise ValueError(f"{path / WEIGHTS}: missing {own_missing}, unexpected {unexpected}")
         return head.attach(target) if target is not None else head
+
+
+def delay_decoder(target) -> nn.Module:
+    """The delay-pattern decoder (a module with ``lm_heads`` and ``model.decoder.embed_tokens``)
+    of a ``MusicgenForConditionalGeneration``, a decoder with a separate text encoder, or the
+    decoder itself."""
+    for m in (target, getattr(target, "decoder", None)):
+        if m is not None and isinstance(getattr(m, "lm_heads", None), nn.ModuleList):
+            return m
+    raise ValueError(f"a frame head shares a delay-pattern decoder's codebook embeddings and "
+                     f"heads; {type(target).__name__} has no lm_heads: accepted a MusicGen-style "
+                     "model")
+
+
+class FrameHead(DraftHead):
+    """A draft head over the frames of a delay-pattern decoder (module docstring). Build one
+    with ``FrameHead.for_target``; files as ``DraftHead`` (``codebooks`` in the config)."""
+
+    def __init__(self, config: HeadConfig):
+        if not config.codebooks or config.draft_vocab_size is not None:
+            raise ValueError(f"codebooks={config.codebooks!r}, draft_vocab_size="
+                             f"{config.draft_vocab_size!r}: a frame head needs codebooks >= 1 "
+                             "and the codebooks' whole vocabulary")
+        super().__init__(config)
+        self.decoder.lm_head = nn.Identity()      # the decoder's output is g; heads shared
+
+    @classmethod
+    def for_target(cls, target, feature_layers=None, **kw) -> "FrameHead":
+        """A fresh frame head for a delay-pattern model (its decoder's sizes)."""
+        dec = delay_decoder(target)
+        cfg = dec.config
+        layers = tuple(feature_layers or default_layers(cfg.num_hidden_layers))
+        bad = [i for i in layers if not 0 <= i <= cfg.num_hidden_layers]
+        if bad:
+            raise ValueError(f"feature_layers={layers}: accepted indices in [0, "
+                             f"{cfg.num_hidden_layers}] (0: embeddings, L: the last layer)")
+        head = cls(HeadConfig(hidden_size=cfg.hidden_size, feature_layers=layers,
+                              vocab_size=cfg.vocab_size, codebooks=len(dec.lm_heads),
+                              target=getattr(target, "name_or_path", "") or "",
+                              num_heads=kw.pop("num_heads", max(1, cfg.hidden_size // 64)),
+                              max_position_embeddings=kw.pop("max_position_embeddings", 4096),
+                              **kw))
+        return head.attach(target)
+
+    def attach(self, target) -> "FrameHead":
+        """Share the target decoder's codebook embeddings and heads (checked against the
+        config; ``shared`` holds them)."""
+        dec = delay_decoder(target)
+        tables, heads = dec.model.decoder.embed_tokens, dec.lm_heads
+        c, v, d = self.config.codebooks, self.config.vocab_size, self.config.hidden_size
+        shapes = [tuple(h.weight.shape) for h in heads]
+        if len(heads) != c or any(s != (v, d) for s in shapes):
+            raise ValueError(f"this head was made for {c} codebook heads of [{v}, {d}] (target "
+                             f"{self.config.target or '?'}); the target has {shapes}: accepted "
+                             "the target it was trained for")
+        self.shared = (tables, heads)
+        self.to(device=heads[0].weight.device, dtype=heads[0].weight.dtype)
+        self.decoder.model.embed_tokens = tables[0]          # unused: inputs are embeddings
+        return self
+
+    def event_logits(self, g: torch.Tensor) -> torch.Tensor:
+        """The codebook heads on the head's outputs [..., d] -> [..., C, V]."""
+        return torch.stack([h(g) for h in self.shared[1]], -2)

@@ -61,6 +61,8 @@ class DelayPatternSession(Session):
     """
 
     ragged = False
+    _feature_layers: tuple[int, ...] = ()
+    features: torch.Tensor | None = None    # ``keep_features``: the last step's
 
     def __init__(self, model, params: SamplingParams, guidance_scale: float | None,
                  num_frames: int, pad_token_id: int, eos_token_id: int | None = None):
@@ -74,6 +76,24 @@ class DelayPatternSession(Session):
         self.pad = pad_token_id
         self.eos = eos_token_id
         self.cache = None
+
+    def keep_features(self, layers) -> None:
+        """Keep the decoder's hidden states at ``layers`` (indices into its hidden states: 0
+        the embeddings) of every step, concatenated, as ``features`` [B, n, F] (the
+        conditional rows): what a frame head drafts from (``mmspec.drafters.frame``)."""
+        self._feature_layers = tuple(layers)
+
+    @property
+    def decoder(self):
+        """The delay-pattern decoder (a ``MusicgenForCausalLM``: its codebook embeddings are
+        ``model.decoder.embed_tokens``, its heads ``lm_heads``)."""
+        return self.model.decoder
+
+    def event_embeds(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The decoder's input embeddings [B, n, d] of events [B, n, C]: the sum of each
+        codebook's embedding (as the decoder embeds its inputs; no positions)."""
+        tables = self.decoder.model.decoder.embed_tokens
+        return sum(tables[k](tokens[..., k].clamp(min=0)) for k in range(tokens.shape[-1]))
 
     @property
     def guided(self) -> bool:
@@ -109,23 +129,39 @@ class DelayPatternSession(Session):
                          decoder_input_ids=dec,
                          decoder_attention_mask=torch.ones(r, self.length + n, dtype=torch.long,
                                                            device=tokens.device),
-                         cache=self.cache, use_cache=True)
+                         cache=self.cache, use_cache=True,
+                         output_hidden_states=bool(self._feature_layers))
         logits = out.logits.view(r, c, n, -1).permute(0, 2, 1, 3)              # [R, n, C, V]
         if self.vocab_size > self.logit_width:     # the pad id is past the logits (MusicGen)
             logits = F.pad(logits, (0, self.vocab_size - self.logit_width), value=float("-inf"))
         if self.guided:
             logits = guide(logits[:b], logits[b:], self.guidance_scale)
-        # Step of each prediction and the end-of-speech step seen so far in the prefix.
-        t = self.length + torch.arange(n, device=tokens.device)                 # predicted steps
-        t = t[None].expand(b, n)
+        if self._feature_layers:
+            hs = out.decoder_hidden_states if hasattr(out, "decoder_hidden_states") \
+                else out.hidden_states
+            self.features = torch.cat([hs[i] for i in self._feature_layers], -1)[:b]
+        logits, self._pending = self.force(logits, tokens, self.length)
+        self._since += n
+        self.length += n
+        return self.params.probs(logits)
+
+    def force(self, logits: torch.Tensor, tokens: torch.Tensor, start: int):
+        """The pattern's forced ids on logits [B, n, C, V] predicted from the events ``tokens``
+        [B, n, C] fed at slots ``start``.. (slot s predicts step s): (logits, the end-of-speech
+        steps seen in the fed events, their steps). Reads the committed end-of-speech step,
+        changes nothing (a draft head forces its own logits the same way)."""
+        b, n, c = tokens.shape
+        dev = tokens.device
+        t = (start + torch.arange(n, device=dev))[None].expand(b, n)            # predicted steps
         eos = self.eos_step[:, None].expand(b, n)
+        pending = None
         if self.eos is not None:   # codebook 0 emitting end-of-speech at fed step s ends frames
             fed_steps = t - 1
             hit = (tokens[..., 0] == self.eos) & (fed_steps >= 0)
             first = torch.where(hit, fed_steps, 1 << 30).cummin(1).values
             eos = torch.minimum(eos, first)
-            self._pending = (first, fed_steps)
-        c_idx = torch.arange(c, device=tokens.device)
+            pending = (first, fed_steps)
+        c_idx = torch.arange(c, device=dev)
         end = torch.minimum(eos, torch.full_like(eos, self.num_frames))        # [B, n]
         # codebook c is outside its frames at step t: before its delay (pad) or after the last
         # frame (end-of-speech; pad for fixed-length models)
@@ -137,15 +173,12 @@ class DelayPatternSession(Session):
         fill = self.pad if self.eos is None else self.eos
         logits[..., fill] = torch.where(tail, 0.0, logits[..., fill])
         if self.eos is not None:   # inside the frames, end-of-speech only from codebook 0
-            inside = ~forced
-            ban = inside.clone()
+            ban = ~forced
             ban[..., 0] = False
             logits[..., self.eos] = torch.where(ban, float("-inf"), logits[..., self.eos])
-        if self.eos is not None:   # pad only in the head
+            # pad only in the head
             logits[..., self.pad] = torch.where(head, logits[..., self.pad], float("-inf"))
-        self._since += n
-        self.length += n
-        return self.params.probs(logits)
+        return logits, pending
 
     def commit(self, keep: int, valid, path=None) -> None:
         n = self._since
@@ -180,4 +213,4 @@ class DecoderWithTextEncoder(torch.nn.Module):
             h = h * attention_mask[..., None]
         return self.decoder(input_ids=decoder_input_ids, attention_mask=decoder_attention_mask,
                             encoder_hidden_states=h, encoder_attention_mask=attention_mask,
-                            use_cache=use_cache, **{self._cache_arg: cache})
+                            use_cache=use_cache, **{self._cache_arg: cache}, **kw)

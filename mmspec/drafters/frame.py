@@ -1,0 +1,123 @@
+"""Drafting with a head over a delay-pattern decoder's frames (MusicGen, Parler-TTS style):
+the frame as one event.
+
+The head (``mmspec.drafters.head.FrameHead``, a ``DraftHead`` with ``codebooks`` = C) drafts frame t + 2 from the
+pair (feature of step t, frame t + 1), as the token head does, with the frame's parts shared
+from the target's decoder:
+
+    e     = sum_c embed_c(x_{t+1, c})              the target's codebook embeddings, summed
+                                                   as its decoder sums them
+    g_t   = decoder(fuse(concat(e, reduce(f_t))))  one Llama layer, its own cache
+    q_c   = softmax(lm_head_c(g_t))                the target's C codebook heads
+
+``FrameDrafter`` drafts a chain of K frames per step (delay-pattern targets take no tree
+steps): each frame's C codebooks are drawn from q_c independently (the ``Frame`` rule's
+factorised event), with the target's own pattern forced on the logits (pad before a
+codebook's delay, end-of-speech after the last frame: ``force`` of the target session), so q
+is zero exactly where p is. After verification the head keeps only the slots fed with the
+target's real features; the accepted frames and the new last frame are fed next step with
+the target's features of the accepted path (rows of a delay-pattern call commit the same
+count). Verification is the target's: lossless with ``exact``.
+
+The target session provides ``keep_features(layers)`` / ``features``, ``event_embeds``,
+``force``, ``decoder`` (its ``lm_heads``), ``length``, ``vocab_size`` and ``params``
+(``modalities.speech.delay.DelayPatternSession``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import distributions
+from ..cache import crop
+from ..checks import check_count
+from ..types import Draft
+from .base import Drafter
+from .head import FrameHead
+
+HOOKS = ("keep_features", "event_embeds", "force", "decoder", "vocab_size")
+
+
+class FrameDrafter(Drafter):
+    """Draft a chain of ``depth`` frames per step with a ``FrameHead`` (module docstring)."""
+
+    needs_head = True
+
+    def __init__(self, head: FrameHead, depth: int = 4, generator=None):
+        if not isinstance(head, FrameHead):
+            raise ValueError(f"head={type(head).__name__}: accepted a FrameHead")
+        self.head = head
+        self.num_tokens = check_count("tree_depth", depth)
+        self.generator = generator
+        self.target = None
+
+    def attach(self, target) -> None:
+        missing = [h for h in HOOKS if not hasattr(target, h)]
+        if missing:
+            raise ValueError(f"a frame head drafts from a delay-pattern target session; "
+                             f"{type(target).__name__} has no {', '.join(missing)}")
+        target.keep_features(self.head.config.feature_layers)
+        self.target = target
+
+    def begin(self, input_ids, attention_mask, vocab_size=None, **prompt) -> None:
+        from transformers import DynamicCache
+
+        if self.target is None:
+            raise RuntimeError("FrameDrafter.begin before attach(target)")
+        d = self.head.config.hidden_size
+        self.cache = DynamicCache()
+        self._backlog = self._backlog_f = None      # accepted frames not yet fed, features
+        # the first frame fed (the start frame) pairs with a zero feature
+        self._root = input_ids.new_zeros(input_ids.shape[0], 1, d,
+                                         dtype=self.head.fuse.weight.dtype)
+        self._k = 0
+
+    def _forward(self, frames: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+        """Feed frames [B, n, C] with their features [B, n, d]: the head's outputs [B, n, d]."""
+        x = self.head.inputs(self.target.event_embeds(frames).to(feats.dtype), feats)
+        return self.head.decoder(inputs_embeds=x, past_key_values=self.cache,
+                                 use_cache=True).logits
+
+    def _q(self, g: torch.Tensor, fed: torch.Tensor, start: int):
+        """q [B, C, V] of the frame after ``fed`` [B, m, C] (fed at slots ``start``..): the
+        codebook heads on g [B, 1, d], the target's pattern forced, its processing."""
+        tgt = self.target
+        logits = self.head.event_logits(g).float()                              # [B, 1, C, V']
+        if tgt.vocab_size > logits.shape[-1]:
+            logits = F.pad(logits, (0, tgt.vocab_size - logits.shape[-1]), value=float("-inf"))
+        logits, _ = tgt.force(logits.expand(-1, fed.shape[1], -1, -1), fed, start)
+        return tgt.params.probs(logits[:, -1:])[:, 0]
+
+    def propose(self, last: torch.Tensor, k_max: int, active=None) -> Draft:
+        k = self._k = min(self.num_tokens, k_max)
+        frames, feats = last[:, None], self._root
+        if self._backlog is not None:
+            frames = torch.cat([self._backlog, frames], 1)
+            feats = torch.cat([self._backlog_f, feats], 1)
+        if k == 0:                      # nothing drafted: the frames wait for the next step
+            self._backlog, self._backlog_f = frames, feats
+            return Draft(tokens=last.new_zeros(last.shape[0], 0, *last.shape[1:]))
+        g = self._forward(frames, feats)[:, -1:]
+        start, fed = self.target.length, last[:, None]
+        tokens, probs = [], []
+        for i in range(k):
+            x, q = distributions.draw(self._q(g, fed, start), self.generator,
+                                      self.target.greedy)
+            tokens.append(x)
+            probs.append(q)
+            if i < k - 1:
+                g = self._forward(x[:, None], g)
+                fed = torch.cat([fed, x[:, None]], 1)
+        return Draft(tokens=torch.stack(tokens, 1), probs=distributions.stack(probs))
+
+    def observe(self, out, target_probs, num_accepted) -> None:
+        f = self.head.reduce_features(self.target.features)                  # [B, K + 1, d]
+        if self._k == 0:
+            self._root = f[:, :1]
+            return
+        crop(self.cache, self._k - 1)          # the drafts fed on the head's own outputs
+        n = min(num_accepted)                  # a delay-pattern call commits one count
+        self._backlog = out.tokens[:, :n] if n else None
+        self._backlog_f = f[:, :n] if n else None
+        self._root = f[:, n:n + 1]

@@ -1,0 +1,104 @@
+"""Frame heads (``mmspec.drafters.frame``): a draft head over a delay-pattern decoder's
+frames, through TextToSpeech's method ``head``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_speech import tiny_musicgen
+
+from mmspec.drafters import DraftHead, FrameDrafter, FrameHead
+from modalities.speech import TextToSpeech
+
+TEXTS = [[3, 4, 5, 6, 7], [8, 9]]
+
+
+@pytest.mark.parametrize("pad_outside", [False, True])
+@pytest.mark.parametrize("guidance", [None, 3.0])
+def test_frame_head_greedy_equals_plain(pad_outside, guidance):
+    """An untrained frame head, chains of 1 and 3 frames: plain greedy's codes (both pad
+    layouts, with and without guidance)."""
+    target = tiny_musicgen(pad_outside=pad_outside)
+    torch.manual_seed(0)
+    tts = TextToSpeech.from_pretrained(target, head=FrameHead.for_target(target))
+    kw = dict(temperature=0, max_frames=12, progress=False, guidance_scale=guidance)
+    plain = tts(TEXTS, method="plain", **kw)
+    for depth in (1, 3):
+        out = tts(TEXTS, method="head", tree_depth=depth, **kw)
+        assert all(torch.equal(a, b) for a, b in zip(out.codes, plain.codes)), depth
+        assert out.stats.drafted > 0
+
+
+def test_frame_head_sampling_is_the_targets_distribution():
+    """Monte Carlo end to end, 20,000 rows at temperature 1: the first two frames (4 codes,
+    ids 0..4 with the pad id: 625 outcomes) drafted by an untrained head and verified exactly
+    have plain sampling's distribution (two-sample TV within its sampling threshold; a drafter
+    that drafts code 0 while reporting q gives TV 0.97). The rows of a delay-pattern call
+    commit one count, here each step's first frame: a row's first draft when it accepted it,
+    else the residual's sample, so both paths are exercised."""
+    from stats_util import tv, tv_two_sample_threshold
+
+    target = tiny_musicgen(codebook_size=4)
+    torch.manual_seed(0)
+    tts = TextToSpeech.from_pretrained(target, head=FrameHead.for_target(target))
+    n, kw = 20000, dict(temperature=1.0, max_frames=2, progress=False, decode=False)
+    hists = []
+    for method, seed in (("plain", 1), ("head", 2)):
+        out = tts([TEXTS[0]] * n, method=method, tree_depth=3, seed=seed, **kw) \
+            if method == "head" else tts([TEXTS[0]] * n, method=method, seed=seed, **kw)
+        codes = torch.stack(out.codes).reshape(n, 4)                    # [n, 2 frames x 2]
+        index = (codes * torch.tensor([125, 25, 5, 1])).sum(1)         # ids 0..4 (4: pad)
+        hists.append(torch.bincount(index, minlength=625).double().numpy() / n)
+    assert out.stats.drafted > 0
+    assert tv(*hists) < tv_two_sample_threshold(hists[0], n)
+
+
+def test_frame_head_q_follows_the_pattern(monkeypatch):
+    """The head's q is forced as the target's p: pad before each codebook's delay (a point
+    mass there), real codes after it; a sampled call runs and its drafts are accepted at
+    times."""
+    target = tiny_musicgen()
+    torch.manual_seed(0)
+    head = FrameHead.for_target(target)
+    tts = TextToSpeech.from_pretrained(target, head=head)
+    seen = []
+    propose = FrameDrafter.propose
+
+    def spy(self, last, k_max, active=None):
+        d = propose(self, last, k_max, active)
+        seen.append((self.target.length, d.probs))
+        return d
+
+    monkeypatch.setattr(FrameDrafter, "propose", spy)
+    out = tts(TEXTS, method="head", tree_depth=3, max_frames=12, progress=False, seed=0)
+    start, q = seen[0]                              # the first step: the start frame fed
+    assert start == 0 and q.shape[1:3] == (3, 2)
+    pad = 16
+    assert torch.equal(q[:, 0, 1, pad], torch.ones(2))     # codebook 1 waits one step
+    assert (q[:, 0, 1, :pad] == 0).all() and (q[:, 1:, :, :pad].sum(-1) > 0).all()
+    assert out.stats.accepted > 0
+
+
+def test_frame_head_files_round_trip(tmp_path):
+    target = tiny_musicgen()
+    head = FrameHead.for_target(target)
+    head.save_pretrained(tmp_path)
+    back = DraftHead.from_pretrained(tmp_path, target)
+    assert isinstance(back, FrameHead) and back.config == head.config
+    for k, v in head.state_to_save().items():
+        assert torch.equal(v, back.state_to_save()[k]), k
+    with pytest.raises(ValueError, match=r"made for 2 codebook heads of \[17, 16\].*accepted "
+                                         "the target it was trained for"):
+        back.attach(tiny_musicgen(codebooks=3))
+
+
+def test_frame_head_refusals():
+    target = tiny_musicgen()
+    head = FrameHead.for_target(target)
+    tts = TextToSpeech.from_pretrained(target, head=head)
+    with pytest.raises(ValueError, match="a frame head drafts chains"):
+        tts(TEXTS, method="head", tree_branch=2, max_frames=4, progress=False)
+    with pytest.raises(ValueError, match="has no lm_heads"):
+        FrameHead.for_target(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="accepted a FrameHead"):
+        FrameDrafter(object())
