@@ -216,13 +216,18 @@ def tts_demo(out_dir: str, seed: int = 0):
     from recipes.tts import comparison
 
     models = os.path.join(ROOT, "samples", "models")
+    head = os.path.join(models, "shapes-tts-head")
     tts = TextToSpeech.from_pretrained(os.path.join(models, "shapes-tts"),
-                                       draft=os.path.join(models, "shapes-tts-draft"))
+                                       draft=os.path.join(models, "shapes-tts-draft"),
+                                       head=head if os.path.isdir(head) else None)
     texts = ["a small blue star at the bottom", "there is a red cross"]
     refs = [reference(f"us {t}") for t in texts]
     rows, outs = [], {}
     tts(texts[0], method="plain", seed=seed, progress=False, max_frames=8)      # warm-up
-    for method, kw in (("plain", {}), ("exact", {}), ("pcg", {"theta": 0.45})):
+    methods = [("plain", {}), ("exact", {}), ("pcg", {"theta": 0.45})]
+    if tts.head is not None:                  # the frame head: chains of 4 frames
+        methods.append(("head", {"tree_depth": 4}))
+    for method, kw in methods:
         # one text at a time: this model's rows commit to the batch's shortest accepted length
         parts, secs = timed(lambda: [tts(t, method=method, seed=seed, progress=False, **kw)
                                      for t in texts])

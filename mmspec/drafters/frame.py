@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import distributions
-from ..cache import crop
+from ..cache import cache_argument, crop
 from ..checks import check_count
 from ..types import Draft
 from .base import Drafter
@@ -76,8 +76,8 @@ class FrameDrafter(Drafter):
     def _forward(self, frames: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
         """Feed frames [B, n, C] with their features [B, n, d]: the head's outputs [B, n, d]."""
         x = self.head.inputs(self.target.event_embeds(frames).to(feats.dtype), feats)
-        return self.head.decoder(inputs_embeds=x, past_key_values=self.cache,
-                                 use_cache=True).logits
+        return self.head.decoder(inputs_embeds=x, use_cache=True,
+                                 **{cache_argument(self.head.decoder): self.cache}).logits
 
     def _q(self, g: torch.Tensor, fed: torch.Tensor, start: int):
         """q [B, C, V] of the frame after ``fed`` [B, m, C] (fed at slots ``start``..): the

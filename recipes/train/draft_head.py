@@ -30,6 +30,7 @@ import json
 import math
 import os
 import random
+import textwrap
 import time
 from dataclasses import dataclass
 
@@ -83,6 +84,43 @@ class Recorder(NoDraft):
                     prompt=torch.tensor(self.mask.shape[1]), steps=torch.tensor(len(self.probs)))
 
 
+class FrameRecorder(NoDraft):
+    """Plain decoding of a delay-pattern target that records what a frame head trains on: the
+    frames fed (the start frame first), their embeddings, the target's features and its
+    distributions [B, S, C, V]."""
+
+    def __init__(self, layers):
+        self.layers = tuple(layers)
+
+    def attach(self, target):
+        target.keep_features(self.layers)
+        self.target = target
+
+    def begin(self, input_ids, attention_mask, vocab_size=None, **prompt):
+        self.fed, self.feats, self.probs, self.valid = [], [], [], []
+
+    def propose(self, last, k_max, active=None):
+        self.fed.append(last[:, None])
+        self.valid.append(torch.ones(last.shape[0], dtype=torch.bool, device=last.device)
+                          if active is None else active.clone())
+        return super().propose(last, k_max, active)
+
+    def observe(self, out, target_probs, num_accepted):
+        self.feats.append(self.target.features)
+        self.probs.append(target_probs.to(torch.float16))
+
+    def batch(self) -> dict:
+        """The call's tensors: S frames fed (T = S positions), each predicting the next."""
+        fed = torch.cat(self.fed, 1)                                            # [B, S, C]
+        with torch.no_grad():
+            embeds = self.target.event_embeds(fed).float().cpu()                # [B, S, d]
+        return dict(embeds=embeds,
+                    features=torch.cat(self.feats, 1)[:, :-1].float().cpu(),     # [B, S-1, F]
+                    probs=torch.cat(self.probs, 1).cpu(),                        # [B, S, C, V]
+                    mask=torch.stack(self.valid, 1).long().cpu(), tokens=fed.cpu(),
+                    prompt=torch.tensor(1), steps=torch.tensor(len(self.probs)))
+
+
 @dataclass
 class Source:
     """A modality's front door, its prompts and how one batch is generated."""
@@ -93,6 +131,15 @@ class Source:
     items: list
     held_out: list
     max_new_tokens: int
+
+    @property
+    def frames(self) -> bool:
+        """The target decodes delay-pattern frames (a ``FrameHead`` drafts for it)."""
+        return hasattr(self.model, "lm_heads") or hasattr(getattr(self.model, "decoder", None),
+                                                           "lm_heads")
+
+    def recorder(self, layers):
+        return (FrameRecorder if self.frames else Recorder)(layers)
 
     def generate(self, items, seed: int, temperature: float, drafter=None):
         """Generate for ``items`` with ``drafter`` (None: plain decoding), exact rule."""
@@ -199,7 +246,7 @@ def collect(source: Source, layers, args, accelerator) -> list[dict]:
     mine = source.items[accelerator.process_index::accelerator.num_processes]
     batches, bs = [], args.collect_batch
     for i in tqdm(range(0, len(mine), bs), desc="collect", disable=None if accelerator.is_main_process else True):
-        rec = Recorder(layers)
+        rec = source.recorder(layers)
         source.generate(mine[i:i + bs], seed=args.seed + i, temperature=args.temperature,
                         drafter=rec)
         batches.append(rec.batch())
@@ -244,10 +291,24 @@ def unrolled_mask(t: int, steps: int, device) -> torch.Tensor:
     return torch.cat(rows, 0)
 
 
-def head_loss(head, template, batch: dict, steps: int) -> torch.Tensor:
-    """The unrolled soft cross-entropy of one collected batch (module docstring, step 2)."""
+def _logits(head, template, batch: dict, g: torch.Tensor) -> torch.Tensor:
+    """The head's logits in the rules' ids for its outputs g [B, T, d]: through the target
+    session's ``logits`` hook; for a frame head its codebook heads [B, T, C, V] with the
+    target's pattern forced (``force``, on the frames fed)."""
+    from mmspec.drafters import FrameHead
     from mmspec.drafters.feature import _HeadOutput
 
+    if not isinstance(head, FrameHead):
+        return template.logits(_HeadOutput(head.full_logits(head.decoder.lm_head(g)), g))
+    logits = head.event_logits(g)
+    if template.vocab_size > logits.shape[-1]:
+        logits = torch.nn.functional.pad(logits, (0, template.vocab_size - logits.shape[-1]),
+                                         value=float("-inf"))
+    return template.force(logits, batch["tokens"].to(g.device), 0)[0]
+
+
+def head_loss(head, template, batch: dict, steps: int) -> torch.Tensor:
+    """The unrolled soft cross-entropy of one collected batch (module docstring, step 2)."""
     dev = head.fuse.weight.device
     e, mask = batch["embeds"].to(dev), batch["mask"].to(dev)
     b, t, d = e.shape
@@ -270,11 +331,11 @@ def head_loss(head, template, batch: dict, steps: int) -> torch.Tensor:
         g = head.decoder.model(inputs_embeds=x, attention_mask=additive,
                                position_ids=pos.repeat(1, j), use_cache=False).last_hidden_state
         g = g[:, -t:]
-        wide = head.full_logits(head.decoder.lm_head(g))
-        logits = template.logits(_HeadOutput(wide, g))[:, predicted].float()
+        logits = _logits(head, template, batch, g)[:, predicted].float()
         logq = torch.log_softmax(logits, -1)
         # a reduced draft vocabulary learns the target's mass on its own ids
-        ce = -(target * logq.masked_fill(logits == float("-inf"), 0.0)).sum(-1)   # [B, S]
+        ce = -(target * logq.masked_fill(logits == float("-inf"), 0.0)).sum(-1)   # [B, S, ...]
+        ce = ce.flatten(2).sum(-1) if ce.dim() > 2 else ce     # frames: summed over codebooks
         ok = row_ok.clone()
         ok[:, : max(0, j - 1 - (p_len - 1))] = False       # step j needs j - 1 positions before
         total = total + ce[ok].mean() / j
@@ -377,22 +438,34 @@ TREE = dict(tree_depth=5, tree_branch=2, tree_width=4)
 
 
 def measure(source: Source, head, args) -> list[dict]:
-    """Tokens per target step on the held-out prompts: plain, the head's chain, its tree."""
-    from mmspec.drafters import FeatureDrafter
+    """Tokens per target step on the held-out prompts: plain, the head's chain, its tree (a
+    frame head: its chain, each prompt its own call)."""
+    from mmspec.drafters import FeatureDrafter, FrameDrafter, FrameHead
 
+    frames = isinstance(head, FrameHead)        # frame heads draft chains only
     rows = []
     for name, tree in (("plain", None), ("head chain", CHAIN), ("head tree", TREE)):
+        if frames and tree is TREE:
+            continue
         t0 = time.perf_counter()
-        drafter = None if tree is None else FeatureDrafter(
-            head, **{k.removeprefix("tree_"): v for k, v in tree.items()})
-        out = source.generate(source.held_out, args.seed, args.temperature, drafter)
-        rows.append(dict(method=name, tokens_per_step=out.stats.tokens_per_step,
-                         acceptance=out.stats.acceptance_rate, steps=out.stats.steps,
+        drafter = (None if tree is None else FrameDrafter(head, tree["tree_depth"]) if frames
+                   else FeatureDrafter(head, **{k.removeprefix("tree_"): v
+                                                for k, v in tree.items()}))
+        # a delay-pattern call commits its rows to the shortest accepted run: one at a time
+        calls = [[x] for x in source.held_out] if frames else [source.held_out]
+        stats = [source.generate(c, args.seed, args.temperature, drafter).stats for c in calls]
+        drafted = sum(s.drafted for s in stats)
+        rows.append(dict(method=name, steps=sum(s.steps for s in stats),
+                         tokens_per_step=sum(s.emitted for s in stats) /
+                         sum(s.row_steps for s in stats),
+                         acceptance=sum(s.accepted for s in stats) / drafted if drafted else 0.0,
                          seconds=time.perf_counter() - t0))
     return rows
 
 
 def _vocab_line(cfg) -> str:
+    if cfg.codebooks:
+        return f"It drafts over each codebook's {cfg.vocab_size} ids."
     if cfg.draft_vocab_size is None:
         return "It drafts over the target's whole output head."
     return (f"It drafts {cfg.draft_vocab_size} of the target's {cfg.vocab_size} ids (those with "
@@ -404,24 +477,41 @@ def model_card(target: str, head, rows, trained: dict) -> str:
     table = "\n".join(f"| {r['method']} | {r['tokens_per_step']:.2f} | {r['acceptance']:.3f} | "
                       f"{r['steps']} |" for r in rows)
     t = trained
+    if cfg.codebooks:
+        kind = (f"A `mmspec.drafters.FrameHead` (the frame as one event: the target decoder's "
+                f"hidden states of layers {list(cfg.feature_layers)} fused, one decoder layer, "
+                f"the {cfg.codebooks} codebook embeddings summed as input and the "
+                f"{cfg.codebooks} codebook heads shared)")
+        use = ("then `method=\"head\"` (a chain of `tree_depth` frames; delay-pattern targets "
+               "take no trees)")
+        shapes = "chain = depth 4"
+    else:
+        kind = (f"A `mmspec.DraftHead` (EAGLE-3 style: the target's hidden states of layers "
+                f"{list(cfg.feature_layers)} fused, one decoder layer, the target's embeddings "
+                "and output head shared)")
+        use = ("then `method=\"head\"` (a tree: `tree_depth`, `tree_branch`, `tree_width`; a "
+               "chain: `tree_branch=1, tree_width=1`)")
+        shapes = (f"chain = depth 4; tree = depth {TREE['tree_depth']}, {TREE['tree_branch']} "
+                  f"children per node, {TREE['tree_width']} nodes expanded per level")
+    about = textwrap.fill(
+        f"{kind} trained by `python -m recipes.train.draft_head` on the target's own "
+        f"generations ({t['modality']}, data `{t['data']}`, {t['samples']} prompts, temperature "
+        f"{t['temperature']}, {t['steps']} steps, unroll {t['unroll']}, {t['seconds']:.0f} s on "
+        f"{t['device']}). {_vocab_line(cfg)}", 96)
+    usage = textwrap.fill(
+        "Use: `head=DraftHead.from_pretrained(this folder, target)` on the front door (or "
+        f"`head=\"this folder\"`), {use}. Exact: the target's distribution is unchanged.", 96)
+    measured = textwrap.fill(
+        f"Measured on {t['eval']} held-out prompts (temperature {t['temperature']}, seed "
+        f"{t['seed']}); {shapes} (`python -m recipes.train.draft_head ... --measure-only` "
+        "measures again):", 96)
     return f"""# Draft head for `{target}`
 
-A `mmspec.DraftHead` (EAGLE-3 style: the target's hidden states of layers
-{list(cfg.feature_layers)} fused, one decoder layer, the target's embeddings and output head
-shared) trained by `python -m recipes.train.draft_head` on the target's own generations
-({t['modality']}, data `{t['data']}`, {t['samples']} prompts, temperature {t['temperature']},
-{t['steps']} steps, unroll {t['unroll']}, {t['seconds']:.0f} s on {t['device']}).
-{_vocab_line(cfg)}
+{about}
 
-Use: `head=DraftHead.from_pretrained(this folder, target)` on the front door (or
-`head="this folder"`), then `method="head"` (a tree: `tree_depth`, `tree_branch`,
-`tree_width`; a chain: `tree_branch=1, tree_width=1`). Exact: the target's distribution is
-unchanged.
+{usage}
 
-Measured on {t['eval']} held-out prompts (temperature {t['temperature']}, seed {t['seed']});
-chain = depth 4; tree = depth {TREE['tree_depth']}, {TREE['tree_branch']} children per node,
-{TREE['tree_width']} nodes expanded per level
-(`python -m recipes.train.draft_head ... --measure-only` measures again):
+{measured}
 
 | method | tokens per target step | acceptance | target steps |
 |---|---|---|---|
@@ -504,10 +594,14 @@ def main(argv=None) -> None:
 
 def fit(source: Source, args, accelerator):
     """Collect (or reuse OUT/data.safetensors on --resume), train, save the head."""
-    from mmspec.drafters import DraftHead
+    from mmspec.drafters import DraftHead, FrameHead
 
-    head = DraftHead.for_target(source.model, args.feature_layers,
-                                draft_vocab_size=args.draft_vocab)
+    if source.frames and args.draft_vocab is not None:
+        raise ValueError(f"--draft-vocab {args.draft_vocab}: a frame head drafts over the "
+                         "codebooks' whole vocabulary: accepted with token targets only")
+    head = (FrameHead.for_target(source.model, args.feature_layers) if source.frames else
+            DraftHead.for_target(source.model, args.feature_layers,
+                                 draft_vocab_size=args.draft_vocab))
     head.config.target = args.target
     os.makedirs(args.out, exist_ok=True)
     data = os.path.join(args.out, "data.safetensors")
@@ -541,12 +635,14 @@ def _device_name(device: str) -> str:
 
 def _template(source: Source, head):
     """The target's session that maps the head's outputs to the rules' ids (its ``logits``)."""
-    rec = Recorder(head.config.feature_layers)
+    rec = source.recorder(head.config.feature_layers)
     source.generate(source.items[:1], seed=0, temperature=1.0, drafter=rec)
     t = rec.target
     for name, value in list(vars(t).items()):   # made under inference mode: not for autograd
         if torch.is_tensor(value) and value.is_inference():
             setattr(t, name, value.clone())
+    if source.frames:                 # forcing from the frames fed alone, every batch size
+        t.eos_step = torch.full((1,), 1 << 30, dtype=torch.long, device=t.eos_step.device)
     return t
 
 
