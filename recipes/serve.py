@@ -28,7 +28,7 @@ BUNDLED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
                        "models")
 T2I_METHODS = ("exact", "tree", "head", "head+lantern", "sjd", "sjd-maximal", "lantern", "gsd")
 VLM_METHODS = ("exact", "tree", "head", "sjd")
-TTS_METHODS = {"exact": {}, "pcg": {"theta": 0.45}}
+TTS_METHODS = {"exact": {}, "pcg": {"theta": 0.45}, "head": {"tree_depth": 4}}
 COLUMNS = ["method", "tokens/step", "acceptance", "seconds", "speedup", "quality"]
 
 
@@ -45,6 +45,7 @@ class Models:
     vlm_head: str | None = os.path.join(BUNDLED, "shapes-vlm-head")
     tts: str = os.path.join(BUNDLED, "shapes-tts")
     tts_draft: str | None = os.path.join(BUNDLED, "shapes-tts-draft")
+    tts_head: str | None = os.path.join(BUNDLED, "shapes-tts-head")
 
     def bundled(self, name: str) -> bool:
         return os.path.normpath(getattr(self, name)).startswith(os.path.normpath(BUNDLED))
@@ -112,7 +113,7 @@ class Demo:
         from modalities.speech import TextToSpeech
 
         tts = TextToSpeech.from_pretrained(self.models.tts, draft=self.models.tts_draft,
-                                           device=self.device)
+                                           device=self.device, head=self.models.tts_head)
         tts("a red circle", method="plain", seed=0, progress=False, max_frames=8)
         return tts
 
@@ -273,10 +274,9 @@ def build_parser():
         ap.add_argument(f"--{kind}-draft", default=None,
                         help="its draft (default: the bundled draft with the bundled model, "
                              "else none)")
-        if kind != "tts":
-            ap.add_argument(f"--{kind}-head", default=None,
-                            help="its draft head (default: the bundled head with the bundled "
-                                 "model, else none)")
+        ap.add_argument(f"--{kind}-head", default=None,
+                        help="its draft head (default: the bundled head with the bundled "
+                             "model, else none)")
     add_common(ap)
     return describe(ap)
 
@@ -288,9 +288,7 @@ def models_from(args) -> Models:
         model, draft = getattr(args, f"{kind}_model"), getattr(args, f"{kind}_draft")
         head = getattr(args, f"{kind}_head", None)
         if model is not None:
-            kw[kind], kw[f"{kind}_draft"] = model, draft
-            if kind != "tts":
-                kw[f"{kind}_head"] = head
+            kw[kind], kw[f"{kind}_draft"], kw[f"{kind}_head"] = model, draft, head
         else:
             if draft is not None:
                 kw[f"{kind}_draft"] = draft

@@ -33,6 +33,12 @@ def test_image_call_returns_plain_then_each_method(demo):
     assert rows[0][5] == "n/a"
 
 
+def test_speech_call_runs_the_frame_head(demo):
+    audio, rows = demo.speak("a red star", ["head"], 0)
+    assert [r[0] for r in rows] == ["plain", "head"] and set(audio) == {"plain", "head"}
+    assert rows[1][1] > 1.0                                    # frames per step
+
+
 def test_answers_are_compared_with_plain_decoding(demo):
     from modalities import shapes_world as sw
 
