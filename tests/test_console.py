@@ -67,7 +67,7 @@ def test_every_flag_states_its_default_and_range(prog, command):
                                        "an integer >= 1"),
     (("bench", "gpu", "--modes", "eager,fast"), "mmspec bench gpu: error: argument --modes: "
                                                 "fast: accepted comma-separated, each one of "
-                                                "eager, captured, inductor"),
+                                                "eager, captured, graphs, inductor"),
     (("t2i", "--prompts-f", "x.txt"), "mmspec t2i: error: unrecognized arguments: --prompts-f"),
     (("paint",), "mmspec: error: 'paint': accepted one of t2i, tts, vlm, demo, serve, eval, "
                  "bench"),

@@ -194,7 +194,7 @@ def test_llamagen_text_conditional_runs(vq):
     (dict(method="sjd", window=0), r"window=0"),
     (dict(method="plain", bogus=1), r"unknown parameter\(s\) \['bogus'\]"),
     (dict(top_k=100), r"top_k=100: accepted at most the codebook size 16"),
-    (dict(compile="fast"), r"compile='fast': accepted False, True, 'regional' or 'inductor'"),
+    (dict(compile="fast"), r"compile='fast': accepted False, True, 'graphs', 'regional' or 'inductor'"),
 ])
 def test_bad_input(kwargs, match, vq):
     pipe, prompts = token_span_pipe(vq)

@@ -110,10 +110,11 @@ class FeatureDrafter(TreeDrafter):
         if isinstance(context.head, FrameHead):     # frames: a chain of tree_depth frames
             args = cls._args(params)
             if args["branch"] != 1 and "tree_branch" in params or \
-                    args["width"] != 1 and "tree_width" in params:
-                raise ValueError(f"tree_branch={args['branch']}, tree_width={args['width']}: a "
-                                 "frame head drafts chains (delay-pattern targets take no "
-                                 "tree steps): accepted 1, or leave them out")
+                    args["width"] != 1 and "tree_width" in params or args["nodes"] is not None:
+                raise ValueError(f"tree_branch={args['branch']}, tree_width={args['width']}, "
+                                 f"tree_nodes={args['nodes']}: a frame head drafts chains "
+                                 "(delay-pattern targets take no tree steps): accepted "
+                                 "branch and width 1 and no tree_nodes, or leave them out")
             return FrameDrafter(context.head, args["depth"])
         return cls(context.head, **cls._args(params))
 
