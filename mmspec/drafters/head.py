@@ -47,6 +47,16 @@ def default_layers(num_layers: int) -> tuple[int, ...]:
     return tuple(sorted({1, (num_layers + 1) // 2, num_layers}))
 
 
+def feature_layers_of(num_layers: int, feature_layers=None) -> tuple[int, ...]:
+    """``feature_layers`` checked against a decoder of ``num_layers`` layers (default: low,
+    middle and high, ``default_layers``)."""
+    layers = tuple(feature_layers or default_layers(num_layers))
+    if any(not 0 <= i <= num_layers for i in layers):
+        raise ValueError(f"feature_layers={layers}: accepted indices in [0, {num_layers}] (0: "
+                         "embeddings, L: the last layer)")
+    return layers
+
+
 @dataclass
 class HeadConfig:
     """hidden_size:     the target's hidden size (the head's width).
@@ -127,11 +137,7 @@ class DraftHead(nn.Module):
         from ..session import _decoder_config, output_vocab_size
 
         cfg = _decoder_config(target)
-        layers = tuple(feature_layers or default_layers(cfg.num_hidden_layers))
-        bad = [i for i in layers if not 0 <= i <= cfg.num_hidden_layers]
-        if bad:
-            raise ValueError(f"feature_layers={layers}: accepted indices in [0, "
-                             f"{cfg.num_hidden_layers}] (0: embeddings, L: the last layer)")
+        layers = feature_layers_of(cfg.num_hidden_layers, feature_layers)
         head = cls(HeadConfig(hidden_size=cfg.hidden_size, feature_layers=layers,
                               target=getattr(target, "name_or_path", "") or "",
                               vocab_size=output_vocab_size(target),
@@ -275,11 +281,7 @@ class FrameHead(DraftHead):
         """A fresh frame head for a delay-pattern model (its decoder's sizes)."""
         dec = delay_decoder(target)
         cfg = dec.config
-        layers = tuple(feature_layers or default_layers(cfg.num_hidden_layers))
-        bad = [i for i in layers if not 0 <= i <= cfg.num_hidden_layers]
-        if bad:
-            raise ValueError(f"feature_layers={layers}: accepted indices in [0, "
-                             f"{cfg.num_hidden_layers}] (0: embeddings, L: the last layer)")
+        layers = feature_layers_of(cfg.num_hidden_layers, feature_layers)
         head = cls(HeadConfig(hidden_size=cfg.hidden_size, feature_layers=layers,
                               vocab_size=cfg.vocab_size, codebooks=len(dec.lm_heads),
                               target=getattr(target, "name_or_path", "") or "",

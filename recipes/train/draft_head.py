@@ -84,25 +84,16 @@ class Recorder(NoDraft):
                     prompt=torch.tensor(self.mask.shape[1]), steps=torch.tensor(len(self.probs)))
 
 
-class FrameRecorder(NoDraft):
+class FrameRecorder(Recorder):
     """Plain decoding of a delay-pattern target that records what a frame head trains on: the
     frames fed (the start frame first), their embeddings, the target's features and its
     distributions [B, S, C, V]."""
-
-    def __init__(self, layers):
-        self.layers = tuple(layers)
-
-    def attach(self, target):
-        target.keep_features(self.layers)
-        self.target = target
 
     def begin(self, input_ids, attention_mask, vocab_size=None, **prompt):
         self.fed, self.feats, self.probs, self.valid = [], [], [], []
 
     def propose(self, last, k_max, active=None):
         self.fed.append(last[:, None])
-        self.valid.append(torch.ones(last.shape[0], dtype=torch.bool, device=last.device)
-                          if active is None else active.clone())
         return super().propose(last, k_max, active)
 
     def observe(self, out, target_probs, num_accepted):
