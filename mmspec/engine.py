@@ -34,6 +34,16 @@ MODES = ("eager", "static", "graphs", "regional", "inductor")
 CAPTURED = ("graphs", "regional", "inductor")
 
 
+def compile_mode(compile) -> str | bool:
+    """A ``compile=`` switch as its captured mode's name (True is ``"regional"``), or False."""
+    if compile is True:
+        return "regional"
+    if compile is not False and compile not in CAPTURED:
+        raise ValueError(f"compile={compile!r}: accepted False, True, 'graphs', 'regional' or "
+                         "'inductor'")
+    return compile
+
+
 @dataclass(frozen=True)
 class Engine:
     """mode: one of MODES; pipeline: None (decide), True or False; profile: synchronise the
@@ -65,15 +75,12 @@ class Engine:
                 raise ValueError("engine: accepted an Engine, given instead of compile=, "
                                  "static_cache=, pipeline= and profile= (not with them)")
             return engine
-        if compile is not False and compile is not True and compile not in CAPTURED:
-            raise ValueError(f"compile={compile!r}: accepted False, True, 'graphs', 'regional' "
-                             "or 'inductor'")
+        compile = compile_mode(compile)
         if static_cache not in (None, False, True):
             raise ValueError(f"static_cache={static_cache!r}: accepted None, True or False")
         if compile and static_cache is False:
             raise ValueError("compile=True needs static_cache=True (fixed shapes)")
-        mode = ("regional" if compile is True else compile if compile
-                else "static" if static_cache else "eager")
+        mode = compile or ("static" if static_cache else "eager")
         return cls(mode, pipeline, profile)
 
     @property

@@ -34,6 +34,7 @@ from . import regions
 from .attention import bucket, prefix, sdpa_configs
 from .cache import (DynamicCache, SequenceMask, StateSnapshot, StaticSequenceMask, TreeMask,
                     cache_argument, crop, gather_tail, recurrent_layers)
+from .engine import compile_mode
 from .sampling import SamplingParams, guide
 
 
@@ -176,10 +177,7 @@ class CausalLMSession(Session):
 
     def __init__(self, model, params: SamplingParams, guidance_scale: float | None = None,
                  static_len: int | None = None, compile: bool | str = False, net=None):
-        compile = "regional" if compile is True else compile
-        if compile not in (False, "graphs", "regional", "inductor"):
-            raise ValueError(f"compile={compile!r}: accepted False, True, 'graphs', 'regional' "
-                             "or 'inductor'")
+        compile = compile_mode(compile)
         if compile and static_len is None:
             raise ValueError("compile=True needs a static cache (static_len)")
         if compile and next(model.parameters()).device.type != "cuda":

@@ -20,7 +20,7 @@ the target's features of the accepted path (rows of a delay-pattern call commit 
 count). Verification is the target's: lossless with ``exact``.
 
 The target session provides ``keep_features(layers)`` / ``features``, ``event_embeds``,
-``force``, ``decoder`` (its ``lm_heads``), ``length``, ``vocab_size`` and ``params``
+``force``, ``length``, ``vocab_size`` and ``params``
 (``modalities.speech.delay.DelayPatternSession``).
 """
 
@@ -36,7 +36,19 @@ from ..types import Draft
 from .base import Drafter
 from .head import FrameHead
 
-HOOKS = ("keep_features", "event_embeds", "force", "decoder", "vocab_size")
+HOOKS = ("keep_features", "event_embeds", "force", "vocab_size")
+
+
+def frame_logits(head: FrameHead, target, g: torch.Tensor, fed: torch.Tensor,
+                 start: int) -> torch.Tensor:
+    """The head's logits [B, n, C, V] in the target's ids for its outputs g [B, n, d] (or
+    [B, 1, d]: the last position's): the codebook heads, padded to the target's event width
+    (the pad id past the logits), the target's pattern forced as on the frames ``fed``
+    [B, n, C] fed at slots ``start``..."""
+    logits = head.event_logits(g).float()
+    if target.vocab_size > logits.shape[-1]:
+        logits = F.pad(logits, (0, target.vocab_size - logits.shape[-1]), value=float("-inf"))
+    return target.force(logits.expand(-1, fed.shape[1], -1, -1), fed, start)[0]
 
 
 class FrameDrafter(Drafter):
@@ -80,14 +92,10 @@ class FrameDrafter(Drafter):
                                  **{cache_argument(self.head.decoder): self.cache}).logits
 
     def _q(self, g: torch.Tensor, fed: torch.Tensor, start: int):
-        """q [B, C, V] of the frame after ``fed`` [B, m, C] (fed at slots ``start``..): the
-        codebook heads on g [B, 1, d], the target's pattern forced, its processing."""
-        tgt = self.target
-        logits = self.head.event_logits(g).float()                              # [B, 1, C, V']
-        if tgt.vocab_size > logits.shape[-1]:
-            logits = F.pad(logits, (0, tgt.vocab_size - logits.shape[-1]), value=float("-inf"))
-        logits, _ = tgt.force(logits.expand(-1, fed.shape[1], -1, -1), fed, start)
-        return tgt.params.probs(logits[:, -1:])[:, 0]
+        """q [B, C, V] of the frame after ``fed`` [B, m, C] (fed at slots ``start``..), from
+        the head's output g [B, 1, d]: forced as the target's, its processing."""
+        logits = frame_logits(self.head, self.target, g, fed, start)[:, -1:]
+        return self.target.params.probs(logits)[:, 0]
 
     def propose(self, last: torch.Tensor, k_max: int, active=None) -> Draft:
         k = self._k = min(self.num_tokens, k_max)

@@ -252,16 +252,24 @@ class DraftHead(nn.Module):
         return head.attach(target) if target is not None else head
 
 
-def delay_decoder(target) -> nn.Module:
+def find_delay_decoder(target) -> nn.Module | None:
     """The delay-pattern decoder (a module with ``lm_heads`` and ``model.decoder.embed_tokens``)
     of a ``MusicgenForConditionalGeneration``, a decoder with a separate text encoder, or the
-    decoder itself."""
+    decoder itself; None for other models."""
     for m in (target, getattr(target, "decoder", None)):
         if m is not None and isinstance(getattr(m, "lm_heads", None), nn.ModuleList):
             return m
-    raise ValueError(f"a frame head shares a delay-pattern decoder's codebook embeddings and "
-                     f"heads; {type(target).__name__} has no lm_heads: accepted a MusicGen-style "
-                     "model")
+    return None
+
+
+def delay_decoder(target) -> nn.Module:
+    """``find_delay_decoder``, refusing other models."""
+    dec = find_delay_decoder(target)
+    if dec is None:
+        raise ValueError(f"a frame head shares a delay-pattern decoder's codebook embeddings and "
+                         f"heads; {type(target).__name__} has no lm_heads: accepted a "
+                         "MusicGen-style model")
+    return dec
 
 
 class FrameHead(DraftHead):

@@ -83,16 +83,10 @@ class DelayPatternSession(Session):
         conditional rows): what a frame head drafts from (``mmspec.drafters.frame``)."""
         self._feature_layers = tuple(layers)
 
-    @property
-    def decoder(self):
-        """The delay-pattern decoder (a ``MusicgenForCausalLM``: its codebook embeddings are
-        ``model.decoder.embed_tokens``, its heads ``lm_heads``)."""
-        return self.model.decoder
-
     def event_embeds(self, tokens: torch.Tensor) -> torch.Tensor:
         """The decoder's input embeddings [B, n, d] of events [B, n, C]: the sum of each
         codebook's embedding (as the decoder embeds its inputs; no positions)."""
-        tables = self.decoder.model.decoder.embed_tokens
+        tables = self.model.decoder.model.decoder.embed_tokens
         return sum(tables[k](tokens[..., k].clamp(min=0)) for k in range(tokens.shape[-1]))
 
     @property

@@ -126,8 +126,9 @@ class Source:
     @property
     def frames(self) -> bool:
         """The target decodes delay-pattern frames (a ``FrameHead`` drafts for it)."""
-        return hasattr(self.model, "lm_heads") or hasattr(getattr(self.model, "decoder", None),
-                                                           "lm_heads")
+        from mmspec.drafters.head import find_delay_decoder
+
+        return find_delay_decoder(self.model) is not None
 
     def recorder(self, layers):
         return (FrameRecorder if self.frames else Recorder)(layers)
@@ -288,14 +289,11 @@ def _logits(head, template, batch: dict, g: torch.Tensor) -> torch.Tensor:
     target's pattern forced (``force``, on the frames fed)."""
     from mmspec.drafters import FrameHead
     from mmspec.drafters.feature import _HeadOutput
+    from mmspec.drafters.frame import frame_logits
 
     if not isinstance(head, FrameHead):
         return template.logits(_HeadOutput(head.full_logits(head.decoder.lm_head(g)), g))
-    logits = head.event_logits(g)
-    if template.vocab_size > logits.shape[-1]:
-        logits = torch.nn.functional.pad(logits, (0, template.vocab_size - logits.shape[-1]),
-                                         value=float("-inf"))
-    return template.force(logits, batch["tokens"].to(g.device), 0)[0]
+    return frame_logits(head, template, g, batch["tokens"].to(g.device), 0)
 
 
 def head_loss(head, template, batch: dict, steps: int) -> torch.Tensor:
