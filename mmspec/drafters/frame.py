@@ -1,9 +1,9 @@
 """Drafting with a head over a delay-pattern decoder's frames (MusicGen, Parler-TTS style):
 the frame as one event.
 
-The head (``mmspec.drafters.head.FrameHead``, a ``DraftHead`` with ``codebooks`` = C) drafts frame t + 2 from the
-pair (feature of step t, frame t + 1), as the token head does, with the frame's parts shared
-from the target's decoder:
+The head (``mmspec.drafters.head.FrameHead``, a ``DraftHead`` with ``codebooks`` = C) drafts
+frame t + 2 from the pair (feature of step t, frame t + 1), as the token head does, with the
+frame's parts shared from the target's decoder:
 
     e     = sum_c embed_c(x_{t+1, c})              the target's codebook embeddings, summed
                                                    as its decoder sums them
