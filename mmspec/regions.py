@@ -15,6 +15,13 @@ as a CUDA graph, and puts the user's modules back after: the graph replays the f
 the model itself is left as it was. ``dynamic_length(cache, mask)`` marks the static cache's
 length (and the mask's width) as a dynamic dimension, so one compilation per step width
 serves every cache length (every prompt length and budget).
+
+A prompt pass is not captured (its length changes from call to call) but runs the same
+regions compiled once more with the prompt's length dynamic (``compiled(..., prompt=True)``;
+``mark_prompt``): one trace serves every prompt length, and the pass launches a few fused
+kernels per layer instead of the eager model's hundreds of small ones. The prompt's regions
+are traced through a function of their own (``_call``), so their graphs and the steps'
+(static widths, captured) are kept apart.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import weakref
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -60,6 +69,23 @@ def dynamic_length(cache, mask) -> None:
         _dynamo.mark_dynamic(mask, 3)
 
 
+def mark_prompt(values, length: int) -> None:
+    """Mark ``length`` (the prompt's) as a dynamic size of the tensors in ``values`` (a
+    region's arguments; tuples one level deep): any dimension of an integer tensor (positions),
+    the dimensions between the batch and the last one of the others (hidden states, masks,
+    rotary tables; the last is a feature or the cache's slots)."""
+    from torch import _dynamo
+
+    tensors = [t for v in values for t in (v if isinstance(v, (tuple, list)) else (v,))
+               if isinstance(t, torch.Tensor)]
+    for t in tensors:
+        integer = not (t.is_floating_point() or t.dtype == torch.bool)
+        dims = range(t.dim()) if integer else range(1 if t.dim() > 1 else 0, t.dim() - 1)
+        for d in dims:
+            if t.shape[d] == length:
+                _dynamo.maybe_mark_dynamic(t, d)
+
+
 @functools.cache
 def _layer_cache_class(cls: type) -> type:
     """``cls`` with ``update`` writing one layer's slots (``_layer``), whatever index it gets."""
@@ -88,20 +114,31 @@ def layer_cache(cache, index: int):
     return view
 
 
-class _Region(nn.Module):
-    """A layer compiled, called with its own view of the cache."""
+def _call(module: nn.Module, *args, **kwargs):
+    """A prompt region's call (its own code object: its traces are not the steps')."""
+    return module(*args, **kwargs)
 
-    def __init__(self, layer: nn.Module, index: int | None, options: dict, backend: str):
+
+class _Region(nn.Module):
+    """A layer compiled, called with its own view of the cache; ``prompt``: the length of
+    the sequence (its inputs' second dimension) is dynamic."""
+
+    def __init__(self, layer: nn.Module, index: int | None, options: dict, backend: str,
+                 prompt: bool = False):
         super().__init__()
-        self.index = index
+        self.index, self.prompt = index, prompt
         kw = dict(options=dict(options)) if backend == "inductor" else {}
-        self.compiled = torch.compile(layer, dynamic=False, backend=backend, **kw)
+        fn = functools.partial(_call, layer) if prompt else layer
+        self.compiled = torch.compile(fn, dynamic=False, backend=backend, **kw)
 
     def forward(self, *args, **kwargs):
         if self.index is not None:
             args = [layer_cache(v, self.index) if _is_cache(v) else v for v in args]
             kwargs = {k: layer_cache(v, self.index) if _is_cache(v) else v
                       for k, v in kwargs.items()}
+        first = args[0] if args else kwargs.get("hidden_states", kwargs.get("input"))
+        if self.prompt and isinstance(first, torch.Tensor) and first.dim() > 1:
+            mark_prompt([*args, *kwargs.values()], first.shape[1])
         return self.compiled(*args, **kwargs)
 
 
@@ -120,29 +157,66 @@ def _cache_index(layers: nn.ModuleList, i: int) -> int | None:
 
 
 def _wrapped(parent: nn.Module, name: str, module: nn.Module, options: dict,
-             backend: str) -> nn.Module:
-    """A compiled wrapper (made per capture: torch.compile keeps the traced code on the
-    module's code object, so a new wrapper finds what an earlier one compiled)."""
+             backend, prompt: bool) -> nn.Module:
     index = _cache_index(parent, int(name)) if isinstance(parent, nn.ModuleList) else None
-    return _Region(module, index, options, backend)
+    return _Region(module, index, options, backend, prompt)
+
+
+@dataclass
+class _Made:
+    """A model's compiled wrappers for one setting: where each goes (the parent held weakly,
+    the model being one), the module it wraps."""
+
+    places: list[tuple[weakref.ref, str]]
+    originals: list[nn.Module]
+    wrappers: list[nn.Module]
+
+    @property
+    def pairs(self) -> list[tuple[nn.Module, str]]:
+        return [(parent(), name) for parent, name in self.places]
+
+    def current(self) -> bool:
+        return all(getattr(p, n) is m for (p, n), m in zip(self.pairs, self.originals))
+
+
+_MADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _made(net: nn.Module, options: dict, backend, prompt: bool) -> _Made:
+    """The wrappers of ``net``'s regions, made once per model and setting (and again when its
+    modules were replaced): making them calls torch.compile per region, which costs more
+    than a prompt pass; the traced code itself is kept by torch.compile on the modules' code
+    objects."""
+    key = (backend if isinstance(backend, str) else id(backend), repr(sorted(options.items())),
+           prompt)
+    made = _MADE.setdefault(net, {})
+    entry = made.get(key)
+    if entry is None or not entry.current():
+        pairs = regions(net)
+        originals = [getattr(parent, name) for parent, name in pairs]
+        entry = made[key] = _Made([(weakref.ref(p), n) for p, n in pairs], originals, [
+            _wrapped(parent, name, module, options, backend, prompt)
+            for (parent, name), module in zip(pairs, originals)])
+    return entry
 
 
 @contextlib.contextmanager
-def compiled(net: nn.Module, options: dict, backend="inductor"):
+def compiled(net: nn.Module, options: dict, backend="inductor", prompt: bool = False):
     """Run ``net`` with its regions compiled (``options``: inductor's; ``backend``: a
-    torch.compile backend); the original modules are back after. A failure of torch.compile
-    is raised as a RuntimeError that names ``compile='graphs'``."""
+    torch.compile backend; ``prompt``: for prompt passes, of any length); the original
+    modules are back after. A failure of torch.compile is raised as a RuntimeError that
+    names ``compile='graphs'``."""
     from torch import _dynamo
 
-    pairs = regions(net)
     # Layers that keep their own trace (see _cache_index) need an entry each per step width.
     _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 1024)
     _dynamo.config.accumulated_cache_size_limit = max(
         _dynamo.config.accumulated_cache_size_limit, 4096)
-    originals = [getattr(parent, name) for parent, name in pairs]
+    made = _made(net, options, backend, prompt)
+    pairs = made.pairs
     try:
-        for (parent, name), module in zip(pairs, originals):
-            setattr(parent, name, _wrapped(parent, name, module, options, backend))
+        for (parent, name), wrapper in zip(pairs, made.wrappers):
+            setattr(parent, name, wrapper)
         yield
     except _dynamo.exc.TorchDynamoException as err:
         cause = getattr(err, "inner_exception", None) or err
@@ -151,5 +225,5 @@ def compiled(net: nn.Module, options: dict, backend="inductor"):
                            f"layers ({type(cause).__name__}: {first}); compile='graphs' "
                            "captures the steps without compiling") from err
     finally:
-        for (parent, name), module in zip(pairs, originals):
+        for (parent, name), module in zip(pairs, made.originals):
             setattr(parent, name, module)

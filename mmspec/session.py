@@ -173,6 +173,8 @@ class CausalLMSession(Session):
     # neighbours (7B, H100: 6.3 -> 5.6 ms per step; compilation 34 -> 53 s per width;
     # ``python -m eval.profile_gpu --modes inductor-untuned,inductor`` compares).
     inductor_options = {"coordinate_descent_tuning": True}
+    # Prompt passes: matrix products bound by compute, whose kernels tuning gains little.
+    prompt_inductor_options: dict = {}
     _recurrent: list = []         # the cache's recurrent layers (set by ``prefill``)
 
     def __init__(self, model, params: SamplingParams, guidance_scale: float | None = None,
@@ -370,8 +372,9 @@ class CausalLMSession(Session):
             if self.compile and not prompt:
                 out, pos = self._replay(inputs, valid, width, tree)
             else:
-                out, pos = self._static_step(self.net, inputs, valid, width, prompt, tree,
-                                             **model_kwargs)
+                with self._prompt_regions(n if prompt else 0):
+                    out, pos = self._static_step(self.net, inputs, valid, width, prompt, tree,
+                                                 **model_kwargs)
             self.seq.appended(n)
         if self._feature_layers:
             hs = out.hidden_states
@@ -415,6 +418,18 @@ class CausalLMSession(Session):
             static[k].copy_(v)
         graph.replay()
         return out
+
+    def _prompt_regions(self, n: int):
+        """The context of a prompt pass of ``n`` tokens: under ``"regional"``, on a static
+        cache used before (its layers hold their slots, whose length is then dynamic too),
+        the layers compiled with the prompt's length dynamic: one trace for every prompt and
+        cache length. A new cache's first pass (it allocates the slots) and a pass of one
+        token run eager."""
+        layers = getattr(self.cache, "layers", ())
+        ready = bool(layers) and all(getattr(x, "is_initialized", False) for x in layers)
+        if self.compile != "regional" or n < 2 or not ready:
+            return contextlib.nullcontext()
+        return regions.compiled(self.net, self.prompt_inductor_options, prompt=True)
 
     def _fused(self):
         """(the module a captured step calls, the context it is captured in): the network

@@ -616,6 +616,50 @@ def test_regional_layers_compile_once_for_every_cache_length(pair):
     torch._dynamo.reset()
 
 
+def test_regional_prompt_passes_compile_once_for_every_prompt_length(pair):
+    """Prompt passes (``regions.compiled(..., prompt=True)``) of three lengths on caches of
+    three lengths (their slots allocated, as a session's reused cache) trace the layers once
+    and the output head once, with the prompt's and the cache's length dynamic; a step after
+    them traces its own graphs (the prompts' are not the steps'); the logits equal uncompiled
+    ones."""
+    from torch._dynamo.utils import counters
+    from transformers import StaticCache
+
+    from mmspec import regions
+
+    target, _ = pair
+    torch._dynamo.reset()
+    counters.clear()
+    cfg = target.config
+    for length, slots in ((3, 64), (7, 128), (12, 64)):
+        ids = torch.arange(3, 3 + length)[None]
+        mask = torch.ones(1, 1, length, slots, dtype=torch.bool).tril()
+        outs = []
+        for fused in (False, True):
+            cache = StaticCache(config=cfg, max_cache_len=slots)
+            cache.early_initialization(1, cfg.num_key_value_heads, cfg.head_dim, torch.float32,
+                                       torch.device("cpu"))
+            prompt = dict(input_ids=ids, cache=cache, attention_mask=mask,
+                          position_ids=torch.arange(length)[None], use_cache=True)
+            with torch.no_grad():
+                if fused:
+                    regions.dynamic_length(cache, mask)
+                    with regions.compiled(target, {}, backend="eager", prompt=True):
+                        outs.append(target(**prompt).logits)
+                else:
+                    outs.append(target(**prompt).logits)
+        torch.testing.assert_close(outs[1], outs[0])
+    assert counters["stats"]["unique_graphs"] == 2
+    step = torch.zeros(1, 1, 1, slots, dtype=torch.bool)
+    step[..., :13] = True
+    with torch.no_grad(), regions.compiled(target, {}, backend="eager"):
+        regions.dynamic_length(cache, step)
+        target(input_ids=ids[:, -1:], cache=cache, attention_mask=step,
+               position_ids=torch.tensor([[12]]), use_cache=True)
+    assert counters["stats"]["unique_graphs"] == 4
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("by_index", [False, True])
 def test_regional_layer_reading_its_index_is_traced_on_its_own(by_index):
     """GPT-2 scales attention by 1 / (layer index + 1) when asked: torch.compile then guards
@@ -669,7 +713,7 @@ def test_layer_cache_views_one_layer():
 
 
 def test_regional_wrappers_keep_no_model_alive():
-    """The compiled wrappers live only while a step is captured: a model is freed after."""
+    """The compiled wrappers kept for a model (``regions._made``) do not keep it alive."""
     import gc
     import weakref
 

@@ -150,6 +150,30 @@ def test_captured_steps_are_reused_by_the_next_call():
     mmspec.release_graphs()
 
 
+def test_compiled_prompt_passes_on_a_reused_cache():
+    """compile=True: a reused static cache's prompt passes run the layers compiled with the
+    prompt's length dynamic: the second call traces them once, the third (another length)
+    traces nothing; tokens equal eager plain greedy."""
+    from torch._dynamo.utils import counters
+
+    dev = torch.device("cuda")
+    t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
+    kw = dict(temperature=0, max_new_tokens=12)
+    prompts = [torch.tensor([[0, 0, 3, 4, 5], [2, 1, 2, 3, 4]], device=dev),
+               torch.tensor([[5, 6, 7, 8, 9, 1, 2, 3, 4]] * 2, device=dev),
+               torch.tensor([[0] * 6 + list(range(2, 10)), list(range(3, 17))], device=dev)]
+    mmspec.release_graphs()
+    traced = []
+    for ids in prompts:
+        mask = (ids != 0).long()
+        eager = mmspec.generate(t, None, ids, attention_mask=mask, **kw)
+        fused = mmspec.generate(t, None, ids, attention_mask=mask, compile=True, **kw)
+        assert torch.equal(eager.sequences, fused.sequences)
+        traced.append(counters["stats"]["unique_graphs"])
+    assert traced[1] > traced[0] and traced[2] == traced[1]
+    mmspec.release_graphs()
+
+
 def test_captured_speculative_decoding_is_pipelined_by_default():
     """compile=True queues speculative steps ahead (caches sized for K + 1 slots per step);
     pipeline=False, profile=True and "inductor" keep them synchronised."""
