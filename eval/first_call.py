@@ -8,10 +8,11 @@ layers, eps 0), one row, a 128-token prompt, 128 new tokens, greedy. Each mode r
 process with an empty inductor cache (``TORCHINDUCTOR_CACHE_DIR`` in a new temporary folder),
 so nothing compiled by an earlier mode or run is reused. In it: a speculative call (K drafts;
 its steps: the target K + 1 wide, the draft one wide) timed from the call to its return
-(``spec_first_s``: compilation, capture and the call), the same call again (``spec_s``), then
-plain decoding once (``plain_first_s``: the width-1 step compiled and captured) and again
-(``plain_s``). First minus warm is the time spent compiling and capturing. One JSON line per
-mode.
+(``spec_first_s``: compilation, capture and the call), the same call again
+(``spec_second_s``: under ``compile=True`` the prompt pass on the reused cache is compiled
+here, once for every prompt length), a third time (``spec_s``, warm), then plain decoding once
+(``plain_first_s``: the width-1 step captured) and again (``plain_s``). First minus warm is
+the time spent compiling and capturing. One JSON line per mode.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from recipes.cli import COUNT, ROOT, Names, Parser, describe, run
 
 
 def measure(shape: str, device: str, mode: str, k: int, new_tokens: int, prompt_len: int) -> dict:
-    """The four timings of one mode, in this process."""
+    """The five timings of one mode, in this process."""
     import mmspec
 
     from .bench_gpu import COMPILE, build, set_eps, sync
@@ -46,8 +47,8 @@ def measure(shape: str, device: str, mode: str, k: int, new_tokens: int, prompt_
                compile=COMPILE[mode], static_cache=mode != "eager")
     row = dict(mode=mode, shape=shape, k=k, device=torch.cuda.get_device_name(dev)
                if dev.type == "cuda" else "cpu")
-    for tag, d, kk in (("spec_first_s", draft, k), ("spec_s", draft, k),
-                       ("plain_first_s", None, 0), ("plain_s", None, 0)):
+    for tag, d, kk in (("spec_first_s", draft, k), ("spec_second_s", draft, k),
+                       ("spec_s", draft, k), ("plain_first_s", None, 0), ("plain_s", None, 0)):
         sync(dev)
         t0 = time.perf_counter()
         mmspec.generate(target, d, prompt, num_draft_tokens=kk, **gen)

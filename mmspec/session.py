@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import regions
+from . import distributions, regions
 from .attention import bucket, prefix, sdpa_configs
 from .cache import (DynamicCache, SequenceMask, StateSnapshot, StaticSequenceMask, TreeMask,
                     cache_argument, crop, gather_tail, recurrent_layers)
@@ -53,6 +53,7 @@ class Session:
                 a real token (drafts are not queued ahead with holes).
     trees:      ``step`` takes a draft tree (``tree=``) and ``commit`` a path (not with
                 recurrent or sliding-window layers).
+    chains:     ``chain`` may run its steps as one captured graph (see CausalLMSession).
     """
 
     vocab_size: int = 0
@@ -61,6 +62,7 @@ class Session:
     ragged: bool = True
     recurrent: bool = False
     trees: bool = False
+    chains: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -83,6 +85,19 @@ class Session:
         the real tokens; holes for rows that accepted less) and roll back the rest. ``path``
         [B, keep]: after a tree step, the slots kept per row (indices among those appended)."""
         raise NotImplementedError
+
+    def chain(self, tokens: torch.Tensor, valid: torch.Tensor, k: int, follow: torch.Tensor,
+              generator: torch.Generator | None = None):
+        """``k`` steps drawing one event each: ``tokens`` [B, n] (``valid`` [B, n]) first, then
+        each step's draw fed back with validity ``follow`` [B]. Returns the draws [B, k, ...]
+        and the distributions the rule reads for them (``distributions.draw``)."""
+        draws, dists = [], []
+        for _ in range(k):
+            x, q = distributions.draw(self.step(tokens, valid)[:, -1], generator, self.greedy)
+            draws.append(x)
+            dists.append(q)
+            tokens, valid = x[:, None], follow[:, None]
+        return torch.stack(draws, 1), distributions.stack(dists)
 
 
 def output_vocab_size(model) -> int:
@@ -172,6 +187,12 @@ class CausalLMSession(Session):
     # generated kernels: batch-1 matrix products become tuned reductions fused with their
     # neighbours (7B, H100: 6.3 -> 5.6 ms per step; compilation 34 -> 53 s per width;
     # ``python -m eval.profile_gpu --modes inductor-untuned,inductor`` compares).
+    # Its hooks (embed, position_ids, logits, mask_logits, distributions) run on the device
+    # alone and read only the model's weights and ``persistent`` buffers (a captured graph
+    # keeps the addresses of what it reads: a tensor of one call's session would be freed
+    # under it): a chain of its steps can be captured (``chains``). Adapters whose hooks read
+    # host values set it False.
+    chain_hooks = True
     inductor_options = {"coordinate_descent_tuning": True}
     # Prompt passes: matrix products bound by compute, whose kernels tuning gains little.
     prompt_inductor_options: dict = {}
@@ -325,7 +346,8 @@ class CausalLMSession(Session):
         self._recurrent = recurrent_layers(self.cache)
         self._fed: list = []
         self._since_commit = 0
-        self._base = self.seq.next_pos[: self.batch_size].clone()   # position of the last prompt token
+        # The position of the last prompt token (a captured chain reads it).
+        self._base = self.persistent("base", self.seq.next_pos[: self.batch_size].clone())
         self._first = True
 
     # -- the protocol -------------------------------------------------------------------------
@@ -490,6 +512,78 @@ class CausalLMSession(Session):
         self._since_commit += tokens.shape[1]
         return self.distributions(out, gen_index)
 
+    # -- captured chains ----------------------------------------------------------------------
+    @property
+    def chains(self) -> bool:
+        """Greedy chains run as one captured graph: captured steps whose hooks need no host
+        value (``chain_hooks``), no recurrent layers, no kept features, one-hot draws (a
+        sampled draw reads the call's generator, which a graph cannot follow across calls)."""
+        return (bool(self.compile) and self.chain_hooks and self.greedy and not self._recurrent
+                and not self._feature_layers)
+
+    def chain(self, tokens: torch.Tensor, valid: torch.Tensor, k: int, follow: torch.Tensor,
+              generator: torch.Generator | None = None):
+        """``Session.chain``; with ``chains`` (after the first step) the k steps, their
+        processing and their argmax are one CUDA graph per first width, replayed: one launch
+        instead of k steps' worth of small kernels and host work."""
+        if not self.chains or self._first or k < 2:
+            return super().chain(tokens, valid, k, follow, generator)
+        sizes = [tokens.shape[1]] + [1] * (k - 1)
+        self.seq.check_room(sum(sizes))
+        ends = [sum(sizes[: i + 1]) for i in range(k)]
+        widths = tuple(bucket(self.seq.length + e, self.static_len) if self._bucketed
+                       else self.static_len for e in ends)
+        tensors = dict(tokens=tokens, valid=valid, follow=follow)
+        key = ("chain", widths, tuple(self._extra)) + tuple(
+            (name, tuple(v.shape), v.dtype) for name, v in tensors.items())
+        st = self._static
+        if key not in st.graphs:
+            static = {name: v.clone() for name, v in tensors.items()}
+            fn, fusing = self._fused()
+            with fusing:
+                st.graphs[key] = self._capture_chain(fn, static, widths, sum(sizes))
+        graph, static, (draws, dists) = st.graphs[key]
+        for name, v in tensors.items():
+            static[name].copy_(v)
+        graph.replay()
+        self.seq.appended(sum(sizes))
+        self._since_commit += sum(sizes)
+        return draws.clone(), dists.clone()
+
+    def _chain_steps(self, fn, static: dict, widths: tuple[int, ...]):
+        """A chain's steps on the device alone (what its graph replays)."""
+        tokens, valid, follow = static["tokens"], static["valid"], static["follow"]
+        draws, dists = [], []
+        for width in widths:
+            out, pos = self._static_step(fn, self.embed(self._rows(tokens)), self._rows(valid),
+                                         width)
+            q = self.distributions(self.logits(out), pos[: self.batch_size] - self._base[:, None])
+            x, q = distributions.draw(q[:, -1], None, True)
+            draws.append(x)
+            dists.append(q)
+            tokens, valid = x[:, None], follow[:, None]
+        return torch.stack(draws, 1), distributions.stack(dists)
+
+    def _capture_chain(self, fn, static: dict, widths: tuple[int, ...], n: int):
+        """Warm a chain up on a side stream, undo its writes, capture it: (graph, static, out)."""
+        st = self._static
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._chain_steps(fn, static, widths)
+                crop(self.cache, n)
+                for _ in widths[1:]:
+                    self.seq.undo(self._rows(static["follow"][:, None]))
+                self.seq.undo(self._rows(static["valid"]))
+        torch.cuda.current_stream().wait_stream(side)
+        if st.pool is None:
+            st.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=st.pool):
+            out = self._chain_steps(fn, static, widths)
+        return graph, static, out
+
     def _tree_mask(self, tree, n: int) -> TreeMask:
         """A ``Tree`` over the n slots fed (or a ``TreeMask`` as is) for every row."""
         if not self.trees:
@@ -630,6 +724,11 @@ class TokenSpanSession(CausalLMSession):
         self.to_vocab = to_vocab.to(next(model.parameters()).device)
         self.vocab_size = int(to_vocab.numel())
         self.eol_every = eol_every       # row width including the EOL column
+
+    def prefill(self, *args, **kwargs):
+        super().prefill(*args, **kwargs)
+        # Read inside captured chains: kept with the static cache, not with this session.
+        self.to_vocab = self.persistent("to_vocab", self.to_vocab)
 
     def embed(self, tokens, first_step=False):
         f = int(first_step)              # the prompt's last token is already a vocabulary id

@@ -128,12 +128,13 @@ def test_gptfast_side_by_side_rows_and_bad_input(tmp_path):
 
 
 def test_first_call_smoke_run_and_bad_input(capsys):
-    """eval.first_call's four timings on the CPU (eager), in this process; compiled modes
+    """eval.first_call's five timings on the CPU (eager), in this process; compiled modes
     are refused off CUDA in one line."""
     from eval.first_call import main, measure
 
     row = measure("tiny", "cpu", "eager", k=2, new_tokens=4, prompt_len=8)
     assert row["mode"] == "eager" and row["device"] == "cpu"
-    assert all(row[k] > 0 for k in ("spec_first_s", "spec_s", "plain_first_s", "plain_s"))
+    assert all(row[k] > 0 for k in ("spec_first_s", "spec_second_s", "spec_s", "plain_first_s",
+                                    "plain_s"))
     with pytest.raises(ValueError, match="--modes captured: accepted eager only on cpu"):
         main(["--device", "cpu", "--modes", "captured"])

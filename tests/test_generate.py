@@ -731,3 +731,26 @@ def test_regional_wrappers_keep_no_model_alive():
     gc.collect()
     assert layer() is None
     torch._dynamo.reset()
+
+
+def test_token_span_tables_live_with_the_static_cache():
+    """A token-span session's id table is read inside captured chains: on a static cache it
+    is the cache's buffer (one address for every call on that cache), not the session's."""
+    import gc
+
+    from mmspec.session import TokenSpanSession
+
+    m = tiny_llama(vocab=32)
+    ids = torch.tensor([[3, 4, 5]])
+    ptrs = []
+    for _ in range(2):
+        s = TokenSpanSession(m, mmspec.SamplingParams(temperature=0), None,
+                             torch.arange(8, 24), static_len=64)
+        s.prefill(ids, torch.ones_like(ids))
+        assert s.to_vocab is s._static.buffers["to_vocab"]
+        assert torch.equal(s.to_vocab, torch.arange(8, 24))
+        ptrs.append(s.to_vocab.data_ptr())
+        del s
+        gc.collect()
+    assert ptrs[0] == ptrs[1]
+    mmspec.release_graphs(m)

@@ -163,6 +163,7 @@ def test_compiled_prompt_passes_on_a_reused_cache():
                torch.tensor([[5, 6, 7, 8, 9, 1, 2, 3, 4]] * 2, device=dev),
                torch.tensor([[0] * 6 + list(range(2, 10)), list(range(3, 17))], device=dev)]
     mmspec.release_graphs()
+    torch._dynamo.reset()              # traces kept from other tests' models of the same code
     traced = []
     for ids in prompts:
         mask = (ids != 0).long()
@@ -171,6 +172,39 @@ def test_compiled_prompt_passes_on_a_reused_cache():
         assert torch.equal(eager.sequences, fused.sequences)
         traced.append(counters["stats"]["unique_graphs"])
     assert traced[1] > traced[0] and traced[2] == traced[1]
+    mmspec.release_graphs()
+
+
+@pytest.mark.parametrize("fuse", ["graphs", True])
+def test_captured_greedy_draft_chains_are_one_graph(fuse):
+    """Captured greedy drafts: the K steps after the first are one graph per first width
+    (``CausalLMSession.chain``), queued or synchronised; tokens equal eager plain greedy;
+    sampled drafts step one graph at a time."""
+    import gc
+
+    from mmspec.session import _STATIC
+
+    dev = torch.device("cuda")
+    t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
+    d = tiny_llama(vocab=64, hidden=32, layers=1, seed=1).to(dev)
+    ids = torch.tensor([[0, 0, 3, 4, 5], [2, 1, 2, 3, 4]], device=dev)
+    mask = (ids != 0).long()
+    kw = dict(attention_mask=mask, max_new_tokens=20, num_draft_tokens=3)
+    plain = mmspec.generate(t, None, ids, temperature=0, **{**kw, "num_draft_tokens": 0})
+
+    def chains():
+        gc.collect()
+        return [k for entries in _STATIC.get(d, {}).values() for e in entries
+                for k in e.graphs if k[0] == "chain"]
+
+    for pipeline in (None, False):
+        mmspec.release_graphs()
+        out = mmspec.generate(t, d, ids, temperature=0, compile=fuse, pipeline=pipeline, **kw)
+        assert torch.equal(out.sequences, plain.sequences)
+        assert chains()
+    mmspec.release_graphs()
+    mmspec.generate(t, d, ids, temperature=1.0, seed=0, compile=fuse, **kw)
+    assert not chains()
     mmspec.release_graphs()
 
 

@@ -1,7 +1,8 @@
 """A separate small autoregressive draft model sharing the target's vocabulary.
 
 Each step the draft feeds its pending tokens, then samples K tokens one forward at a time
-(processed exactly as the target: same SamplingParams), recording q_1..q_K. After the target
+(processed exactly as the target: same SamplingParams), recording q_1..q_K (``Session.chain``:
+one captured graph for the K steps where the session captures greedy chains). After the target
 verifies, the draft's cache keeps the slots of the tokens that were accepted and drops the
 rest (holes for rows that accepted fewer). Whatever the session returns (probabilities,
 densities over vectors, frame distributions) is drawn from through ``mmspec.distributions``.
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import torch
 
-from .. import distributions
 from ..checks import check_count
 from ..session import Session
 from ..types import Draft
@@ -85,16 +85,9 @@ class ModelDrafter(Drafter):
         self._fed = feed.shape[1]
         self._fed_valid = valid
         self._on = on
-        greedy = self.session.greedy            # one-hot q: its argmax, no race
-        tokens, probs = [], []
-        for i in range(k):
-            q = self.session.step(feed, valid)[:, -1]          # [B, V], densities or frames
-            x, q = distributions.draw(q, self.generator, greedy)
-            tokens.append(x)
-            probs.append(q)
-            if i < k - 1:
-                feed, valid = x[:, None], on[:, None]
-        return Draft(tokens=torch.stack(tokens, 1), probs=distributions.stack(probs))
+        # K steps, each drawing from its q (greedy: the argmax of a one-hot q, no race).
+        tokens, probs = self.session.chain(feed, valid, k, on, self.generator)
+        return Draft(tokens=tokens, probs=probs)
 
     def _rep(self, t: torch.Tensor) -> torch.Tensor:
         """Per-row values as the session's rows (one block here; an ensemble repeats them)."""

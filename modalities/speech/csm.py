@@ -106,6 +106,8 @@ class CsmSession(CausalLMSession):
     after the prompt feeds the prompt's last text token in column 0) and return
     ``FrameDistribution``s over [B, n]."""
 
+    chain_hooks = False     # a frame's draw runs the depth decoder, step by step
+
     def __init__(self, model, params: SamplingParams, **engine):
         super().__init__(model, params, net=model.backbone_model, **engine)
         self.vocab_size = int(model.config.vocab_size)

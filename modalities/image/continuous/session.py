@@ -18,6 +18,8 @@ class ContinuousSession(CausalLMSession):
     bank [B, L, S, D] (the same tensor for draft and target: trajectory alignment).
     """
 
+    chain_hooks = False     # densities drawn with the session's own noise, step by step
+
     def __init__(self, model, temperature: float, guidance_scale=None, noise=None):
         super().__init__(model, SamplingParams(temperature=1.0), guidance_scale)
         self.temperature, self.noise = temperature, noise
