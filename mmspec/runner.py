@@ -81,11 +81,11 @@ def prepare(target: Session, drafter: Drafter, rule: Rule, *, plan: Plan, seed: 
     global RNG) unless ``generator`` is given; the drafter draws from the same one."""
     loop.check_pipeline(drafter, plan.engine.pipeline)
     rule = rule.for_target(target.greedy)
-    loop.check_trees(target, drafter, rule)
     if generator is None:
         generator = make_generator(seed, device)
     drafter.generator = generator
-    drafter.attach(target)
+    drafter.attach(target)              # a drafter may settle its shape on the target here
+    loop.check_trees(target, drafter, rule)
     return Run(target, drafter, rule, plan, generator)
 
 

@@ -149,3 +149,59 @@ def test_a_reduced_draft_vocabulary_drafts_only_its_ids_and_trains(tmp_path):
         DraftHead.for_target(target, draft_vocab_size=16)
     with pytest.raises(ValueError, match="accepted 8 distinct ids in"):
         head.set_draft_ids(torch.tensor([1, 1, 2, 3, 4, 5, 6, 7]))
+
+
+# -- heads on targets without tree steps: chains ---------------------------------------------
+
+def test_a_head_drafts_chains_on_a_recurrent_target():
+    """Qwen3.5 (linear attention layers: no tree steps): the head drafts a chain of ``depth``
+    tokens (``trees`` False after attach), speculative greedy == plain greedy on ragged rows,
+    dynamic and static caches; a tree's parameters are refused in one message."""
+    from tiny_vlm import tiny_qwen_vl
+
+    target = tiny_qwen_vl("qwen3.5")
+    torch.manual_seed(5)
+    head = DraftHead.for_target(target)
+    ids = torch.tensor([[0, 0, 5, 6, 7, 8], [5, 6, 7, 8, 9, 10]])
+    kw = dict(attention_mask=(ids != 0).long(), temperature=0, max_new_tokens=10)
+    for static in (False, True):
+        plain = mmspec.generate(target, None, ids, static_cache=static, **kw)
+        drafter = FeatureDrafter(head, depth=3)
+        out = mmspec.generate(target, None, ids, static_cache=static, drafter=drafter, **kw)
+        assert not drafter.trees and (drafter.branch, drafter.width) == (1, 1)
+        assert torch.equal(out.sequences, plain.sequences)
+    with pytest.raises(ValueError, match="tree_branch=2: CausalLMSession takes no tree steps "
+                                         r"\(recurrent or sliding-window layers\), so the head "
+                                         "drafts a chain"):
+        mmspec.generate(target, None, ids, drafter=FeatureDrafter(head, depth=3, branch=2), **kw)
+
+
+def test_a_chain_head_samples_the_target_distribution():
+    """A sliding-window target (no tree steps): 20,000 rows sampled at temperature 1 through
+    the head's chains give the target's joint distribution of the first two tokens
+    (enumerated in float64): TV under its sampling bound, chi-square not rejected."""
+    import numpy as np
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from stats_util import chi_square_pvalue, tv, tv_threshold
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=12, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=2, num_key_value_heads=2, sliding_window=64,
+                        max_position_embeddings=256)
+    target = MistralForCausalLM(cfg).eval()
+    torch.manual_seed(5)
+    drafter = FeatureDrafter(DraftHead.for_target(target), depth=2)
+    v, prompt, n = cfg.vocab_size, torch.tensor([[5, 6, 7, 8]]), 20_000
+    with torch.no_grad():
+        p1 = target(input_ids=prompt).logits[0, -1].double().softmax(-1)
+        both = torch.cat([prompt.expand(v, -1), torch.arange(v)[:, None]], 1)
+        p2 = target(input_ids=both).logits[:, -1].double().softmax(-1)
+    joint = (p1[:, None] * p2).flatten().numpy()
+    out = mmspec.generate(target, None, prompt.expand(n, -1), temperature=1.0, max_new_tokens=2,
+                          stop_token_ids=[], seed=0, drafter=drafter)
+    assert not drafter.trees and out.stats.tokens_per_step > 1.5
+    pairs = out.sequences[:, -2:]
+    counts = np.bincount((pairs[:, 0] * v + pairs[:, 1]).numpy(), minlength=v * v)
+    assert tv(counts / n, joint) < tv_threshold(joint, n)
+    assert chi_square_pvalue(counts, joint) > 1e-4

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ..session import CausalLMSession, Session
+from ..types import Draft
 from .frame import FrameDrafter
 from .head import DraftHead, FrameHead
 from .tree import TreeDrafter
@@ -86,20 +87,26 @@ class FeatureDrafter(TreeDrafter):
     """Draft with a ``DraftHead`` on the target's features.
 
     head:   a ``DraftHead`` (``DraftHead.from_pretrained(path, target)``).
-    depth, branch, width, nodes: the tree (``TreeDrafter``); ``branch = width = 1`` drafts a
-            chain of ``depth`` tokens.
+    depth, branch, width, nodes: the tree (``TreeDrafter``; branch None: 2, width None: 4);
+            ``branch = width = 1`` drafts a chain of ``depth`` tokens.
+
+    A target that takes no tree steps (recurrent layers, as Qwen3.5's linear attention, or
+    sliding windows) gets a chain of ``depth`` tokens, verified as a chain (``trees`` is then
+    False): branch and width left out (or 1), no ``nodes``.
     """
 
     needs_model = False
     needs_head = True
 
-    def __init__(self, head: DraftHead, depth: int = 4, branch: int = 2, width: int = 4,
-                 nodes: int | None = None, sample: bool | None = None):
+    def __init__(self, head: DraftHead, depth: int = 4, branch: int | None = None,
+                 width: int | None = None, nodes: int | None = None,
+                 sample: bool | None = None):
         if not isinstance(head, DraftHead):
             raise ValueError(f"head={type(head).__name__}: accepted a mmspec DraftHead")
         self.head = head
-        super().__init__(_Unattached(), depth=depth, branch=branch, width=width, nodes=nodes,
-                         sample=sample)
+        self._asked = dict(tree_branch=branch, tree_width=width, tree_nodes=nodes)
+        super().__init__(_Unattached(), depth=depth, branch=2 if branch is None else branch,
+                         width=4 if width is None else width, nodes=nodes, sample=sample)
         self.target: Session | None = None
 
     @classmethod
@@ -116,7 +123,9 @@ class FeatureDrafter(TreeDrafter):
                                  "(delay-pattern targets take no tree steps): accepted "
                                  "branch and width 1 and no tree_nodes, or leave them out")
             return FrameDrafter(context.head, args["depth"])
-        return cls(context.head, **cls._args(params))
+        args = cls._args(params)
+        args.update(branch=params.get("tree_branch"), width=params.get("tree_width"))
+        return cls(context.head, **args)
 
     @classmethod
     def width(cls, params, context=None) -> int:
@@ -127,11 +136,30 @@ class FeatureDrafter(TreeDrafter):
         if not hasattr(target, "keep_features"):
             raise ValueError(f"a draft head reads the target's features: accepted a target "
                              f"session that keeps them ({type(target).__name__} does not)")
+        if not target.trees:
+            self._as_chain(target)
         target.keep_features(self.head.config.feature_layers)
         self.target = target
         self.session = HeadSession(self.head, target, static_len=target.static_len,
                                    compile=target.compile)
         self.check_sampling()
+
+    def _as_chain(self, target: Session) -> None:
+        """Draft chains for a target without tree steps (refused with a tree's parameters)."""
+        shaped = {k: v for k, v in self._asked.items()
+                  if v is not None and not (k != "tree_nodes" and v == 1)}
+        if shaped:
+            given = ", ".join(f"{k}={v}" for k, v in shaped.items())
+            raise ValueError(f"{given}: {type(target).__name__} takes no tree steps (recurrent "
+                             "or sliding-window layers), so the head drafts a chain: accepted "
+                             "tree_branch and tree_width 1 (or left out) and no tree_nodes")
+        self.branch = self.width = 1
+        self.num_tokens = self.depth
+        self.trees = False
+
+    def propose(self, last, k_max, active=None) -> Draft:
+        draft = super().propose(last, k_max, active)
+        return draft if self.trees else Draft(tokens=draft.tokens, probs=draft.probs)
 
     def begin(self, input_ids, attention_mask, vocab_size=None, **prompt) -> None:
         if self.target is None:
@@ -169,6 +197,8 @@ class FeatureDrafter(TreeDrafter):
             return
         self.session.commit(self._f, self._valid)          # the pending pairs' slots only
         n, path = out.num_accepted, out.path
+        if path is None:             # a chain: the root, then the drafts in order
+            path = torch.arange(out.tokens.shape[1], device=n.device).expand(n.shape[0], -1)
         m = max(num_accepted)
         d = feats.shape[-1]
         on_path = feats.gather(1, path[:, :, None].expand(*path.shape, d))     # [B, D + 1, d]
