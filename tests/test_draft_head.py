@@ -205,3 +205,75 @@ def test_a_chain_head_samples_the_target_distribution():
     counts = np.bincount((pairs[:, 0] * v + pairs[:, 1]).numpy(), minlength=v * v)
     assert tv(counts / n, joint) < tv_threshold(joint, n)
     assert chi_square_pvalue(counts, joint) > 1e-4
+
+
+# -- a checkpoint's own MTP module ---------------------------------------------------------
+
+def _mtp_checkpoint(target, folder, sharded=False, extra=None):
+    """Random ``mtp.*`` tensors of the target's sizes (the checkpoint's names) next to one of
+    the model's tensors, as one file or two shards with an index; returns the tensors."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from mmspec.drafters.mtp import NAMES, MtpHead
+
+    g = torch.Generator().manual_seed(3)
+    mtp = {}
+    for name, t in MtpHead(target).state_to_save().items():
+        src = next(s for s, d in NAMES.items() if name.startswith(d))
+        mtp["mtp." + src + name[len(NAMES[src]):]] = torch.randn(t.shape, generator=g) * 0.3
+    mtp.update(extra or {})
+    model = {"model.norm.weight": torch.ones(4)}
+    if not sharded:
+        save_file({**model, **mtp}, str(folder / "model.safetensors"))
+    else:
+        save_file(model, str(folder / "a.safetensors"))
+        save_file(mtp, str(folder / "b.safetensors"))
+        index = {"weight_map": {**{k: "a.safetensors" for k in model},
+                                **{k: "b.safetensors" for k in mtp}}}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    return mtp
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_an_mtp_module_loads_from_the_checkpoint_and_drafts(tmp_path, sharded):
+    """``MtpHead.from_checkpoint``: the checkpoint's ``mtp.*`` tensors become the head's
+    weights (fc, the two pre-fc norms, one Qwen3.5 full-attention layer, its norm), shared
+    embeddings and output head; it drafts chains on Qwen3.5 with plain greedy's tokens."""
+    from tiny_vlm import tiny_qwen_vl
+
+    from mmspec.drafters import MtpHead
+    from mmspec.drafters.mtp import head_name
+
+    target = tiny_qwen_vl("qwen3.5")
+    mtp = _mtp_checkpoint(target, tmp_path, sharded)
+    head = MtpHead.from_checkpoint(tmp_path, target)
+    params = dict(head.named_parameters())
+    for name, t in mtp.items():
+        assert torch.equal(params[head_name(name)].detach(), t), name
+    assert head.decoder.model.embed_tokens is target.get_input_embeddings()
+    ids = torch.tensor([[0, 0, 5, 6, 7, 8], [5, 6, 7, 8, 9, 10]])
+    kw = dict(attention_mask=(ids != 0).long(), temperature=0, max_new_tokens=10)
+    plain = mmspec.generate(target, None, ids, **kw)
+    out = mmspec.generate(target, None, ids, drafter=FeatureDrafter(head, depth=3), **kw)
+    assert torch.equal(out.sequences, plain.sequences)
+
+
+def test_mtp_checkpoints_that_do_not_fit_are_refused(tmp_path):
+    from safetensors.torch import save_file
+    from tiny_vlm import tiny_qwen_vl
+
+    from mmspec.drafters import MtpHead
+
+    target = tiny_qwen_vl("qwen3.5")
+    with pytest.raises(ValueError, match="accepted a checkpoint folder with model.safetensors"):
+        MtpHead.from_checkpoint(tmp_path, target)
+    save_file({"model.norm.weight": torch.ones(4)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"holds no mtp\.\* tensors \(no native MTP module\)"):
+        MtpHead.from_checkpoint(tmp_path, target)
+    _mtp_checkpoint(target, tmp_path, extra={"mtp.layers.1.mlp.up_proj.weight": torch.ones(2)})
+    with pytest.raises(ValueError, match=r"unexpected or misshaped \['mtp.layers.1.mlp.up_proj"):
+        MtpHead.from_checkpoint(tmp_path, target)
+    with pytest.raises(ValueError, match="an MTP head is the checkpoint's own"):
+        MtpHead(target).save_pretrained(tmp_path / "out")

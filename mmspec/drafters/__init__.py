@@ -6,8 +6,9 @@ from .frame import FrameDrafter
 from .head import DraftHead, FrameHead, HeadConfig
 from .jacobi import Jacobi
 from .model import ModelDrafter
+from .mtp import MtpHead
 from .prefill import Prefilled
 from .tree import TreeDrafter
 
 __all__ = ["Drafter", "NoDraft", "ModelDrafter", "TreeDrafter", "FeatureDrafter", "DraftHead",
-           "HeadConfig", "FrameHead", "FrameDrafter", "Jacobi", "Prefilled"]
+           "HeadConfig", "FrameHead", "FrameDrafter", "MtpHead", "Jacobi", "Prefilled"]

@@ -1,0 +1,131 @@
+"""A checkpoint's own multi-token-prediction module as a draft head (Qwen3.5, Qwen3-Next).
+
+Qwen3.5 checkpoints ship one MTP layer next to the model's weights (``mtp.*`` tensors), which
+transformers drops when it loads the model. It is a draft head of the same shape as
+``DraftHead`` (module ``mmspec.drafters.head``), with the checkpoint's own weights:
+
+    e   = pre_fc_norm_embedding(embed(x_{t+1}))     the target's input embeddings
+    f   = pre_fc_norm_hidden(h_t)                   the target's last hidden state (normed
+                                                    output), or the head's own output
+    g_t = norm(layer(fc(concat(e, f))))             one full-attention decoder layer of the
+                                                    target's kind, its own cache
+    q   = softmax(lm_head(g_t))                     the target's output head
+
+``MtpHead.from_checkpoint(folder, target)`` reads the ``mtp.*`` tensors from the folder's
+safetensors files (one file or a sharded index) and attaches the head to ``target``; it
+drafts through ``FeatureDrafter`` (``method="head"``, ``head=``) like a trained head: chains
+on Qwen3.5, whose linear-attention layers take no tree steps. Checkpoint names:
+``mtp.fc``, ``mtp.pre_fc_norm_embedding``, ``mtp.pre_fc_norm_hidden``, ``mtp.layers.0.*``
+(the decoder layer) and ``mtp.norm``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .head import DraftHead, HeadConfig
+
+PREFIX = "mtp."
+# checkpoint name -> the head's (``mtp.layers.0.*`` -> ``decoder.model.layers.0.*``)
+NAMES = {"fc.": "fuse.", "pre_fc_norm_embedding.": "norm_embed.",
+         "pre_fc_norm_hidden.": "norm_hidden.", "norm.": "decoder.model.norm.",
+         "layers.0.": "decoder.model.layers.0."}
+
+
+def head_name(name: str) -> str | None:
+    """The head's parameter for a checkpoint tensor ``mtp.*`` (None: not one of its)."""
+    rest = name[len(PREFIX):]
+    for src, dst in NAMES.items():
+        if rest.startswith(src):
+            return dst + rest[len(src):]
+    return None
+
+
+def mtp_tensors(folder) -> dict[str, torch.Tensor]:
+    """The ``mtp.*`` tensors of a checkpoint folder (``model.safetensors`` or the files a
+    ``model.safetensors.index.json`` names for them), read without loading the rest."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = sorted({f for k, f in weight_map.items() if k.startswith(PREFIX)})
+    elif (folder / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise ValueError(f"{folder}: accepted a checkpoint folder with model.safetensors or "
+                         "model.safetensors.index.json (a local copy: "
+                         "huggingface_hub.snapshot_download(repo_id))")
+    out = {}
+    for name in files:
+        with safe_open(str(folder / name), framework="pt") as f:
+            out.update({k: f.get_tensor(k) for k in f.keys() if k.startswith(PREFIX)})
+    if not out:
+        raise ValueError(f"{folder}: the checkpoint holds no {PREFIX}* tensors (no native MTP "
+                         "module): accepted a checkpoint that ships one (Qwen3.5, Qwen3-Next), "
+                         "or train a head with recipes.train.draft_head")
+    return out
+
+
+class MtpHead(DraftHead):
+    """A checkpoint's MTP module (module docstring), a ``DraftHead`` for ``FeatureDrafter``."""
+
+    def __init__(self, target):
+        nn.Module.__init__(self)
+        from transformers import AutoModelForCausalLM
+
+        from ..session import _decoder_config, output_vocab_size
+
+        text = _decoder_config(target)
+        one = copy.deepcopy(text)
+        one.num_hidden_layers = 1
+        if hasattr(one, "layer_types"):
+            one.layer_types = ["full_attention"]
+        d = text.hidden_size
+        self.config = HeadConfig(hidden_size=d, feature_layers=(text.num_hidden_layers,),
+                                 vocab_size=output_vocab_size(target),
+                                 target=getattr(target, "name_or_path", "") or "")
+        self.decoder = AutoModelForCausalLM.from_config(one)
+        norm = type(self.decoder.model.norm)
+        eps = getattr(text, "rms_norm_eps", 1e-6)
+        self.reduce = nn.Identity()        # the target's normed output, as the checkpoint's
+        self.norm_embed, self.norm_hidden = norm(d, eps=eps), norm(d, eps=eps)
+        self.fuse = nn.Linear(2 * d, d, bias=False)
+
+    def inputs(self, token_embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        return self.fuse(torch.cat([self.norm_embed(token_embeds), self.norm_hidden(features)],
+                                   -1))
+
+    @classmethod
+    def from_checkpoint(cls, folder, target) -> "MtpHead":
+        """The MTP module of the checkpoint in ``folder`` (the target's own), attached to
+        ``target``."""
+        tensors = mtp_tensors(folder)
+        head = cls(target)
+        own = head.state_to_save()
+        state, unfit = {}, []
+        for name, t in tensors.items():
+            mapped = head_name(name)
+            if mapped in own and tuple(own[mapped].shape) == tuple(t.shape):
+                state[mapped] = t
+            else:
+                unfit.append(name)
+        missing = sorted(set(own) - set(state))
+        if unfit or missing:
+            raise ValueError(f"{folder}: MTP tensors that do not fit one "
+                             f"{type(head.decoder).__name__} layer of the target's sizes: "
+                             f"unexpected or misshaped {unfit[:4]}, missing {missing[:4]} "
+                             "(accepted the target's own checkpoint, one MTP layer)")
+        head.load_state_dict(state, strict=False)
+        return head.attach(target)
+
+    def save_pretrained(self, path) -> None:
+        raise ValueError("an MTP head is the checkpoint's own: load it again with "
+                         "MtpHead.from_checkpoint(folder, target) (save_pretrained writes "
+                         "trained heads)")
