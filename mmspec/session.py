@@ -178,7 +178,8 @@ class CausalLMSession(Session):
                     static cache and a CUDA device): ``"regional"`` (or True) with each
                     decoder layer fused by torch.compile first (``mmspec.regions``),
                     ``"graphs"`` without compiling, ``"inductor"`` with the step fused whole
-                    by torch.compile. The prompt is always run eagerly.
+                    by torch.compile. The prompt is not captured: eager, or under
+                    ``"regional"`` on a reused cache through the compiled layers.
     net:            the module called for each step, when it is a part of ``model`` (default:
                     ``model``).
     """
@@ -471,26 +472,36 @@ class CausalLMSession(Session):
         return st.fused, contextlib.nullcontext()
 
     def _capture(self, fn, static: dict, static_inputs: dict, static_tree, width: int, n: int):
-        """Warm a step up on a side stream, undo its writes, capture it: (graph, static, out)."""
+        """One step captured: (graph, static, out)."""
+        states = StateSnapshot.take(self._recurrent) if self._recurrent else None
+
+        def undo():
+            crop(self.cache, n)
+            self.seq.undo(static["valid"])
+            if states is not None:             # recurrent states: from the snapshot
+                states.restore()
+
+        graph, out = self._graph(lambda: self._static_step(fn, static_inputs, static["valid"],
+                                                           width, tree=static_tree), undo)
+        return graph, static, out
+
+    def _graph(self, run, undo):
+        """Warm ``run`` up twice on a side stream, ``undo`` its writes after each, then
+        capture it in the static cache's memory pool: (graph, its outputs)."""
         st = self._static
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        states = StateSnapshot.take(self._recurrent) if self._recurrent else None
         with torch.cuda.stream(side):
-            for _ in range(2):                 # warm up, then undo the writes
-                self._static_step(fn, static_inputs, static["valid"], width, tree=static_tree)
-                crop(self.cache, n)
-                self.seq.undo(static["valid"])
-                if states is not None:         # recurrent states: from the snapshot
-                    states.restore()
+            for _ in range(2):
+                run()
+                undo()
         torch.cuda.current_stream().wait_stream(side)
         if st.pool is None:
             st.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=st.pool):
-            out = self._static_step(fn, static_inputs, static["valid"], width,
-                                    tree=static_tree)
-        return graph, static, out
+            out = run()
+        return graph, out
 
     def step(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, tree=None):
         """tokens [B, n, *event] -> ``distributions`` of the outputs (default: processed,
@@ -565,23 +576,14 @@ class CausalLMSession(Session):
         return torch.stack(draws, 1), distributions.stack(dists)
 
     def _capture_chain(self, fn, static: dict, widths: tuple[int, ...], n: int):
-        """Warm a chain up on a side stream, undo its writes, capture it: (graph, static, out)."""
-        st = self._static
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._chain_steps(fn, static, widths)
-                crop(self.cache, n)
-                for _ in widths[1:]:
-                    self.seq.undo(self._rows(static["follow"][:, None]))
-                self.seq.undo(self._rows(static["valid"]))
-        torch.cuda.current_stream().wait_stream(side)
-        if st.pool is None:
-            st.pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=st.pool):
-            out = self._chain_steps(fn, static, widths)
+        """A chain captured: (graph, static, out)."""
+        def undo():
+            crop(self.cache, n)
+            for _ in widths[1:]:
+                self.seq.undo(self._rows(static["follow"][:, None]))
+            self.seq.undo(self._rows(static["valid"]))
+
+        graph, out = self._graph(lambda: self._chain_steps(fn, static, widths), undo)
         return graph, static, out
 
     def _tree_mask(self, tree, n: int) -> TreeMask:
@@ -727,7 +729,7 @@ class TokenSpanSession(CausalLMSession):
 
     def prefill(self, *args, **kwargs):
         super().prefill(*args, **kwargs)
-        # Read inside captured chains: kept with the static cache, not with this session.
+        # Read inside captured chains: kept with the static cache, not with the session object.
         self.to_vocab = self.persistent("to_vocab", self.to_vocab)
 
     def embed(self, tokens, first_step=False):
