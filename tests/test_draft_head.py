@@ -253,6 +253,12 @@ def test_an_mtp_module_loads_from_the_checkpoint_and_drafts(tmp_path, sharded):
     for name, t in mtp.items():
         assert torch.equal(params[head_name(name)].detach(), t), name
     assert head.decoder.model.embed_tokens is target.get_input_embeddings()
+    target.config.save_pretrained(tmp_path)      # a model's folder: head= finds its MTP module
+    from mmspec.drafters.head import load_head
+
+    again = load_head(str(tmp_path), target)
+    assert isinstance(again, MtpHead) and all(
+        torch.equal(p, q) for p, q in zip(again.parameters(), head.parameters()))
     ids = torch.tensor([[0, 0, 5, 6, 7, 8], [5, 6, 7, 8, 9, 10]])
     kw = dict(attention_mask=(ids != 0).long(), temperature=0, max_new_tokens=10)
     plain = mmspec.generate(target, None, ids, **kw)

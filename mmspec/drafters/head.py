@@ -97,11 +97,17 @@ class HeadConfig:
 
 
 def load_head(head, target):
-    """A front door's ``head=`` argument: None, a ``DraftHead`` or a folder it was saved in,
-    attached to ``target`` (the model whose features it reads)."""
+    """A front door's ``head=`` argument: None, a ``DraftHead``, a folder it was saved in, or
+    a checkpoint folder whose model ships an MTP module (``mmspec.drafters.mtp``), attached
+    to ``target`` (the model whose features it reads)."""
     if head is None:
         return None
     if isinstance(head, (str, Path)):
+        cfg = Path(head) / CONFIG
+        if cfg.is_file() and "feature_layers" not in json.loads(cfg.read_text()):
+            from .mtp import MtpHead            # a model's checkpoint, not a saved head
+
+            return MtpHead.from_checkpoint(head, target)
         return DraftHead.from_pretrained(head, target)
     if not isinstance(head, DraftHead):
         raise ValueError(f"head={type(head).__name__}: accepted a mmspec DraftHead or the folder "
