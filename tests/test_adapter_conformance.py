@@ -38,7 +38,8 @@ class Case:
 
     def give_head(self) -> None:
         """A (random) draft head for the front door's target, for method 'head'."""
-        from mmspec.drafters.head import DraftHead, load_head
+        from mmspec.drafters.head import DraftHead
+        from mmspec.drafters.load import load_head
 
         f = self.front
         model = f.target if isinstance(f.target, torch.nn.Module) else f.target.model

@@ -254,7 +254,7 @@ def test_an_mtp_module_loads_from_the_checkpoint_and_drafts(tmp_path, sharded):
         assert torch.equal(params[head_name(name)].detach(), t), name
     assert head.decoder.model.embed_tokens is target.get_input_embeddings()
     target.config.save_pretrained(tmp_path)      # a model's folder: head= finds its MTP module
-    from mmspec.drafters.head import load_head
+    from mmspec.drafters.load import load_head
 
     again = load_head(str(tmp_path), target)
     assert isinstance(again, MtpHead) and all(

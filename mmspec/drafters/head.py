@@ -96,25 +96,6 @@ class HeadConfig:
                            pad_token_id=None)
 
 
-def load_head(head, target):
-    """A front door's ``head=`` argument: None, a ``DraftHead``, a folder it was saved in, or
-    a checkpoint folder whose model ships an MTP module (``mmspec.drafters.mtp``), attached
-    to ``target`` (the model whose features it reads)."""
-    if head is None:
-        return None
-    if isinstance(head, (str, Path)):
-        cfg = Path(head) / CONFIG
-        if cfg.is_file() and "feature_layers" not in json.loads(cfg.read_text()):
-            from .mtp import MtpHead            # a model's checkpoint, not a saved head
-
-            return MtpHead.from_checkpoint(head, target)
-        return DraftHead.from_pretrained(head, target)
-    if not isinstance(head, DraftHead):
-        raise ValueError(f"head={type(head).__name__}: accepted a mmspec DraftHead or the folder "
-                         "it was saved in")
-    return head.attach(target)
-
-
 class DraftHead(nn.Module):
     """The head (module docstring). Build it for a target with ``DraftHead.for_target``,
     load one with ``DraftHead.from_pretrained``; ``attach(target)`` shares the target's

@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from mmspec.checks import check_count, check_guidance_scale, check_positions, guided
-from mmspec.drafters.head import load_head
+from mmspec.drafters.load import load_head
 from mmspec.engine import Engine
 from mmspec.registry import MethodContext, parse_method
 from mmspec.runner import prepare

@@ -23,7 +23,7 @@ import time
 import torch
 
 from mmspec.checks import check_count, check_guidance_scale, guided
-from mmspec.drafters.head import load_head
+from mmspec.drafters.load import load_head
 from mmspec.engine import Engine
 from mmspec.registry import MethodContext, parse_method
 from mmspec.runner import prepare

@@ -41,7 +41,7 @@ import torch
 
 from mmspec.checks import check_count, check_positions
 from mmspec.drafters.ensemble import EnsembleDrafter
-from mmspec.drafters.head import load_head
+from mmspec.drafters.load import load_head
 from mmspec.engine import Engine
 from mmspec.loop import Stops
 from mmspec.registry import MethodContext, parse_method
