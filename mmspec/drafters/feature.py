@@ -83,6 +83,17 @@ class HeadSession(CausalLMSession):
         return self.template.mask_logits(logits, gen_index)
 
 
+def check_chain(shape: dict, why: str) -> None:
+    """Refuse a tree's shape (``branch``/``width`` other than None or 1, any ``nodes``) where
+    the head drafts chains, saying ``why``."""
+    given = {f"tree_{k}": shape.get(k) for k in ("branch", "width", "nodes")}
+    tree = {k: v for k, v in given.items()
+            if v is not None and not (k != "tree_nodes" and v == 1)}
+    if tree:
+        raise ValueError(f"{', '.join(f'{k}={v}' for k, v in tree.items())}: {why}: accepted "
+                         "tree_branch and tree_width 1 (or left out) and no tree_nodes")
+
+
 class FeatureDrafter(TreeDrafter):
     """Draft with a ``DraftHead`` on the target's features.
 
@@ -104,7 +115,7 @@ class FeatureDrafter(TreeDrafter):
         if not isinstance(head, DraftHead):
             raise ValueError(f"head={type(head).__name__}: accepted a mmspec DraftHead")
         self.head = head
-        self._asked = dict(tree_branch=branch, tree_width=width, tree_nodes=nodes)
+        self._asked = dict(branch=branch, width=width, nodes=nodes)
         super().__init__(_Unattached(), depth=depth, branch=2 if branch is None else branch,
                          width=4 if width is None else width, nodes=nodes, sample=sample)
         self.target: Session | None = None
@@ -114,17 +125,12 @@ class FeatureDrafter(TreeDrafter):
         if context.head is None:
             raise ValueError("method 'head' drafts with a draft head: pass head= (a folder "
                              "saved by recipes.train.draft_head, or a DraftHead)")
-        if isinstance(context.head, FrameHead):     # frames: a chain of tree_depth frames
-            args = cls._args(params)
-            if args["branch"] != 1 and "tree_branch" in params or \
-                    args["width"] != 1 and "tree_width" in params or args["nodes"] is not None:
-                raise ValueError(f"tree_branch={args['branch']}, tree_width={args['width']}, "
-                                 f"tree_nodes={args['nodes']}: a frame head drafts chains "
-                                 "(delay-pattern targets take no tree steps): accepted "
-                                 "branch and width 1 and no tree_nodes, or leave them out")
-            return FrameDrafter(context.head, args["depth"])
         args = cls._args(params)
         args.update(branch=params.get("tree_branch"), width=params.get("tree_width"))
+        if isinstance(context.head, FrameHead):     # frames: a chain of tree_depth frames
+            check_chain(args, "a frame head drafts chains (delay-pattern targets take no "
+                              "tree steps)")
+            return FrameDrafter(context.head, args["depth"])
         return cls(context.head, **args)
 
     @classmethod
@@ -146,13 +152,8 @@ class FeatureDrafter(TreeDrafter):
 
     def _as_chain(self, target: Session) -> None:
         """Draft chains for a target without tree steps (refused with a tree's parameters)."""
-        shaped = {k: v for k, v in self._asked.items()
-                  if v is not None and not (k != "tree_nodes" and v == 1)}
-        if shaped:
-            given = ", ".join(f"{k}={v}" for k, v in shaped.items())
-            raise ValueError(f"{given}: {type(target).__name__} takes no tree steps (recurrent "
-                             "or sliding-window layers), so the head drafts a chain: accepted "
-                             "tree_branch and tree_width 1 (or left out) and no tree_nodes")
+        check_chain(self._asked, f"{type(target).__name__} takes no tree steps (recurrent or "
+                                 "sliding-window layers), so the head drafts a chain")
         self.branch = self.width = 1
         self.num_tokens = self.depth
         self.trees = False
