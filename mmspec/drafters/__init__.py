@@ -1,9 +1,10 @@
 """Drafters: where draft tokens come from (a model, the target itself, nothing)."""
 
 from .base import Drafter, NoDraft
+from .depth import DepthDrafter
 from .feature import FeatureDrafter
 from .frame import FrameDrafter
-from .head import DraftHead, FrameHead, HeadConfig
+from .head import DepthHead, DraftHead, FrameHead, HeadConfig
 from .jacobi import Jacobi
 from .model import ModelDrafter
 from .mtp import MtpHead
@@ -11,4 +12,5 @@ from .prefill import Prefilled
 from .tree import TreeDrafter
 
 __all__ = ["Drafter", "NoDraft", "ModelDrafter", "TreeDrafter", "FeatureDrafter", "DraftHead",
-           "HeadConfig", "FrameHead", "FrameDrafter", "MtpHead", "Jacobi", "Prefilled"]
+           "HeadConfig", "FrameHead", "FrameDrafter", "DepthHead",
+           "DepthDrafter", "MtpHead", "Jacobi", "Prefilled"]

@@ -30,7 +30,7 @@ import torch
 from ..session import CausalLMSession, Session
 from ..types import Draft
 from .frame import FrameDrafter
-from .head import DraftHead, FrameHead
+from .head import DepthHead, DraftHead, FrameHead
 from .tree import TreeDrafter
 
 
@@ -127,7 +127,13 @@ class FeatureDrafter(TreeDrafter):
                              "saved by recipes.train.draft_head, or a DraftHead)")
         args = cls._args(params)
         args.update(branch=params.get("tree_branch"), width=params.get("tree_width"))
-        if isinstance(context.head, FrameHead):     # frames: a chain of tree_depth frames
+        if isinstance(context.head, DepthHead):     # frames: a chain of tree_depth frames
+            from .depth import DepthDrafter
+
+            check_chain(args, "a depth head drafts chains (depth-decoder frames are verified "
+                              "as chains)")
+            return DepthDrafter(context.head, args["depth"])
+        if isinstance(context.head, FrameHead):
             check_chain(args, "a frame head drafts chains (delay-pattern targets take no "
                               "tree steps)")
             return FrameDrafter(context.head, args["depth"])

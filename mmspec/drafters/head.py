@@ -25,7 +25,10 @@ stored); the head stores ``reduce``, ``fuse`` and its decoder (a one-layer
 
 ``FrameHead`` is the same head over a delay-pattern decoder's frames: the frame's codebook
 embeddings summed as its input, the target's C codebook heads as its output
-(``mmspec.drafters.frame`` drafts with it).
+(``mmspec.drafters.frame`` drafts with it). ``DepthHead`` is the same head over a
+depth-decoder model's frames (CSM): its output stands in for the backbone's hidden state, and
+the frame is drawn from it by the target's own backbone head and depth decoder
+(``mmspec.drafters.depth`` drafts with it).
 """
 
 from __future__ import annotations
@@ -70,6 +73,8 @@ class HeadConfig:
     codebooks:       None (a token head) or C: a frame head over a delay-pattern decoder's C
                      codebooks (``mmspec.drafters.frame.FrameHead``; vocab_size is a
                      codebook's).
+    depth_decoder:   a frame head over a depth-decoder model's C codebooks (``DepthHead``:
+                     CSM), not a delay-pattern decoder's.
     """
 
     hidden_size: int
@@ -82,6 +87,7 @@ class HeadConfig:
     target: str = ""
     draft_vocab_size: int | None = None
     codebooks: int | None = None
+    depth_decoder: bool = False
 
     def llama(self):
         """The one-layer decoder's ``LlamaConfig``."""
@@ -228,7 +234,9 @@ class DraftHead(nn.Module):
                              "saved by DraftHead.save_pretrained)")
         raw = json.loads((path / CONFIG).read_text())
         raw["feature_layers"] = tuple(raw["feature_layers"])
-        if raw.get("codebooks"):                          # a frame head (its own attach)
+        if raw.get("depth_decoder"):                      # frame heads: their own attach
+            cls = DepthHead
+        elif raw.get("codebooks"):
             cls = FrameHead
         head = cls(HeadConfig(**raw))
         missing, unexpected = head.load_state_dict(load_file(str(path / WEIGHTS)), strict=False)
@@ -304,3 +312,64 @@ class FrameHead(DraftHead):
     def event_logits(self, g: torch.Tensor) -> torch.Tensor:
         """The codebook heads on the head's outputs [..., d] -> [..., C, V]."""
         return torch.stack([h(g) for h in self.shared[1]], -2)
+
+
+def depth_model(target) -> nn.Module:
+    """``target`` when it is a depth-decoder speech model (a backbone with ``embed_tokens``
+    summing the codebooks, ``lm_head`` for codebook 0 and a ``depth_decoder``: CSM)."""
+    parts = ("backbone_model", "lm_head", "depth_decoder")
+    if not all(hasattr(target, p) for p in parts):
+        raise ValueError(f"a depth head shares a depth-decoder model's backbone embeddings, head "
+                         f"and depth decoder; {type(target).__name__} has no "
+                         f"{', '.join(p for p in parts if not hasattr(target, p))}: accepted a "
+                         "CSM-style model (CsmForConditionalGeneration)")
+    return target
+
+
+class DepthHead(DraftHead):
+    """A draft head over the frames of a depth-decoder speech model (CSM): it drafts the
+    backbone's hidden state of the next frame from the pair (feature of frame t, frame t + 1);
+    codebook 0 is drawn from the target's backbone head on it, codebooks 1..C-1 from the
+    target's own depth decoder (``mmspec.drafters.depth``). Build one with
+    ``DepthHead.for_target``; files as ``DraftHead`` (``codebooks``, ``depth_decoder`` in the
+    config)."""
+
+    def __init__(self, config: HeadConfig):
+        if not config.codebooks or not config.depth_decoder \
+                or config.draft_vocab_size is not None:
+            raise ValueError(f"codebooks={config.codebooks!r}, depth_decoder="
+                             f"{config.depth_decoder!r}, draft_vocab_size="
+                             f"{config.draft_vocab_size!r}: a depth head needs codebooks >= 1, "
+                             "depth_decoder=True and the codebooks' whole vocabulary")
+        super().__init__(config)
+        self.decoder.lm_head = nn.Identity()      # the decoder's output is the hidden state
+
+    @classmethod
+    def for_target(cls, target, feature_layers=None, **kw) -> "DepthHead":
+        """A fresh depth head for a CSM-style model (its backbone's sizes)."""
+        cfg = depth_model(target).config
+        layers = feature_layers_of(cfg.num_hidden_layers, feature_layers)
+        head = cls(HeadConfig(hidden_size=cfg.hidden_size, feature_layers=layers,
+                              vocab_size=cfg.vocab_size, codebooks=int(cfg.num_codebooks),
+                              depth_decoder=True,
+                              target=getattr(target, "name_or_path", "") or "",
+                              num_heads=kw.pop("num_heads", max(1, cfg.hidden_size // 64)),
+                              max_position_embeddings=kw.pop("max_position_embeddings", 4096),
+                              **kw))
+        return head.attach(target)
+
+    def attach(self, target) -> "DepthHead":
+        """Share the target's backbone head (checked against the config; ``shared`` holds the
+        target, whose backbone embeddings, head and depth decoder draw the frames)."""
+        out = depth_model(target).lm_head
+        c, v, d = self.config.codebooks, self.config.vocab_size, self.config.hidden_size
+        have = (int(target.config.num_codebooks), *out.weight.shape)
+        if have != (c, v, d):
+            raise ValueError(f"this head was made for {c} codebooks and a head of [{v}, {d}] "
+                             f"(target {self.config.target or '?'}); the target has "
+                             f"{have[0]} and {list(have[1:])}: accepted the target it was "
+                             "trained for")
+        self.shared = (target,)
+        self.to(device=out.weight.device, dtype=out.weight.dtype)
+        self.decoder.model.embed_tokens = target.backbone_model.embed_tokens.embed_audio_tokens
+        return self

@@ -44,20 +44,24 @@ class FrameDistribution(Distribution):
     def _p0(self, h: torch.Tensor) -> torch.Tensor:
         return self.params.probs(self.model.lm_head(h).float())
 
-    def _depth(self, h: torch.Tensor, frame: torch.Tensor) -> torch.Tensor:
-        """h [N, H], frame [N, C] -> conditionals of codebooks 1..C-1 given the frame's earlier
+    def _depth_logits(self, h: torch.Tensor, frame: torch.Tensor) -> torch.Tensor:
+        """h [N, H], frame [N, C] -> logits of codebooks 1..C-1 given the frame's earlier
         codebooks, [N, C-1, V] (teacher-forced)."""
         inp = torch.cat([torch.zeros_like(frame[:, :1]), frame[:, :-1]], 1)   # slot 0: the hidden state
         out = self.model.depth_decoder(input_ids=inp, backbone_last_hidden_state=h)
-        return self.params.probs(out.logits.float())
+        return out.logits.float()
 
     def along(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, k, C] drafted frames at positions 0..k-1 -> [B, k, C, V]."""
+        return self.params.probs(self.along_logits(x))
+
+    def along_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """``along``'s logits before processing, [B, k, C, V] (what a draft head learns)."""
         b, k, c = x.shape
         h = self.h[:, :k]
-        p0 = self._p0(h)                                                       # [B, k, V]
-        rest = self._depth(h.reshape(b * k, -1), x.reshape(b * k, c)).view(b, k, c - 1, -1)
-        return torch.cat([p0[:, :, None], rest], 2)
+        l0 = self.model.lm_head(h).float()                                     # [B, k, V]
+        rest = self._depth_logits(h.reshape(b * k, -1), x.reshape(b * k, c))
+        return torch.cat([l0[:, :, None], rest.view(b, k, c - 1, -1)], 2)
 
     def _walk(self, h: torch.Tensor, frame: torch.Tensor, first_free: torch.Tensor, generator):
         """Codebooks >= first_free [N] drawn one after another from h [N, H], the others kept;
@@ -162,10 +166,11 @@ class CsmAdapter(CodecAdapter):
         return CsmSession(self.model, params, **cache)
 
     def check_method(self, method) -> None:
-        if not method.uses_draft_model and method.drafter != "plain":
-            raise ValueError(f"method={method.spec!r}: depth-decoder targets draft with a model or "
-                             "plain decoding (Jacobi windows over depth-decoder frames are not "
-                             "supported: their drafts need the conditionals along each frame)")
+        if not (method.uses_draft_model or method.uses_head) and method.drafter != "plain":
+            raise ValueError(f"method={method.spec!r}: depth-decoder targets draft with a model, "
+                             "a draft head or plain decoding (Jacobi windows over depth-decoder "
+                             "frames are not supported: their drafts need the conditionals "
+                             "along each frame)")
 
     def first_tokens(self, batch) -> torch.Tensor:
         """Zeros: the first step feeds the prompt's last text token (the session knows it)."""

@@ -79,9 +79,36 @@ class Recorder(NoDraft):
         valid = torch.stack(self.valid, 1).long()                               # [B, S]
         return dict(embeds=torch.cat(self.embeds, 1)[:, :-1].float().cpu(),      # [B, T, d]
                     features=torch.cat(self.feats, 1)[:, :-1].float().cpu(),     # [B, T-1, F]
-                    probs=torch.cat(self.probs, 1).cpu(),                        # [B, S, V]
                     mask=torch.cat([self.mask, valid], 1)[:, :-1].cpu(),         # [B, T]
-                    prompt=torch.tensor(self.mask.shape[1]), steps=torch.tensor(len(self.probs)))
+                    prompt=torch.tensor(self.mask.shape[1]), steps=torch.tensor(len(self.valid)),
+                    **self.targets())
+
+    def targets(self) -> dict:
+        """What the head's q is compared with at the S generated positions."""
+        return dict(probs=torch.cat(self.probs, 1).cpu())                      # [B, S, V]
+
+
+class DepthRecorder(Recorder):
+    """Plain decoding of a depth-decoder target (CSM) that records what a depth head trains
+    on: as ``Recorder`` (the prompt included), with the backbone's hidden state at each
+    generated position and the frame emitted there in place of distributions (the target's
+    conditionals along the frame are computed from them in training: ``_depth_ce``)."""
+
+    def begin(self, input_ids, attention_mask, vocab_size=None, **prompt):
+        super().begin(input_ids, attention_mask, vocab_size, **prompt)
+        self.hidden, self.frames = [], []
+
+    def observe(self, out, target_probs, num_accepted):
+        t = self.target
+        self.feats.append(t.features)
+        self.hidden.append(target_probs.h.float())
+        frame = out.tokens[:, :1]
+        self.frames.append(frame)
+        self.embeds.append(token_embeds(t, t.embed(frame.clamp(min=0)), frame.shape[0]))
+
+    def targets(self) -> dict:
+        return dict(hidden=torch.cat(self.hidden, 1).cpu(),                   # [B, S, d]
+                    tokens=torch.cat(self.frames, 1).cpu())                    # [B, S, C]
 
 
 class FrameRecorder(Recorder):
@@ -130,8 +157,14 @@ class Source:
 
         return find_delay_decoder(self.model) is not None
 
+    @property
+    def depth(self) -> bool:
+        """The target decodes depth-decoder frames (CSM: a ``DepthHead`` drafts for it)."""
+        return self.modality == "tts" and hasattr(self.model, "depth_decoder")
+
     def recorder(self, layers):
-        return (FrameRecorder if self.frames else Recorder)(layers)
+        return (FrameRecorder if self.frames else DepthRecorder if self.depth
+                else Recorder)(layers)
 
     def generate(self, items, seed: int, temperature: float, drafter=None):
         """Generate for ``items`` with ``drafter`` (None: plain decoding), exact rule."""
@@ -296,6 +329,34 @@ def _logits(head, template, batch: dict, g: torch.Tensor) -> torch.Tensor:
     return frame_logits(head, template, g, batch["tokens"].to(g.device), 0)
 
 
+def _depth_ce(template, batch: dict, g: torch.Tensor) -> torch.Tensor:
+    """A depth head's soft cross-entropy [B, S] for its outputs g [B, S, d]: along each
+    emitted frame, every codebook's conditional at g against the target's at its own hidden
+    state (both through the target's head and depth decoder; p processed as at sampling),
+    summed over the codebooks."""
+    frames = batch["tokens"].to(g.device)                                    # [B, S, C]
+    with torch.no_grad():
+        h = batch["hidden"].to(g.device, g.dtype)
+        p = template.distributions(h, None).along(frames).float()             # [B, S, C, V]
+    logq = torch.log_softmax(template.distributions(g, None).along_logits(frames), -1)
+    return -(p * logq).sum(-1).sum(-1)
+
+
+def _soft_ce(head, template, batch: dict, g: torch.Tensor, predicted: slice) -> torch.Tensor:
+    """The soft cross-entropy [B, S] of the head's q (outputs g [B, T, d]) against the
+    target's p at the S predicted positions; frames: summed over the codebooks."""
+    from mmspec.drafters import DepthHead
+
+    if isinstance(head, DepthHead):
+        return _depth_ce(template, batch, g[:, predicted])
+    target = batch["probs"].to(g.device).float()                             # [B, S, V]
+    logits = _logits(head, template, batch, g)[:, predicted].float()
+    logq = torch.log_softmax(logits, -1)
+    # a reduced draft vocabulary learns the target's mass on its own ids
+    ce = -(target * logq.masked_fill(logits == float("-inf"), 0.0)).sum(-1)   # [B, S, ...]
+    return ce.flatten(2).sum(-1) if ce.dim() > 2 else ce
+
+
 def head_loss(head, template, batch: dict, steps: int) -> torch.Tensor:
     """The unrolled soft cross-entropy of one collected batch (module docstring, step 2)."""
     dev = head.fuse.weight.device
@@ -306,7 +367,6 @@ def head_loss(head, template, batch: dict, steps: int) -> torch.Tensor:
     feature = torch.cat([feats.new_zeros(b, 1, d), feats], 1)                # paired with x_t
     pos = (mask.cumsum(1) - 1).clamp(min=0)
     full = unrolled_mask(t, steps, dev)
-    target = batch["probs"].to(dev).float()                                  # [B, S, V]
     predicted = slice(p_len - 1, p_len - 1 + s)                              # positions with p
     row_ok = mask[:, predicted].bool()
     blocks, total = [], 0.0
@@ -320,11 +380,7 @@ def head_loss(head, template, batch: dict, steps: int) -> torch.Tensor:
         g = head.decoder.model(inputs_embeds=x, attention_mask=additive,
                                position_ids=pos.repeat(1, j), use_cache=False).last_hidden_state
         g = g[:, -t:]
-        logits = _logits(head, template, batch, g)[:, predicted].float()
-        logq = torch.log_softmax(logits, -1)
-        # a reduced draft vocabulary learns the target's mass on its own ids
-        ce = -(target * logq.masked_fill(logits == float("-inf"), 0.0)).sum(-1)   # [B, S, ...]
-        ce = ce.flatten(2).sum(-1) if ce.dim() > 2 else ce     # frames: summed over codebooks
+        ce = _soft_ce(head, template, batch, g, predicted)
         ok = row_ok.clone()
         ok[:, : max(0, j - 1 - (p_len - 1))] = False       # step j needs j - 1 positions before
         total = total + ce[ok].mean() / j
@@ -357,6 +413,8 @@ def train(head, template, batches: list[dict], args, accelerator, start: int = 0
 
     own = [p for n, p in head.named_parameters() if not n.startswith(
         ("decoder.model.embed_tokens", "decoder.lm_head"))]
+    for p in getattr(template, "model", torch.nn.Module()).parameters():
+        p.requires_grad_(False)       # the target is frozen (a depth head's loss runs through it)
     for p in head.parameters():
         p.requires_grad_(any(p is q for q in own))
     optimizer = optimizer or torch.optim.AdamW(own, lr=args.lr, weight_decay=0.0)
@@ -429,15 +487,16 @@ TREE = dict(tree_depth=5, tree_branch=2, tree_width=4)
 def measure(source: Source, head, args) -> list[dict]:
     """Tokens per target step on the held-out prompts: plain, the head's chain, its tree (a
     frame head: its chain, each prompt its own call)."""
-    from mmspec.drafters import FeatureDrafter, FrameDrafter, FrameHead
+    from mmspec.drafters import DepthDrafter, DepthHead, FeatureDrafter, FrameDrafter, FrameHead
 
-    frames = isinstance(head, FrameHead)        # frame heads draft chains only
+    frames = isinstance(head, FrameHead)
     rows = []
     for name, tree in (("plain", None), ("head chain", CHAIN), ("head tree", TREE)):
-        if frames and tree is TREE:
-            continue
+        if isinstance(head, (FrameHead, DepthHead)) and tree is TREE:
+            continue                            # frame heads draft chains only
         t0 = time.perf_counter()
         drafter = (None if tree is None else FrameDrafter(head, tree["tree_depth"]) if frames
+                   else DepthDrafter(head, tree["tree_depth"]) if isinstance(head, DepthHead)
                    else FeatureDrafter(head, **{k.removeprefix("tree_"): v
                                                 for k, v in tree.items()}))
         # a delay-pattern call commits its rows to the shortest accepted run: one at a time
@@ -466,7 +525,15 @@ def model_card(target: str, head, rows, trained: dict) -> str:
     table = "\n".join(f"| {r['method']} | {r['tokens_per_step']:.2f} | {r['acceptance']:.3f} | "
                       f"{r['steps']} |" for r in rows)
     t = trained
-    if cfg.codebooks:
+    if cfg.depth_decoder:
+        kind = (f"A `mmspec.drafters.DepthHead` (the frame as one event: the target backbone's "
+                f"hidden states of layers {list(cfg.feature_layers)} fused, one decoder layer "
+                "drafting the backbone's next hidden state, the frame drawn from it by the "
+                f"target's own head and depth decoder over {cfg.codebooks} codebooks)")
+        use = ("then `method=\"head\"` (a chain of `tree_depth` frames; depth-decoder frames "
+               "are verified as chains)")
+        shapes = "chain = depth 4"
+    elif cfg.codebooks:
         kind = (f"A `mmspec.drafters.FrameHead` (the frame as one event: the target decoder's "
                 f"hidden states of layers {list(cfg.feature_layers)} fused, one decoder layer, "
                 f"the {cfg.codebooks} codebook embeddings summed as input and the "
@@ -583,12 +650,13 @@ def main(argv=None) -> None:
 
 def fit(source: Source, args, accelerator):
     """Collect (or reuse OUT/data.safetensors on --resume), train, save the head."""
-    from mmspec.drafters import DraftHead, FrameHead
+    from mmspec.drafters import DepthHead, DraftHead, FrameHead
 
-    if source.frames and args.draft_vocab is not None:
+    if (source.frames or source.depth) and args.draft_vocab is not None:
         raise ValueError(f"--draft-vocab {args.draft_vocab}: a frame head drafts over the "
                          "codebooks' whole vocabulary: accepted with token targets only")
     head = (FrameHead.for_target(source.model, args.feature_layers) if source.frames else
+            DepthHead.for_target(source.model, args.feature_layers) if source.depth else
             DraftHead.for_target(source.model, args.feature_layers,
                                  draft_vocab_size=args.draft_vocab))
     head.config.target = args.target
@@ -602,7 +670,7 @@ def fit(source: Source, args, accelerator):
             save_data(batches, data)
     if args.draft_vocab is not None:
         head.set_draft_ids(draft_vocab(head, batches, _decoder_layers(source.model)))
-    template = _template(source, head)
+    template = _template(source, head, args.temperature)
     start, opt = (load_checkpoint(head, args.out, args.lr) if args.resume else (0, None))
     train(head, template, batches, args, accelerator, start, opt)
     if accelerator.is_main_process:
@@ -622,10 +690,11 @@ def _device_name(device: str) -> str:
     return "CPU"
 
 
-def _template(source: Source, head):
-    """The target's session that maps the head's outputs to the rules' ids (its ``logits``)."""
+def _template(source: Source, head, temperature: float):
+    """The target's session that maps the head's outputs to the rules' ids (its ``logits``;
+    a depth-decoder target's frame distributions, processed as at collection)."""
     rec = source.recorder(head.config.feature_layers)
-    source.generate(source.items[:1], seed=0, temperature=1.0, drafter=rec)
+    source.generate(source.items[:1], seed=0, temperature=temperature, drafter=rec)
     t = rec.target
     for name, value in list(vars(t).items()):   # made under inference mode: not for autograd
         if torch.is_tensor(value) and value.is_inference():
