@@ -373,3 +373,13 @@ class DepthHead(DraftHead):
         self.to(device=out.weight.device, dtype=out.weight.dtype)
         self.decoder.model.embed_tokens = target.backbone_model.embed_tokens.embed_audio_tokens
         return self
+
+
+def head_for_target(target, feature_layers=None, **kw) -> DraftHead:
+    """A fresh head of the kind ``target`` takes: a ``FrameHead`` for a delay-pattern
+    decoder, a ``DepthHead`` for a depth-decoder model (CSM), else a ``DraftHead``."""
+    if find_delay_decoder(target) is not None:
+        return FrameHead.for_target(target, feature_layers, **kw)
+    if hasattr(target, "depth_decoder"):
+        return DepthHead.for_target(target, feature_layers, **kw)
+    return DraftHead.for_target(target, feature_layers, **kw)

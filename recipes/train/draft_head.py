@@ -650,15 +650,13 @@ def main(argv=None) -> None:
 
 def fit(source: Source, args, accelerator):
     """Collect (or reuse OUT/data.safetensors on --resume), train, save the head."""
-    from mmspec.drafters import DepthHead, DraftHead, FrameHead
+    from mmspec.drafters import head_for_target
 
     if (source.frames or source.depth) and args.draft_vocab is not None:
         raise ValueError(f"--draft-vocab {args.draft_vocab}: a frame head drafts over the "
                          "codebooks' whole vocabulary: accepted with token targets only")
-    head = (FrameHead.for_target(source.model, args.feature_layers) if source.frames else
-            DepthHead.for_target(source.model, args.feature_layers) if source.depth else
-            DraftHead.for_target(source.model, args.feature_layers,
-                                 draft_vocab_size=args.draft_vocab))
+    vocab = {} if args.draft_vocab is None else dict(draft_vocab_size=args.draft_vocab)
+    head = head_for_target(source.model, args.feature_layers, **vocab)
     head.config.target = args.target
     os.makedirs(args.out, exist_ok=True)
     data = os.path.join(args.out, "data.safetensors")
