@@ -138,3 +138,16 @@ def test_first_call_smoke_run_and_bad_input(capsys):
                                     "plain_s"))
     with pytest.raises(ValueError, match="--modes captured: accepted eager only on cpu"):
         main(["--device", "cpu", "--modes", "captured"])
+
+
+def test_bench_gemv_refuses_bad_rows_and_a_machine_without_cuda(capsys):
+    import torch
+
+    from eval.bench_gemv import main
+
+    with pytest.raises(SystemExit):
+        main(["--rows", "0"])
+    assert "--rows: 0: accepted an integer >= 1" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="accepted a machine with a CUDA GPU"):
+            main(["--rows", "1"])

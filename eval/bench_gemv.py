@@ -1,0 +1,145 @@
+"""Matrix-vector products of the 7B Llama decode step: cuBLAS, inductor and a Triton kernel.
+
+    python -m eval.bench_gemv                         # one GPU; rows 1 and 5
+    python -m eval.bench_gemv --rows 1 --out out/gemv
+
+What a decode step spends its time on (``eval.profile_gpu``: the projections' reductions) at
+its best: each weight shape of the 7B Llama step (q/k/v fused, the output projection,
+gate/up fused, down, the output head), bf16, times M rows, by three kernels: ``F.linear``
+(cuBLAS), ``torch.compile(F.linear)`` with coordinate-descent tuning (inductor's fused
+reduction, as ``compile=True`` lowers it; rows 1 only) and a plain Triton kernel (each
+program reduces BLOCK_N rows of the weight over K in BLOCK_K tiles; the best of 24 launch
+settings; M > 1 reads the weight once per row). Each is timed as 20 calls inside one CUDA
+graph, the best of 20 replays, so launches cost nothing. Prints JSON lines with the weight
+bytes read per second (GB/s); writes ``OUT/gemv.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+
+from recipes.cli import COUNT, Numbers, Parser, describe, run
+
+SHAPES = {"qkv 4096->12288": (12288, 4096), "o 4096->4096": (4096, 4096),
+          "gate_up 4096->22016": (22016, 4096), "down 11008->4096": (4096, 11008),
+          "head 4096->32000": (32000, 4096)}
+CONFIGS = [(bn, bk, warps, stages) for bn in (8, 16, 32) for bk in (256, 512)
+           for warps in (4, 8) for stages in (1, 3)]
+
+
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gemv(x_ptr, w_ptr, y_ptr, N, K: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr,
+             BLOCK_K: tl.constexpr):
+        pid = tl.program_id(0)
+        rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        nmask = rn < N
+        for m in tl.static_range(M):
+            acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                w = tl.load(w_ptr + rn[:, None] * K + (k0 + rk)[None, :], mask=nmask[:, None],
+                            other=0.0, eviction_policy="evict_first")
+                x = tl.load(x_ptr + m * K + k0 + rk)
+                acc += w.to(tl.float32) * x[None, :].to(tl.float32)
+            tl.store(y_ptr + m * N + rn, tl.sum(acc, 1).to(y_ptr.dtype.element_ty), mask=nmask)
+
+    def call(x, w, block_n, block_k, warps, stages):
+        m, k = x.shape
+        y = torch.empty(m, w.shape[0], device=x.device, dtype=x.dtype)
+        gemv[(triton.cdiv(w.shape[0], block_n),)](x, w, y, w.shape[0], k, m, BLOCK_N=block_n,
+                                                  BLOCK_K=block_k, num_warps=warps,
+                                                  num_stages=stages)
+        return y
+
+    return call
+
+
+def timed(fn, reps: int = 20, inner: int = 20) -> float:
+    """Seconds per call: ``inner`` calls captured in one CUDA graph, the best of ``reps``."""
+    fn()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(inner):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        best = min(best, a.elapsed_time(b) / inner)
+    return best * 1e-3
+
+
+def best_triton(gemv, x, w, ref):
+    """The fastest launch setting whose result matches ``ref`` (2% of its largest value)."""
+    best = (float("inf"), None)
+    for cfg in CONFIGS:
+        if w.shape[1] % cfg[1]:
+            continue
+        y = gemv(x, w, *cfg)
+        if (y.float() - ref).abs().max().item() > 2e-2 * ref.abs().max().item():
+            continue
+        best = min(best, (timed(lambda: gemv(x, w, *cfg), reps=5, inner=10), cfg))
+    return best[1]
+
+
+def measure(m: int, name: str, n: int, k: int, gemv) -> dict:
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    ref = F.linear(x.float(), w.float())
+    gb = w.numel() * 2 / 1e9
+    row = dict(m=m, shape=name, cublas_gbs=gb / timed(lambda: F.linear(x, w)))
+    row["inductor_gbs"] = float("nan")
+    if m == 1:
+        torch._dynamo.reset()
+        comp = torch.compile(lambda a: F.linear(a, w), options={"coordinate_descent_tuning": True})
+        row["inductor_gbs"] = gb / timed(lambda: comp(x))
+    cfg = best_triton(gemv, x, w, ref)
+    row["triton_gbs"] = gb / timed(lambda: gemv(x, w, *cfg)) if cfg else float("nan")
+    row["triton_cfg"] = cfg
+    return row
+
+
+def build_parser():
+    ap = Parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=Numbers(COUNT), default="1,5", help="rows M of the input")
+    ap.add_argument("--out", default="out/gemv", help="output folder")
+    return describe(ap)
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+    if not torch.cuda.is_available():
+        raise ValueError("eval.bench_gemv times CUDA kernels: accepted a machine with a CUDA GPU")
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
+    gemv, rows = _kernel(), []
+    for m in args.rows:
+        for name, (n, k) in SHAPES.items():
+            rows.append(measure(m, name, n, k, gemv))
+            print(json.dumps(rows[-1]), flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "gemv.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    run(main, "eval.bench_gemv")
