@@ -140,3 +140,21 @@ def test_training_a_frame_head_raises_its_frames_per_step():
     recipe.train(head, template, batches, args, Accelerator(cpu=True))
     after = frames_per_step()
     assert after > before + 0.3, (before, after)
+
+
+def test_the_recipe_measures_a_frame_head_chain():
+    """The recipe's measure on a delay-pattern target: plain and the head's chain (no tree),
+    each held-out prompt its own call."""
+    import argparse
+
+    from recipes.train import draft_head as recipe
+
+    target = tiny_musicgen()
+    torch.manual_seed(0)
+    head = FrameHead.for_target(target)
+    tts = TextToSpeech.from_pretrained(target, head=head)
+    source = recipe.Source("tts", tts, target, [], TEXTS, 6)
+    assert source.frames and not source.depth
+    rows = recipe.measure(source, head, argparse.Namespace(seed=0, temperature=1.0))
+    assert [r["method"] for r in rows] == ["plain", "head chain"]
+    assert rows[0]["tokens_per_step"] == 1.0 and rows[1]["tokens_per_step"] >= 1.0

@@ -487,7 +487,8 @@ TREE = dict(tree_depth=5, tree_branch=2, tree_width=4)
 def measure(source: Source, head, args) -> list[dict]:
     """Tokens per target step on the held-out prompts: plain, the head's chain, its tree (a
     frame head: its chain, each prompt its own call)."""
-    from mmspec.drafters import DepthDrafter, DepthHead, FeatureDrafter, FrameDrafter, FrameHead
+    from mmspec.drafters import DepthHead, FeatureDrafter, FrameHead
+    from mmspec.registry import MethodContext
 
     frames = isinstance(head, FrameHead)
     rows = []
@@ -495,10 +496,9 @@ def measure(source: Source, head, args) -> list[dict]:
         if isinstance(head, (FrameHead, DepthHead)) and tree is TREE:
             continue                            # frame heads draft chains only
         t0 = time.perf_counter()
-        drafter = (None if tree is None else FrameDrafter(head, tree["tree_depth"]) if frames
-                   else DepthDrafter(head, tree["tree_depth"]) if isinstance(head, DepthHead)
-                   else FeatureDrafter(head, **{k.removeprefix("tree_"): v
-                                                for k, v in tree.items()}))
+        # method "head"'s drafter for this head's kind (token, frame or depth head)
+        drafter = (None if tree is None else
+                   FeatureDrafter.from_params(tree, MethodContext(head=head)))
         # a delay-pattern call commits its rows to the shortest accepted run: one at a time
         calls = [[x] for x in source.held_out] if frames else [source.held_out]
         stats = [source.generate(c, args.seed, args.temperature, drafter).stats for c in calls]
