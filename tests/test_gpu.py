@@ -309,6 +309,27 @@ def test_captured_speech_equals_eager():
     mmspec.release_graphs()
 
 
+def test_captured_depth_head_equals_eager():
+    """A depth head on CSM under compile=True (the head's session and the backbone captured,
+    the depth decoder eager): the eager codes, chains of 1 and 3 frames."""
+    from modalities.speech import TextToSpeech
+    from modalities.speech.csm import CsmAdapter
+    from tiny_csm import tiny_csm
+
+    from mmspec.drafters import DepthHead
+
+    target = tiny_csm(scale=3.0).to("cuda")
+    torch.manual_seed(0)
+    tts = TextToSpeech(CsmAdapter(target, max_frames=10), head=DepthHead.for_target(target))
+    for depth in (1, 3):
+        kw = dict(method="head", tree_depth=depth, temperature=0, progress=False, decode=False)
+        a, b = tts([[4, 5, 6, 7, 8], [9, 10]], **kw), tts([[4, 5, 6, 7, 8], [9, 10]],
+                                                          compile=True, **kw)
+        assert all(torch.equal(x, y) for x, y in zip(a.codes, b.codes)), depth
+        assert b.stats.drafted > 0
+    mmspec.release_graphs()
+
+
 def test_recipes_compile_on_the_gpu(tmp_path):
     """recipes.text_to_image --device cuda --compile on a tiny bundled-format pair: the
     pipeline moves to the GPU and its captured steps give the eager tokens (greedy, float32)."""
