@@ -35,13 +35,10 @@ from __future__ import annotations
 import torch
 
 from .. import distributions
-from ..checks import check_count
 from ..types import Draft
-from .base import Drafter
 from .feature import HeadSession, token_embeds
+from .frame import HeadChainDrafter
 from .head import DepthHead
-
-HOOKS = ("keep_features", "embed", "prompt_inputs", "distributions")
 
 
 class DepthHeadSession(HeadSession):
@@ -56,26 +53,15 @@ class DepthHeadSession(HeadSession):
         return self.template.distributions(h, gen_index)
 
 
-class DepthDrafter(Drafter):
+class DepthDrafter(HeadChainDrafter):
     """Draft a chain of ``depth`` frames per step with a ``DepthHead`` (module docstring)."""
 
-    needs_head = True
-
-    def __init__(self, head: DepthHead, depth: int = 4, generator=None):
-        if not isinstance(head, DepthHead):
-            raise ValueError(f"head={type(head).__name__}: accepted a DepthHead")
-        self.head = head
-        self.num_tokens = check_count("tree_depth", depth)
-        self.generator = generator
-        self.target = None
+    head_class = DepthHead
+    hooks = ("keep_features", "embed", "prompt_inputs", "distributions")
+    what = "a depth head drafts from a depth-decoder target session"
 
     def attach(self, target) -> None:
-        missing = [h for h in HOOKS if not hasattr(target, h)]
-        if missing:
-            raise ValueError(f"a depth head drafts from a depth-decoder target session; "
-                             f"{type(target).__name__} has no {', '.join(missing)}")
-        target.keep_features(self.head.config.feature_layers)
-        self.target = target
+        super().attach(target)
         self.session = DepthHeadSession(self.head, target, static_len=target.static_len,
                                         compile=target.compile)
 

@@ -51,26 +51,34 @@ def frame_logits(head: FrameHead, target, g: torch.Tensor, fed: torch.Tensor,
     return target.force(logits.expand(-1, fed.shape[1], -1, -1), fed, start)[0]
 
 
-class FrameDrafter(Drafter):
-    """Draft a chain of ``depth`` frames per step with a ``FrameHead`` (module docstring)."""
+class HeadChainDrafter(Drafter):
+    """Chains of ``depth`` frames per step drafted by a head of ``head_class`` from a target
+    session with the ``hooks`` (``what``: the session it needs, for the refusal)."""
 
     needs_head = True
+    head_class: type = FrameHead
+    hooks: tuple[str, ...] = HOOKS
+    what = "a frame head drafts from a delay-pattern target session"
 
-    def __init__(self, head: FrameHead, depth: int = 4, generator=None):
-        if not isinstance(head, FrameHead):
-            raise ValueError(f"head={type(head).__name__}: accepted a FrameHead")
+    def __init__(self, head, depth: int = 4, generator=None):
+        if not isinstance(head, self.head_class):
+            raise ValueError(f"head={type(head).__name__}: accepted a {self.head_class.__name__}")
         self.head = head
         self.num_tokens = check_count("tree_depth", depth)
         self.generator = generator
         self.target = None
 
     def attach(self, target) -> None:
-        missing = [h for h in HOOKS if not hasattr(target, h)]
+        missing = [h for h in self.hooks if not hasattr(target, h)]
         if missing:
-            raise ValueError(f"a frame head drafts from a delay-pattern target session; "
-                             f"{type(target).__name__} has no {', '.join(missing)}")
+            raise ValueError(f"{self.what}; {type(target).__name__} has no "
+                             f"{', '.join(missing)}")
         target.keep_features(self.head.config.feature_layers)
         self.target = target
+
+
+class FrameDrafter(HeadChainDrafter):
+    """Draft a chain of ``depth`` frames per step with a ``FrameHead`` (module docstring)."""
 
     def begin(self, input_ids, attention_mask, vocab_size=None, **prompt) -> None:
         from transformers import DynamicCache
