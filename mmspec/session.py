@@ -128,6 +128,7 @@ class _Static:
     fused: object = None
     seq: object = None       # its StaticSequenceMask (buffers the captured steps read)
     buffers: dict = field(default_factory=dict)   # a session's per-call constants steps read
+    generator: object = None  # the generator sampled chains are captured with (``chain``)
 
 
 # Static caches (and their captured steps) outlive one generate call: kept per module (weakly)
@@ -194,6 +195,10 @@ class CausalLMSession(Session):
     # under it): a chain of its steps can be captured (``chains``). Adapters whose hooks read
     # host values set it False.
     chain_hooks = True
+    # Sampled chains (temperature > 0) as graphs too: the call's generator followed through a
+    # generator registered with the graph (``chain``). Off until its GPU test has run
+    # (tests/test_gpu.py, sampled chains equal to the eager draws).
+    sampled_chains = False
     inductor_options = {"coordinate_descent_tuning": True}
     # Prompt passes: matrix products bound by compute, whose kernels tuning gains little.
     prompt_inductor_options: dict = {}
@@ -485,9 +490,11 @@ class CausalLMSession(Session):
                                                            width, tree=static_tree), undo)
         return graph, static, out
 
-    def _graph(self, run, undo):
+    def _graph(self, run, undo, generator: torch.Generator | None = None):
         """Warm ``run`` up twice on a side stream, ``undo`` its writes after each, then
-        capture it in the static cache's memory pool: (graph, its outputs)."""
+        capture it in the static cache's memory pool: (graph, its outputs). ``generator``:
+        one that ``run`` draws from, registered with the graph (its seed and offset are read
+        at each replay, and the offset advanced by what the graph consumed)."""
         st = self._static
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -499,6 +506,8 @@ class CausalLMSession(Session):
         if st.pool is None:
             st.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
+        if generator is not None:
+            graph.register_generator_state(generator)
         with torch.cuda.graph(graph, pool=st.pool):
             out = run()
         return graph, out
@@ -526,18 +535,23 @@ class CausalLMSession(Session):
     # -- captured chains ----------------------------------------------------------------------
     @property
     def chains(self) -> bool:
-        """Greedy chains run as one captured graph: captured steps whose hooks need no host
-        value (``chain_hooks``), no recurrent layers, no kept features, one-hot draws (a
-        sampled draw reads the call's generator, which a graph cannot follow across calls)."""
-        return (bool(self.compile) and self.chain_hooks and self.greedy and not self._recurrent
-                and not self._feature_layers)
+        """Chains run as one captured graph: captured steps whose hooks need no host value
+        (``chain_hooks``), no recurrent layers, no kept features; one-hot draws, or sampled
+        ones with ``sampled_chains``."""
+        return (bool(self.compile) and self.chain_hooks and not self._recurrent
+                and not self._feature_layers and (self.greedy or self.sampled_chains))
 
     def chain(self, tokens: torch.Tensor, valid: torch.Tensor, k: int, follow: torch.Tensor,
               generator: torch.Generator | None = None):
         """``Session.chain``; with ``chains`` (after the first step) the k steps, their
-        processing and their argmax are one CUDA graph per first width, replayed: one launch
-        instead of k steps' worth of small kernels and host work."""
-        if not self.chains or self._first or k < 2:
+        processing and their draws are one CUDA graph per first width, replayed: one launch
+        instead of k steps' worth of small kernels and host work. A sampled chain drawing
+        from ``generator`` is captured with the static cache's own generator, registered with
+        the graph: before a replay it takes ``generator``'s seed and offset, after it gives
+        ``generator`` the advanced offset, so the draws are the ones the eager steps would
+        make (without ``generator``, the device's default generator, which graphs follow)."""
+        if not self.chains or self._first or k < 2 or (
+                generator is not None and generator.device != tokens.device):
             return super().chain(tokens, valid, k, follow, generator)
         sizes = [tokens.shape[1]] + [1] * (k - 1)
         self.seq.check_room(sum(sizes))
@@ -545,23 +559,38 @@ class CausalLMSession(Session):
         widths = tuple(bucket(self.seq.length + e, self.static_len) if self._bucketed
                        else self.static_len for e in ends)
         tensors = dict(tokens=tokens, valid=valid, follow=follow)
-        key = ("chain", widths, tuple(self._extra)) + tuple(
-            (name, tuple(v.shape), v.dtype) for name, v in tensors.items())
         st = self._static
+        own = (None if self.greedy or generator is None
+               else self._chain_generator(generator.device))
+        key = ("chain", widths, tuple(self._extra), self.greedy, own is not None) + tuple(
+            (name, tuple(v.shape), v.dtype) for name, v in tensors.items())
         if key not in st.graphs:
             static = {name: v.clone() for name, v in tensors.items()}
             fn, fusing = self._fused()
             with fusing:
-                st.graphs[key] = self._capture_chain(fn, static, widths, sum(sizes))
+                st.graphs[key] = self._capture_chain(fn, static, widths, sum(sizes), own)
         graph, static, (draws, dists) = st.graphs[key]
         for name, v in tensors.items():
             static[name].copy_(v)
+        if own is not None:
+            own.set_state(generator.get_state())
         graph.replay()
+        if own is not None:
+            generator.set_state(own.get_state())
         self.seq.appended(sum(sizes))
         self._since_commit += sum(sizes)
         return draws.clone(), dists.clone()
 
-    def _chain_steps(self, fn, static: dict, widths: tuple[int, ...]):
+    def _chain_generator(self, device: torch.device) -> torch.Generator:
+        """The static cache's generator for sampled chains (made once, on the cache's
+        device: the graphs captured with it hold its state)."""
+        st = self._static
+        if st.generator is None:
+            st.generator = torch.Generator(device=device)
+        return st.generator
+
+    def _chain_steps(self, fn, static: dict, widths: tuple[int, ...],
+                     generator: torch.Generator | None = None):
         """A chain's steps on the device alone (what its graph replays)."""
         tokens, valid, follow = static["tokens"], static["valid"], static["follow"]
         draws, dists = [], []
@@ -569,21 +598,23 @@ class CausalLMSession(Session):
             out, pos = self._static_step(fn, self.embed(self._rows(tokens)), self._rows(valid),
                                          width)
             q = self.distributions(self.logits(out), pos[: self.batch_size] - self._base[:, None])
-            x, q = distributions.draw(q[:, -1], None, True)
+            x, q = distributions.draw(q[:, -1], generator, self.greedy)
             draws.append(x)
             dists.append(q)
             tokens, valid = x[:, None], follow[:, None]
         return torch.stack(draws, 1), distributions.stack(dists)
 
-    def _capture_chain(self, fn, static: dict, widths: tuple[int, ...], n: int):
-        """A chain captured: (graph, static, out)."""
+    def _capture_chain(self, fn, static: dict, widths: tuple[int, ...], n: int,
+                       generator: torch.Generator | None = None):
+        """A chain captured: (graph, static, out); ``generator``: what its draws use."""
         def undo():
             crop(self.cache, n)
             for _ in widths[1:]:
                 self.seq.undo(self._rows(static["follow"][:, None]))
             self.seq.undo(self._rows(static["valid"]))
 
-        graph, out = self._graph(lambda: self._chain_steps(fn, static, widths), undo)
+        graph, out = self._graph(lambda: self._chain_steps(fn, static, widths, generator), undo,
+                                 generator)
         return graph, static, out
 
     def _tree_mask(self, tree, n: int) -> TreeMask:

@@ -208,6 +208,32 @@ def test_captured_greedy_draft_chains_are_one_graph(fuse):
     mmspec.release_graphs()
 
 
+def test_captured_sampled_draft_chains_draw_what_the_eager_steps_draw(monkeypatch):
+    """Sampled chains as graphs (``CausalLMSession.sampled_chains``): the call's generator is
+    followed through the graph's own, so at temperature 1 with a seed a call draws exactly
+    what stepping one graph at a time draws, on the call that captures and on the next
+    (replays); the chain graphs exist."""
+    import gc
+
+    from mmspec.session import _STATIC, CausalLMSession
+
+    dev = torch.device("cuda")
+    t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
+    d = tiny_llama(vocab=64, hidden=32, layers=1, seed=1).to(dev)
+    ids = torch.tensor([[0, 0, 3, 4, 5], [2, 1, 2, 3, 4]], device=dev)
+    kw = dict(attention_mask=(ids != 0).long(), max_new_tokens=24, num_draft_tokens=3,
+              temperature=1.0, compile=True)
+    stepped = [mmspec.generate(t, d, ids, seed=s, **kw).sequences for s in (0, 1)]
+    mmspec.release_graphs()
+    monkeypatch.setattr(CausalLMSession, "sampled_chains", True)
+    for s in (0, 1, 0):
+        assert torch.equal(mmspec.generate(t, d, ids, seed=s, **kw).sequences, stepped[s]), s
+    gc.collect()
+    assert any(k[0] == "chain" for entries in _STATIC.get(d, {}).values() for e in entries
+               for k in e.graphs)
+    mmspec.release_graphs()
+
+
 def test_captured_speculative_decoding_is_pipelined_by_default():
     """compile=True queues speculative steps ahead (caches sized for K + 1 slots per step);
     pipeline=False, profile=True and "inductor" keep them synchronised."""
