@@ -36,7 +36,7 @@ import torch
 
 from .. import distributions
 from ..types import Draft
-from .feature import HeadSession, token_embeds
+from .feature import HeadSession, prefill_pairs
 from .frame import HeadChainDrafter
 from .head import DepthHead
 
@@ -68,17 +68,8 @@ class DepthDrafter(HeadChainDrafter):
     def begin(self, input_ids, attention_mask, vocab_size=None, **prompt) -> None:
         if self.target is None:
             raise RuntimeError("DepthDrafter.begin before attach(target)")
-        b, tgt = input_ids.shape[0], self.target
-        # each prompt token with the feature of the one before it (zeros for the first)
-        f = input_ids.new_zeros(b, 1, self.head.config.hidden_size,
-                                dtype=self.head.fuse.weight.dtype)
-        if input_ids.shape[1] > 1:
-            f = torch.cat([f, self.head.reduce_features(tgt.features)], 1)      # [B, P, d]
-        self.session.prompt_embeds = token_embeds(tgt, tgt.prompt_inputs(input_ids), b)
-        self.session.feed = f[:, :-1]
-        self.session.prefill(input_ids, attention_mask)
+        self._pending = prefill_pairs(self.session, input_ids, attention_mask)
         self._backlog = self._backlog_valid = None
-        self._pending = f[:, -1:]               # the feature paired with the first root
         self._k = 0
 
     def propose(self, last: torch.Tensor, k_max: int, active=None) -> Draft:

@@ -83,6 +83,20 @@ class HeadSession(CausalLMSession):
         return self.template.mask_logits(logits, gen_index)
 
 
+def prefill_pairs(session: HeadSession, input_ids, attention_mask) -> torch.Tensor:
+    """Prefill the head's ``session`` with the prompt's pairs, each token with its target's
+    feature of the token before it (zeros for the first; the target session has run the
+    prompt); returns the feature paired with the first root, [B, 1, d]."""
+    tgt, head, b = session.template, session.head, input_ids.shape[0]
+    f = input_ids.new_zeros(b, 1, head.config.hidden_size, dtype=head.fuse.weight.dtype)
+    if input_ids.shape[1] > 1:
+        f = torch.cat([f, head.reduce_features(tgt.features)], 1)                # [B, P, d]
+    session.prompt_embeds = token_embeds(tgt, tgt.prompt_inputs(tgt._rows(input_ids)), b)
+    session.feed = f[:, :-1]
+    session.prefill(input_ids, attention_mask)
+    return f[:, -1:]
+
+
 def check_chain(shape: dict, why: str) -> None:
     """Refuse a tree's shape (``branch``/``width`` other than None or 1, any ``nodes``) where
     the head drafts chains, saying ``why``."""
@@ -171,18 +185,8 @@ class FeatureDrafter(TreeDrafter):
     def begin(self, input_ids, attention_mask, vocab_size=None, **prompt) -> None:
         if self.target is None:
             raise RuntimeError("FeatureDrafter.begin before attach(target)")
-        b, p, tgt = input_ids.shape[0], input_ids.shape[1], self.target
-        d = self.head.config.hidden_size
-        # each prompt token with the feature of the one before it (zeros for the first)
-        f = input_ids.new_zeros(b, 1, d, dtype=self.head.fuse.weight.dtype)
-        if p > 1:
-            f = torch.cat([f, self.head.reduce_features(tgt.features)], 1)     # [B, P, d]
-        full = tgt.prompt_inputs(tgt._rows(input_ids))          # the prompt's token inputs
-        self.session.prompt_embeds = token_embeds(tgt, full, b)
-        self.session.feed = f[:, :-1]
-        self.session.prefill(input_ids, attention_mask)
+        self._pending = prefill_pairs(self.session, input_ids, attention_mask)
         self._backlog = self._backlog_valid = None
-        self._pending = f[:, -1:]               # the feature paired with the first root
 
     def _feed_root(self, feed, valid):
         self.session.feed = self._pending
