@@ -162,7 +162,7 @@ def test_the_recipe_fits_measures_and_describes_a_depth_head(tmp_path):
     assert isinstance(DraftHead.from_pretrained(tmp_path, target), DepthHead)
     rows = recipe.measure(source, head, args)
     assert [r["method"] for r in rows] == ["plain", "head chain"]
-    assert rows[1]["tokens_per_step"] >= 1.0 and rows[1]["acceptance"] >= 0.0
+    assert rows[1]["acceptance"] > 0 and rows[1]["steps"] < rows[0]["steps"]
     card = recipe.model_card("tiny-csm", head, rows, dict(
         modality="tts", data="shapes", samples=8, temperature=1.0, steps=5, unroll=2,
         seconds=1.0, eval=2, seed=0, device="CPU"))
