@@ -36,7 +36,7 @@ import torch
 
 from .. import distributions
 from ..types import Draft
-from .feature import HeadSession, prefill_pairs
+from .head_session import HeadSession, prefill_pairs
 from .frame import HeadChainDrafter
 from .head import DepthHead
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from mmspec.drafters.base import NoDraft
-from mmspec.drafters.feature import token_embeds
+from mmspec.drafters.head_session import token_embeds
 from recipes.cli import COUNT, Number, Parser, describe, run
 
 MODALITIES = ("t2i", "vlm", "tts", "text")
@@ -321,7 +321,7 @@ def _logits(head, template, batch: dict, g: torch.Tensor) -> torch.Tensor:
     session's ``logits`` hook; for a frame head its codebook heads [B, T, C, V] with the
     target's pattern forced (``force``, on the frames fed)."""
     from mmspec.drafters import FrameHead
-    from mmspec.drafters.feature import _HeadOutput
+    from mmspec.drafters.head_session import _HeadOutput
     from mmspec.drafters.frame import frame_logits
 
     if not isinstance(head, FrameHead):

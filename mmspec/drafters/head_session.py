@@ -1,0 +1,75 @@
+"""The head's session: a draft head's decoder run as a session over the target session's ids,
+and its prefill with the prompt's (token, feature) pairs. Shared by the drafters of token heads
+(``feature``) and depth heads (``depth``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..session import CausalLMSession
+from .head import DraftHead
+
+
+@dataclass
+class _HeadOutput:
+    """The head decoder's output as the target session's ``logits`` hook reads outputs."""
+
+    logits: torch.Tensor
+    last_hidden_state: torch.Tensor
+
+
+def token_embeds(session, inputs: dict, rows: int) -> torch.Tensor:
+    """The token embeddings [rows, n, d] of a target session's model inputs (its ``embed`` or
+    ``prompt_inputs``): their ``inputs_embeds``, or the model's input embeddings of their
+    ``input_ids``; the first ``rows`` rows (the conditional ones under guidance)."""
+    if "inputs_embeds" in inputs:
+        return inputs["inputs_embeds"][:rows]
+    return session.model.get_input_embeddings()(inputs["input_ids"][:rows])
+
+
+class HeadSession(CausalLMSession):
+    """The head's decoder as a session over the target session's ids (``template``): the
+    target's hooks turn ids into token embeddings (``embed``, ``prompt_inputs``) and outputs
+    into logits (``logits``, ``mask_logits``: image-token spans, generation heads), so the
+    head drafts in the ids the rules see. ``feed`` [B, n, d] are the features of the tokens
+    of the next forward; ``features`` after it are the head's outputs."""
+
+    def __init__(self, head: DraftHead, template: CausalLMSession, **engine):
+        super().__init__(head.decoder, template.params, **engine)
+        self.head, self.template = head, template
+        self.vocab_size = template.vocab_size
+        self.feed: torch.Tensor | None = None
+        self.prompt_embeds: torch.Tensor | None = None     # [B, P, d] set before prefill
+        self.keep_features((1,))           # the one decoder layer's (normed) output
+
+    def embed(self, tokens, first_step=False):
+        t = self.template.embed(self.template._rows(tokens), first_step)
+        e = token_embeds(self.template, t, tokens.shape[0])
+        return {"inputs_embeds": self.head.inputs(e, self.feed)}
+
+    def prompt_inputs(self, tokens):
+        e = self.prompt_embeds[:, :tokens.shape[1]]
+        return {"inputs_embeds": self.head.inputs(e, self.feed)}
+
+    def logits(self, out):
+        return self.template.logits(_HeadOutput(self.head.full_logits(out.logits),
+                                                out.hidden_states[-1]))
+
+    def mask_logits(self, logits, gen_index):
+        return self.template.mask_logits(logits, gen_index)
+
+
+def prefill_pairs(session: HeadSession, input_ids, attention_mask) -> torch.Tensor:
+    """Prefill the head's ``session`` with the prompt's pairs, each token with its target's
+    feature of the token before it (zeros for the first; the target session has run the
+    prompt); returns the feature paired with the first root, [B, 1, d]."""
+    tgt, head, b = session.template, session.head, input_ids.shape[0]
+    f = input_ids.new_zeros(b, 1, head.config.hidden_size, dtype=head.fuse.weight.dtype)
+    if input_ids.shape[1] > 1:
+        f = torch.cat([f, head.reduce_features(tgt.features)], 1)                # [B, P, d]
+    session.prompt_embeds = token_embeds(tgt, tgt.prompt_inputs(tgt._rows(input_ids)), b)
+    session.feed = f[:, :-1]
+    session.prefill(input_ids, attention_mask)
+    return f[:, -1:]
