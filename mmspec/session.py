@@ -195,9 +195,9 @@ class CausalLMSession(Session):
     # under it): a chain of its steps can be captured (``chains``). Adapters whose hooks read
     # host values set it False.
     chain_hooks = True
-    # Sampled chains (temperature > 0) as graphs too: the call's generator followed through a
-    # generator registered with the graph (``chain``). Off until its GPU test has run
-    # (tests/test_gpu.py, sampled chains equal to the eager draws).
+    # Sampled chains (temperature > 0) as graphs too, an opt-in: the call's generator followed
+    # through a generator registered with the graph (``chain``; tests/test_gpu.py compares
+    # their draws with the steps one by one).
     sampled_chains = False
     inductor_options = {"coordinate_descent_tuning": True}
     # Prompt passes: matrix products bound by compute, whose kernels tuning gains little.
@@ -551,7 +551,7 @@ class CausalLMSession(Session):
         ``generator`` the advanced offset, so the draws are the ones the eager steps would
         make (without ``generator``, the device's default generator, which graphs follow)."""
         if not self.chains or self._first or k < 2 or (
-                generator is not None and generator.device != tokens.device):
+                generator is not None and generator.device.type != "cuda"):
             return super().chain(tokens, valid, k, follow, generator)
         sizes = [tokens.shape[1]] + [1] * (k - 1)
         self.seq.check_room(sum(sizes))
