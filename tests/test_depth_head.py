@@ -10,7 +10,7 @@ import pytest
 import torch
 from tiny_csm import tiny_csm
 
-from mmspec.drafters import DepthDrafter, DepthHead, DraftHead
+from mmspec.drafters import DepthDrafter, DepthHead, DraftHead, HeadConfig
 from modalities.speech import TextToSpeech
 from modalities.speech.csm import CsmAdapter
 
@@ -139,8 +139,7 @@ def test_depth_head_refusals():
     with pytest.raises(ValueError, match="accepted a DepthHead"):
         DepthDrafter(object())
     with pytest.raises(ValueError, match="a depth head needs codebooks"):
-        DepthHead(DepthHead.for_target(target).config.__class__(
-            hidden_size=16, feature_layers=(1,), vocab_size=8, codebooks=3))
+        DepthHead(HeadConfig(hidden_size=16, feature_layers=(1,), vocab_size=8, codebooks=3))
 
 
 def test_the_recipe_fits_measures_and_describes_a_depth_head(tmp_path):

@@ -36,7 +36,7 @@ import torch
 
 from .. import distributions
 from ..types import Draft
-from .head_session import HeadSession, prefill_pairs
+from .head_session import HeadSession, next_pairs, prefill_pairs
 from .frame import HeadChainDrafter
 from .head import DepthHead
 
@@ -103,12 +103,6 @@ class DepthDrafter(HeadChainDrafter):
             self._pending = torch.cat([self._pending, feats[:, :1]], 1)
             return
         self.session.commit(self._f, self._valid)          # the pending pairs' slots only
-        n, m = out.num_accepted, max(num_accepted)
-        cols = torch.arange(m, device=n.device)
-        taken = cols[None] < n[:, None]                                          # [B, m]
-        self._backlog = torch.where(taken[:, :, None], out.tokens[:, :m], 0)
-        self._backlog_valid = taken.long() * self._on[:, None]
-        root = feats.gather(1, n[:, None, None].expand(-1, 1, feats.shape[-1]))
-        self._pending = torch.cat([feats[:, :m], root], 1)
-        if m == 0:
-            self._backlog = self._backlog_valid = None
+        # a chain: the path is the fed slots in order
+        self._backlog, self._backlog_valid, self._pending = next_pairs(
+            feats, out.tokens, out.num_accepted, max(num_accepted), self._on)

@@ -30,7 +30,7 @@ from ..types import Draft
 from .depth import DepthDrafter
 from .frame import FrameDrafter
 from .head import DepthHead, DraftHead, FrameHead
-from .head_session import HeadSession, prefill_pairs
+from .head_session import HeadSession, next_pairs, prefill_pairs
 from .tree import TreeDrafter
 
 
@@ -145,16 +145,9 @@ class FeatureDrafter(TreeDrafter):
         n, path = out.num_accepted, out.path
         if path is None:             # a chain: the root, then the drafts in order
             path = torch.arange(out.tokens.shape[1], device=n.device).expand(n.shape[0], -1)
-        m = max(num_accepted)
-        d = feats.shape[-1]
-        on_path = feats.gather(1, path[:, :, None].expand(*path.shape, d))     # [B, D + 1, d]
-        cols = torch.arange(m, device=n.device)
-        self._backlog = torch.where(cols[None] < n[:, None], out.tokens[:, :m], 0)
-        self._backlog_valid = (cols[None] < n[:, None]).long() * self._on[:, None]
-        root = on_path.gather(1, n[:, None, None].expand(-1, 1, d))
-        self._pending = torch.cat([on_path[:, :m], root], 1)
-        if m == 0:
-            self._backlog = self._backlog_valid = None
+        on_path = feats.gather(1, path[:, :, None].expand(*path.shape, feats.shape[-1]))
+        self._backlog, self._backlog_valid, self._pending = next_pairs(
+            on_path, out.tokens, n, max(num_accepted), self._on)
 
 
 class _Unattached(Session):

@@ -314,11 +314,19 @@ class FrameHead(DraftHead):
         return torch.stack([h(g) for h in self.shared[1]], -2)
 
 
+DEPTH_PARTS = ("backbone_model", "lm_head", "depth_decoder")
+
+
+def is_depth_model(target) -> bool:
+    """A depth-decoder speech model (a backbone with ``embed_tokens`` summing the codebooks,
+    ``lm_head`` for codebook 0 and a ``depth_decoder``: CSM)."""
+    return all(hasattr(target, p) for p in DEPTH_PARTS)
+
+
 def depth_model(target) -> nn.Module:
-    """``target`` when it is a depth-decoder speech model (a backbone with ``embed_tokens``
-    summing the codebooks, ``lm_head`` for codebook 0 and a ``depth_decoder``: CSM)."""
-    parts = ("backbone_model", "lm_head", "depth_decoder")
-    if not all(hasattr(target, p) for p in parts):
+    """``target`` when ``is_depth_model``, else refused by name."""
+    parts = DEPTH_PARTS
+    if not is_depth_model(target):
         raise ValueError(f"a depth head shares a depth-decoder model's backbone embeddings, head "
                          f"and depth decoder; {type(target).__name__} has no "
                          f"{', '.join(p for p in parts if not hasattr(target, p))}: accepted a "
@@ -380,6 +388,6 @@ def head_for_target(target, feature_layers=None, **kw) -> DraftHead:
     decoder, a ``DepthHead`` for a depth-decoder model (CSM), else a ``DraftHead``."""
     if find_delay_decoder(target) is not None:
         return FrameHead.for_target(target, feature_layers, **kw)
-    if hasattr(target, "depth_decoder"):
+    if is_depth_model(target):
         return DepthHead.for_target(target, feature_layers, **kw)
     return DraftHead.for_target(target, feature_layers, **kw)

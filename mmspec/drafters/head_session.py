@@ -61,6 +61,24 @@ class HeadSession(CausalLMSession):
         return self.template.mask_logits(logits, gen_index)
 
 
+def next_pairs(on_path: torch.Tensor, tokens: torch.Tensor, n: torch.Tensor, m: int,
+               on: torch.Tensor):
+    """After a verified step, what the head is fed next: each row's accepted drafts (the
+    first ``m`` = the most any row accepted; a row's past its ``n`` [B] are padding) with
+    their validity (``on`` [B]: the rows still running), and their features: the target's
+    features along the accepted path ``on_path`` [B, D + 1, d], then the one paired with the
+    new last token. ``tokens`` [B, D + 1, *event] are the step's output tokens.
+    -> (backlog [B, m, *event] or None, its validity [B, m] or None, pending [B, m + 1, d])."""
+    d = on_path.shape[-1]
+    root = on_path.gather(1, n[:, None, None].expand(-1, 1, d))
+    pending = torch.cat([on_path[:, :m], root], 1)
+    if m == 0:
+        return None, None, pending
+    taken = torch.arange(m, device=n.device)[None] < n[:, None]                  # [B, m]
+    wide = taken.view(*taken.shape, *[1] * (tokens.dim() - 2))
+    return torch.where(wide, tokens[:, :m], 0), taken.long() * on[:, None], pending
+
+
 def prefill_pairs(session: HeadSession, input_ids, attention_mask) -> torch.Tensor:
     """Prefill the head's ``session`` with the prompt's pairs, each token with its target's
     feature of the token before it (zeros for the first; the target session has run the

@@ -160,7 +160,9 @@ class Source:
     @property
     def depth(self) -> bool:
         """The target decodes depth-decoder frames (CSM: a ``DepthHead`` drafts for it)."""
-        return self.modality == "tts" and hasattr(self.model, "depth_decoder")
+        from mmspec.drafters.head import is_depth_model
+
+        return self.modality == "tts" and is_depth_model(self.model)
 
     def recorder(self, layers):
         return (FrameRecorder if self.frames else DepthRecorder if self.depth
