@@ -176,13 +176,13 @@ def test_compiled_prompt_passes_on_a_reused_cache():
 
 
 @pytest.mark.parametrize("fuse", ["graphs", True])
-def test_captured_greedy_draft_chains_are_one_graph(fuse):
+def test_captured_greedy_draft_chains_are_one_graph(fuse, monkeypatch):
     """Captured greedy drafts: the K steps after the first are one graph per first width
     (``CausalLMSession.chain``), queued or synchronised; tokens equal eager plain greedy;
-    sampled drafts step one graph at a time."""
+    sampled drafts are chains too, and step one graph at a time without ``sampled_chains``."""
     import gc
 
-    from mmspec.session import _STATIC
+    from mmspec.session import _STATIC, CausalLMSession
 
     dev = torch.device("cuda")
     t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
@@ -202,9 +202,11 @@ def test_captured_greedy_draft_chains_are_one_graph(fuse):
         out = mmspec.generate(t, d, ids, temperature=0, compile=fuse, pipeline=pipeline, **kw)
         assert torch.equal(out.sequences, plain.sequences)
         assert chains()
-    mmspec.release_graphs()
-    mmspec.generate(t, d, ids, temperature=1.0, seed=0, compile=fuse, **kw)
-    assert not chains()
+    for sampled in (True, False):
+        mmspec.release_graphs()
+        monkeypatch.setattr(CausalLMSession, "sampled_chains", sampled)
+        mmspec.generate(t, d, ids, temperature=1.0, seed=0, compile=fuse, **kw)
+        assert bool(chains()) == sampled
     mmspec.release_graphs()
 
 
@@ -223,6 +225,7 @@ def test_captured_sampled_draft_chains_draw_what_the_eager_steps_draw(monkeypatc
     ids = torch.tensor([[0, 0, 3, 4, 5], [2, 1, 2, 3, 4]], device=dev)
     kw = dict(attention_mask=(ids != 0).long(), max_new_tokens=24, num_draft_tokens=3,
               temperature=1.0, compile=True)
+    monkeypatch.setattr(CausalLMSession, "sampled_chains", False)
     stepped = [mmspec.generate(t, d, ids, seed=s, **kw).sequences for s in (0, 1)]
     mmspec.release_graphs()
     monkeypatch.setattr(CausalLMSession, "sampled_chains", True)
