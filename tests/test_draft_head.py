@@ -112,6 +112,35 @@ def test_the_recipe_refuses_bad_input_in_one_line(tmp_path, capsys):
     assert r.returncode == 2 and "checkpoint does not exist" in r.stderr
 
 
+def test_two_processes_collect_shares_and_train_one_head(tmp_path):
+    """torchrun, two CPU processes (gloo): each collects its share of the prompts, the data
+    file holds both shares, the gradients are averaged (the recipe raises when the processes'
+    heads differ after training), and ``--resume`` continues with the joined data."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from safetensors import safe_open
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "head"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+           "2", "-m", "recipes.train.draft_head", "--modality", "tts", "--target",
+           os.path.join(root, "samples", "models", "shapes-tts"), "--samples", "4", "--eval",
+           "1", "--collect-batch", "1", "--save-every", "2", "--device", "cpu", "--out", str(out)]
+    for extra in (["--steps", "4"], ["--steps", "6", "--resume"]):
+        r = subprocess.run(cmd + extra, cwd=root, capture_output=True, text=True, timeout=600,
+                           env=dict(os.environ, PYTHONPATH=root))
+        assert r.returncode == 0, r.stderr[-3000:]
+    with safe_open(str(out / "data.safetensors"), "pt") as f:
+        assert {k.split(".")[0] for k in f.keys()} == {"0", "1", "2", "3"}   # both shares
+    assert not list(out.glob("*.part*"))
+    assert json.loads((out / "checkpoint" / "trainer.json").read_text())["step"] == 6
+    assert json.loads((out / "training.json").read_text())["device"].startswith("2 processes")
+    assert (out / "README.md").is_file() and (out / "model.safetensors").is_file()
+
+
 def test_a_reduced_draft_vocabulary_drafts_only_its_ids_and_trains(tmp_path):
     """--draft-vocab: the ids with the most target mass; the head's q is zero elsewhere, its
     tokens under greedy are plain greedy's, training lifts acceptance, the ids round-trip

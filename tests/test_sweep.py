@@ -76,9 +76,9 @@ def test_two_process_cpu_run_merges_identical_rows(tiny_models, tmp_path):
     sweep_main(_args(tiny_models, one, extra=["--no-report"]))
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
                PYTHONPATH=os.path.join(ROOT, "tests") + os.pathsep + ROOT)
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "-m", "eval.sweep", *_args(tiny_models, two, extra=["--no-report"])]
+    # torchrun: two CPU processes over gloo (``accelerate launch --cpu`` starts one)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+           "2", "-m", "eval.sweep", *_args(tiny_models, two, extra=["--no-report"])]
     res = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     a = {(r["key"], r["prompt_index"]): r for r in read_rows(one / "results.jsonl")}

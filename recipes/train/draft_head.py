@@ -4,18 +4,21 @@
         --data shapes --out samples/models/shapes-t2i-head
     python -m recipes.train.draft_head --modality text --target Qwen/Qwen2.5-0.5B \\
         --data prompts.txt --out heads/qwen-0.5b --samples 2000
-    accelerate launch -m recipes.train.draft_head ...        # several GPUs
+    accelerate launch -m recipes.train.draft_head ...        # several GPUs (or --cpu processes)
 
 1. Collect (self-distillation): plain decoding of the target on the prompts, through the
    modality's front door, with a recording drafter: every position's token embedding, the
    target's features (the head's feature layers, kept by the session: no second forward) and
    its processed distributions over the generated positions (guidance, temperature, top-k as
-   at sampling). Saved to ``OUT/data.safetensors``.
+   at sampling). Saved to ``OUT/data.safetensors``. Under ``accelerate launch`` each process
+   collects its share of the prompts and the file holds every process's batches.
 2. Train: soft cross-entropy of the head's q against the target's p, unrolled ``--unroll``
    steps as EAGLE-3's training-time test: step j feeds each position the head's own step
    j - 1 output at the previous position as its feature and attends to real-feature pairs
    up to j - 1 positions back and to its own chain (the mask drafting sees at depth j).
-   Checkpoints (safetensors) every ``--save-every`` steps; ``--resume`` continues.
+   Checkpoints (safetensors) every ``--save-every`` steps; ``--resume`` continues. Several
+   processes train data-parallel: each on its own batches, the gradients averaged over them
+   before every optimizer step, so they hold one head throughout.
 3. Measure: tokens per target step of plain decoding, the head's chain and its tree on
    held-out prompts; ``OUT/README.md`` is the model card.
 
@@ -280,6 +283,22 @@ def collect(source: Source, layers, args, accelerator) -> list[dict]:
     return batches
 
 
+def share_data(batches: list[dict], path: str, accelerator) -> None:
+    """Write every process's collected batches to ``path``: each process writes its own part,
+    the main process joins the parts in process order."""
+    if accelerator.num_processes == 1:
+        return save_data(batches, path)
+    part = f"{path}.part{accelerator.process_index}"
+    save_data(batches, part)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        parts = [f"{path}.part{i}" for i in range(accelerator.num_processes)]
+        save_data([b for q in parts for b in load_data(q)], path)
+        for q in parts:
+            os.remove(q)
+    accelerator.wait_for_everyone()
+
+
 def save_data(batches: list[dict], path: str) -> None:
     from safetensors.torch import save_file
 
@@ -390,10 +409,10 @@ def head_loss(head, template, batch: dict, steps: int) -> torch.Tensor:
     return total
 
 
-def draft_vocab(head, batches: list[dict], num_layers: int) -> torch.Tensor:
+def draft_vocab(head, batches: list[dict], num_layers: int, accelerator=None) -> torch.Tensor:
     """The ``draft_vocab_size`` ids of the target's output head with the most probability
-    mass over the collected positions: the target's output head applied to its last layer's
-    features (which the head fuses)."""
+    mass over the collected positions (every process's): the target's output head applied to
+    its last layer's features (which the head fuses)."""
     cfg = head.config
     if num_layers not in cfg.feature_layers:
         raise ValueError(f"--draft-vocab reads the target's last layer ({num_layers}) among "
@@ -406,6 +425,8 @@ def draft_vocab(head, batches: list[dict], num_layers: int) -> torch.Tensor:
             h = batch["features"][..., i * d:(i + 1) * d].to(out.weight.device, out.weight.dtype)
             keep = batch["mask"][:, :-1].to(out.weight.device).bool()
             mass += torch.softmax(out(h).double(), -1)[keep].sum(0)
+    if accelerator is not None and accelerator.num_processes > 1:
+        mass = accelerator.reduce(mass, reduction="sum")
     return mass.topk(cfg.draft_vocab_size).indices
 
 
@@ -420,8 +441,7 @@ def train(head, template, batches: list[dict], args, accelerator, start: int = 0
     for p in head.parameters():
         p.requires_grad_(any(p is q for q in own))
     optimizer = optimizer or torch.optim.AdamW(own, lr=args.lr, weight_decay=0.0)
-    head, optimizer = accelerator.prepare(head, optimizer)
-    core = accelerator.unwrap_model(head)
+    broadcast_parameters(own, accelerator)
     warm = max(1, args.steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warm) * 0.5
                                               * (1 + math.cos(math.pi * min(1.0, i / args.steps))))
@@ -431,17 +451,62 @@ def train(head, template, batches: list[dict], args, accelerator, start: int = 0
     bar = tqdm(range(start, args.steps), desc="train", disable=None if accelerator.is_main_process else True)
     for step in bar:
         batch = batches[rng.randrange(len(batches))]
-        loss = head_loss(core, template, batch, args.unroll)
+        loss = head_loss(head, template, batch, args.unroll)
         accelerator.backward(loss)
+        average_gradients(own, accelerator)
         torch.nn.utils.clip_grad_norm_(own, 1.0)
         optimizer.step()
         sched.step()
         optimizer.zero_grad(set_to_none=True)
         bar.set_postfix(loss=f"{loss.item():.3f}")
         if accelerator.is_main_process and (step + 1) % args.save_every == 0:
-            save_checkpoint(core, optimizer, step + 1, args.out)
+            save_checkpoint(head, optimizer, step + 1, args.out)
+    check_one_head(own, accelerator)
     for p in own:
         p.requires_grad_(False)
+
+
+# The loss calls the head's parts (its decoder, its fusion), not its forward, so a DDP wrapper
+# would never see a forward pass: the processes' parameters and gradients are kept equal here.
+
+def _flat(tensors) -> torch.Tensor:
+    return torch.cat([t.detach().reshape(-1).float() for t in tensors])
+
+
+def _unflat(flat: torch.Tensor, like) -> list[torch.Tensor]:
+    return [f.view_as(t).to(t.dtype) for f, t in zip(flat.split([t.numel() for t in like]), like)]
+
+
+def broadcast_parameters(params: list, accelerator) -> None:
+    """Every process starts from the main process's parameters."""
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast
+
+        with torch.no_grad():
+            for p, v in zip(params, _unflat(broadcast(_flat(params)), params)):
+                p.copy_(v)
+
+
+def average_gradients(params: list, accelerator) -> None:
+    """Each parameter's gradient replaced by its mean over the processes."""
+    if accelerator.num_processes > 1:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        for p, g in zip(params, _unflat(accelerator.reduce(_flat(grads), "mean"), grads)):
+            p.grad = g
+
+
+def check_one_head(params: list, accelerator) -> None:
+    """Raise if the processes' heads differ (their updates did not stay in step)."""
+    if accelerator.num_processes > 1:
+        import torch.distributed as dist
+
+        flat = _flat(params)
+        low, high = flat.clone(), flat.clone()
+        dist.all_reduce(low, op=dist.ReduceOp.MIN)
+        dist.all_reduce(high, op=dist.ReduceOp.MAX)
+        if not torch.equal(low, high):
+            raise RuntimeError("the processes' heads differ after training (largest gap "
+                               f"{(high - low).abs().max().item():.3g}): gradients not averaged")
 
 
 def save_checkpoint(head, optimizer, step: int, out: str) -> None:
@@ -624,6 +689,8 @@ def main(argv=None) -> None:
         raise ValueError(f"--resume: {args.out}/checkpoint does not exist")
     torch.manual_seed(args.seed)
     accelerator = Accelerator(cpu=args.device == "cpu")
+    if args.device == "cuda":
+        args.device = str(accelerator.device)            # each process its own GPU
     t0 = time.perf_counter()
     source = load_source(args)
     if args.measure_only:
@@ -635,7 +702,7 @@ def main(argv=None) -> None:
         trained = dict(modality=args.modality, data=args.data, samples=args.samples,
                        temperature=args.temperature, steps=args.steps, unroll=args.unroll,
                        seconds=time.perf_counter() - t0, eval=args.eval, seed=args.seed,
-                       device=_device_name(args.device))
+                       device=_device_name(args.device, accelerator.num_processes))
     if accelerator.is_main_process:
         head.eval()
         rows = measure(source, head, args)
@@ -663,13 +730,13 @@ def fit(source: Source, args, accelerator):
     os.makedirs(args.out, exist_ok=True)
     data = os.path.join(args.out, "data.safetensors")
     if args.resume and os.path.isfile(data):
-        batches = load_data(data)
+        batches = load_data(data)[accelerator.process_index::accelerator.num_processes]
     else:
         batches = collect(source, head.config.feature_layers, args, accelerator)
-        if accelerator.is_main_process:
-            save_data(batches, data)
+        share_data(batches, data, accelerator)
     if args.draft_vocab is not None:
-        head.set_draft_ids(draft_vocab(head, batches, _decoder_layers(source.model)))
+        head.set_draft_ids(draft_vocab(head, batches, _decoder_layers(source.model),
+                                       accelerator))
     template = _template(source, head, args.temperature)
     start, opt = (load_checkpoint(head, args.out, args.lr) if args.resume else (0, None))
     train(head, template, batches, args, accelerator, start, opt)
@@ -684,10 +751,11 @@ def _decoder_layers(model) -> int:
     return _decoder_config(model).num_hidden_layers
 
 
-def _device_name(device: str) -> str:
+def _device_name(device: str, processes: int = 1) -> str:
+    name = "CPU"
     if device.startswith("cuda") and torch.cuda.is_available():
-        return torch.cuda.get_device_name(torch.device(device))
-    return "CPU"
+        name = torch.cuda.get_device_name(torch.device(device))
+    return name if processes == 1 else f"{processes} processes, each on {name}"
 
 
 def _template(source: Source, head, temperature: float):
