@@ -4,13 +4,14 @@
         --data shapes --out samples/models/shapes-t2i-head
     python -m recipes.train.draft_head --modality text --target Qwen/Qwen2.5-0.5B \\
         --data prompts.txt --out heads/qwen-0.5b --samples 2000
-    accelerate launch -m recipes.train.draft_head ...        # several GPUs (or --cpu processes)
+    accelerate launch -m recipes.train.draft_head ...        # several GPUs
+    torchrun --standalone --nproc_per_node 2 -m recipes.train.draft_head ... --device cpu
 
 1. Collect (self-distillation): plain decoding of the target on the prompts, through the
    modality's front door, with a recording drafter: every position's token embedding, the
    target's features (the head's feature layers, kept by the session: no second forward) and
    its processed distributions over the generated positions (guidance, temperature, top-k as
-   at sampling). Saved to ``OUT/data.safetensors``. Under ``accelerate launch`` each process
+   at sampling). Saved to ``OUT/data.safetensors``. Launched as several processes each
    collects its share of the prompts and the file holds every process's batches.
 2. Train: soft cross-entropy of the head's q against the target's p, unrolled ``--unroll``
    steps as EAGLE-3's training-time test: step j feeds each position the head's own step
