@@ -11,8 +11,8 @@
    modality's front door, with a recording drafter: every position's token embedding, the
    target's features (the head's feature layers, kept by the session: no second forward) and
    its processed distributions over the generated positions (guidance, temperature, top-k as
-   at sampling). Saved to ``OUT/data.safetensors``. Launched as several processes each
-   collects its share of the prompts and the file holds every process's batches.
+   at sampling). Saved to ``OUT/data.safetensors``. With several processes, each collects
+   its share of the prompts and the file holds every process's batches.
 2. Train: soft cross-entropy of the head's q against the target's p, unrolled ``--unroll``
    steps as EAGLE-3's training-time test: step j feeds each position the head's own step
    j - 1 output at the previous position as its feature and attends to real-feature pairs
