@@ -228,13 +228,32 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also run gpt-fast from this checkout (pytorch-labs/gpt-fast, fetched "
                          "by you; eval/peer_gptfast.py) on the same shape and draft, batch 1 "
                          "(default: none)")
+    ap.add_argument("--inductor-option", type=inductor_option, action="append", default=[],
+                    metavar="KEY=VALUE",
+                    help="set one of the decode steps' inductor options "
+                         "(CausalLMSession.inductor_options; VALUE as JSON: true, false, 2), "
+                         "e.g. triton.enable_pdl=false; repeatable (default: none)")
     ap.add_argument("--out", default="out/bench_gpu", help="output folder")
     return describe(ap)
+
+
+def inductor_option(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` -> (key, value); VALUE read as JSON."""
+    key, sep, value = text.partition("=")
+    try:
+        if not (sep and key):
+            raise ValueError
+        return key, json.loads(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: accepted KEY=VALUE with VALUE in JSON "
+                                         "(true, false, a number, a quoted string)") from None
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
     check_peer(args)
+    options = {**CausalLMSession.inductor_options, **dict(args.inductor_option)}
+    CausalLMSession.inductor_options = options
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     rows, emit = open_log(args.out)
@@ -244,7 +263,8 @@ def main(argv=None):
     floor_ms = 1e3 * wbytes / bw if bw == bw else float("nan")
     emit(dict(kind="setup", device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
               shape=args.shape, weight_gb=wbytes / 1e9, copy_tb_s=bw / 1e12, floor_ms=floor_ms,
-              transformers=__import__("transformers").__version__, torch=torch.__version__))
+              transformers=__import__("transformers").__version__, torch=torch.__version__,
+              inductor_options=options))
     n = args.new_tokens
     pipe = False if args.no_spec_pipeline else None
     ks = args.ks
@@ -375,7 +395,8 @@ def write_report(out_dir, rows):
              f"{setup['device']}, {setup['shape']} Llama shape, {setup['weight_gb']:.1f} GB of "
              f"weights, copy bandwidth {setup['copy_tb_s']:.2f} TB/s, HBM floor "
              f"{setup['floor_ms']:.2f} ms per step; torch {setup['torch']}, transformers "
-             f"{setup['transformers']}. Greedy decoding.", "",
+             f"{setup['transformers']}. Greedy decoding. Decode steps' inductor options: "
+             f"{setup.get('inductor_options', '')}.", "",
              "| eps | batch | what | mode | K | draft | acceptance | tokens/step | ms/token | "
              "step / floor | decode step / floor | speedup | bound | efficiency | bound with prefill | efficiency "
              "with prefill | decoding speedup | decoding efficiency | identical |", "|" + "---|" * 19]

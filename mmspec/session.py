@@ -201,7 +201,7 @@ class CausalLMSession(Session):
     sampled_chains = True
     # Decode steps: matrix-vector reductions tuned by coordinate descent; on GPUs that have it
     # (Hopper and later), programmatic dependent launch, so each kernel's launch overlaps the
-    # end of the one before (a 7B step 4.66 -> 4.38 ms on one H200, docs/benchmarks.md).
+    # end of the one before (docs/benchmarks.md: a 7B step alone 4.66 -> 4.38 ms, one H200).
     inductor_options = {"coordinate_descent_tuning": True, "triton.enable_pdl": True}
     # Prompt passes: matrix products bound by compute, whose kernels tuning gains little.
     prompt_inductor_options: dict = {}

@@ -9,19 +9,33 @@ import json
 import pytest
 
 
-def test_bench_gpu_tiny_cpu_rows_are_identical_and_bounded(tmp_path):
+def test_bench_gpu_tiny_cpu_rows_are_identical_and_bounded(tmp_path, monkeypatch):
     from eval.bench_gpu import main
+    from mmspec.session import CausalLMSession
 
+    defaults = dict(CausalLMSession.inductor_options)
+    monkeypatch.setattr(CausalLMSession, "inductor_options", defaults)   # restored after
     main(["--shape", "tiny", "--device", "cpu", "--no-hf-compile", "--batches", "1,2",
           "--ks", "2", "--eps", "0.0", "--new-tokens", "12", "--prompt", "8",
-          "--out", str(tmp_path)])
+          "--inductor-option", "triton.enable_pdl=false", "--out", str(tmp_path)])
     rows = [json.loads(line) for line in (tmp_path / "bench.jsonl").read_text().splitlines()]
+    assert rows[0]["inductor_options"] == {**defaults, "triton.enable_pdl": False}
     spec = [r for r in rows if r["kind"] == "mmspec-spec"]
     assert {(r["batch"], r["k"]) for r in spec} == {(1, 2), (2, 4)}
     assert all(r["identical"] for r in spec)
     assert all(r["bound"] > 0 and r["bound_call"] > 0 for r in spec)
     assert all(r["identical_to_mmspec"] for r in rows if r["kind"] == "hf-eager")
     assert "bound with prefill" in (tmp_path / "report.md").read_text()
+
+
+def test_bench_gpu_refuses_a_malformed_inductor_option_in_one_line():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "eval.bench_gpu", "--inductor-option", "pdl"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "--inductor-option" in r.stderr and "KEY=VALUE" in r.stderr
+    assert len(r.stderr.strip().splitlines()) <= 2
 
 
 def test_loop_overhead_benchmark_runs_the_three_loops_on_stub_networks():
