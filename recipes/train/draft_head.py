@@ -276,7 +276,9 @@ def collect(source: Source, layers, args, accelerator) -> list[dict]:
 
     mine = source.items[accelerator.process_index::accelerator.num_processes]
     batches, bs = [], args.collect_batch
-    for i in tqdm(range(0, len(mine), bs), desc="collect", disable=None if accelerator.is_main_process else True):
+    # progress also where output is no terminal (a batch job's log), as the other recipes
+    for i in tqdm(range(0, len(mine), bs), desc="collect", mininterval=5,
+                  disable=not accelerator.is_main_process):
         rec = source.recorder(layers)
         source.generate(mine[i:i + bs], seed=args.seed + i, temperature=args.temperature,
                         drafter=rec)
@@ -449,7 +451,8 @@ def train(head, template, batches: list[dict], args, accelerator, start: int = 0
     for _ in range(start):
         sched.step()
     rng = random.Random(args.seed + start)
-    bar = tqdm(range(start, args.steps), desc="train", disable=None if accelerator.is_main_process else True)
+    bar = tqdm(range(start, args.steps), desc="train", mininterval=5,
+               disable=not accelerator.is_main_process)
     for step in bar:
         batch = batches[rng.randrange(len(batches))]
         loss = head_loss(head, template, batch, args.unroll)
