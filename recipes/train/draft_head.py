@@ -462,7 +462,7 @@ def train(head, template, batches: list[dict], args, accelerator, start: int = 0
         optimizer.step()
         sched.step()
         optimizer.zero_grad(set_to_none=True)
-        bar.set_postfix(loss=f"{loss.item():.3f}")
+        bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
         if accelerator.is_main_process and (step + 1) % args.save_every == 0:
             save_checkpoint(head, optimizer, step + 1, args.out)
     check_one_head(own, accelerator)
