@@ -14,6 +14,7 @@ after a step the cache keeps ``max_b(valid_b)`` new slots and row b has
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass
 
@@ -103,6 +104,31 @@ def recurrent_layers(cache) -> list:
     as Qwen3.5's Gated DeltaNet): a rollback restores them, it cannot move a length."""
     target = getattr(cache, "self_attention_cache", cache)
     return [layer for layer in getattr(target, "layers", None) or [] if _is_recurrent(layer)]
+
+
+@contextlib.contextmanager
+def repeated_rows(cache, rows: int, repeats: int):
+    """For the body of the ``with``: the cache's rows each repeated ``repeats`` times (row r
+    -> rows r * repeats .. r * repeats + repeats - 1; ``Cache.reorder_cache``, as beam search
+    does); after it every layer holds its own tensors again, so what the body fed is gone."""
+    layers = getattr(cache, "self_attention_cache", cache).layers
+    saved = [{k: dict(v) if isinstance(v, dict) else v for k, v in vars(layer).items()}
+             for layer in layers]
+    device = next(t.device for layer in layers for t in _tensors(layer))
+    cache.reorder_cache(torch.arange(rows, device=device).repeat_interleave(repeats))
+    try:
+        yield
+    finally:
+        for layer, attrs in zip(layers, saved):
+            vars(layer).clear()
+            vars(layer).update(attrs)
+
+
+def _tensors(layer):
+    for v in vars(layer).values():
+        for t in v.values() if isinstance(v, dict) else (v,):
+            if torch.is_tensor(t):
+                yield t
 
 
 @dataclass
@@ -198,6 +224,11 @@ class SequenceMask:
             return
         self.next_pos = self.next_pos - self.mask[:, -remove:].to(torch.long).sum(1)
         self.mask = self.mask[:, :-remove]
+
+    def repeat_rows(self, repeats: int) -> "SequenceMask":
+        """A copy with every row repeated ``repeats`` times (as ``repeated_rows``)."""
+        return SequenceMask(self.mask.repeat_interleave(repeats, 0),
+                            self.next_pos.repeat_interleave(repeats, 0))
 
     def invalidate_tail(self, n: int, keep_valid: torch.Tensor) -> None:
         """Among the last ``n`` slots, mark valid only where ``keep_valid`` [B, n] is true."""

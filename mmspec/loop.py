@@ -183,11 +183,11 @@ def check_trees(target: Session, drafter: Drafter, rule: Rule) -> None:
     """A tree drafter needs a target that takes tree steps and a rule that verifies trees."""
     if not drafter.trees:
         return
-    if not target.trees:
+    if not target.tree_verify:
         raise ValueError(f"{type(drafter).__name__} drafts trees: accepted a target session "
-                         f"that takes tree steps ({type(target).__name__} does not: recurrent "
-                         "or sliding-window layers, or positions that follow the cache "
-                         "length); use a chain method")
+                         f"that takes tree steps ({type(target).__name__} does not: "
+                         "sliding-window layers, recurrent layers on a static cache, or "
+                         "positions that follow the cache length); use a chain method")
     if not rule.trees:
         raise ValueError(f"rule {rule.name!r} does not verify draft trees: accepted 'exact', "
                          "'greedy' or a relaxed rule (lantern, gsd, annealed) with a tree "

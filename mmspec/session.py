@@ -33,7 +33,7 @@ import torch
 from . import distributions, regions
 from .attention import bucket, prefix, sdpa_configs
 from .cache import (DynamicCache, SequenceMask, StateSnapshot, StaticSequenceMask, TreeMask,
-                    cache_argument, crop, gather_tail, recurrent_layers)
+                    cache_argument, crop, gather_tail, recurrent_layers, repeated_rows)
 from .engine import compile_mode
 from .sampling import SamplingParams, guide
 
@@ -53,6 +53,9 @@ class Session:
                 a real token (drafts are not queued ahead with holes).
     trees:      ``step`` takes a draft tree (``tree=``) and ``commit`` a path (not with
                 recurrent or sliding-window layers).
+    tree_verify: ``step`` takes a draft tree as a target's verification: one tree step after
+                a commit, then ``commit`` a path. Every session with ``trees``; recurrent
+                ones on dynamic caches too (the tree fed as its root-to-leaf paths).
     chains:     ``chain`` may run its steps as one captured graph (see CausalLMSession).
     """
 
@@ -63,6 +66,10 @@ class Session:
     recurrent: bool = False
     trees: bool = False
     chains: bool = False
+
+    @property
+    def tree_verify(self) -> bool:
+        return self.trees
 
     @property
     def greedy(self) -> bool:
@@ -228,8 +235,11 @@ class CausalLMSession(Session):
         self.recurrent = bool(recurrent_layers(probe))
         # Tree steps need every layer to attend through the step's mask: linear attention
         # reads every slot fed before it, sliding windows keep their own slots.
-        self.trees = not self.recurrent and not any(
-            getattr(layer, "is_sliding", False) for layer in getattr(probe, "layers", []))
+        sliding = any(getattr(layer, "is_sliding", False) for layer in getattr(probe, "layers", []))
+        self.trees = not self.recurrent and not sliding
+        # A recurrent model on a dynamic cache verifies a tree as its paths (``_paths_step``).
+        self._paths = (self.recurrent and not sliding and static_len is None
+                       and guidance_scale is None)
         self._cache_arg = cache_argument(self.net)
         # Prefix attention (mmspec.attention) for SDPA models on a static cache; not under
         # "inductor" (its fused steps would be compiled again for every width) nor
@@ -250,6 +260,10 @@ class CausalLMSession(Session):
         self._uncond_last = None
         self._first = True
         self._base = None
+
+    @property
+    def tree_verify(self) -> bool:
+        return self.trees or self._paths
 
     @property
     def device(self) -> torch.device:
@@ -409,7 +423,8 @@ class CausalLMSession(Session):
             self.seq.appended(n)
         if self._feature_layers:
             hs = out.hidden_states
-            self.features = torch.cat([hs[i] for i in self._feature_layers], -1)[:self.batch_size]
+            conditional = hs[0].shape[0] // (2 if self.guided else 1)
+            self.features = torch.cat([hs[i] for i in self._feature_layers], -1)[:conditional]
         return (None if prompt else self.logits(out)), pos
 
     def _static_step(self, fn, inputs: dict, valid: torch.Tensor, width: int,
@@ -521,6 +536,8 @@ class CausalLMSession(Session):
         if valid is None:
             valid = torch.ones(tokens.shape[:2], dtype=torch.long, device=tokens.device)
         b = self.batch_size
+        if tree is not None and self._paths and not isinstance(tree, TreeMask):
+            return self._paths_step(tokens, valid, tree)
         if tree is not None:
             tree = self._tree_mask(tree, tokens.shape[1])
         if self._recurrent and self._since_commit == 0:
@@ -534,6 +551,49 @@ class CausalLMSession(Session):
         self._first = False
         self._since_commit += tokens.shape[1]
         return self.distributions(out, gen_index)
+
+    # Per-row tensors the hooks read during a forward (``position_ids``' rope deltas), repeated
+    # with the cache's rows while a tree is fed as its paths.
+    row_buffers: tuple[str, ...] = ()
+
+    def _paths_step(self, tokens: torch.Tensor, valid: torch.Tensor, tree):
+        """A recurrent model's tree step (``tree_verify``): each row's root-to-leaf paths fed
+        as rows of their own, each a chain from the committed state, on the cache's rows
+        repeated (``repeated_rows``); node i's outputs are those of the first path through it,
+        at its depth. The cache is left as it was: ``commit`` feeds the kept path."""
+        if self._since_commit:
+            raise ValueError("a recurrent session takes one tree step after a commit (a "
+                             "target's verification): accepted a chain")
+        b, n = tokens.shape[:2]
+        if tree.num_nodes != n or tree.parents.shape[0] != b:
+            raise ValueError(f"tree of {tree.num_nodes} nodes x {tree.parents.shape[0]} rows for "
+                             f"a step of {n} slots x {b} rows: accepted equal sizes")
+        nodes, first = tree.paths()                                   # [B, L, D+1], [B, n]
+        paths, depth = nodes.shape[1], nodes.shape[2]
+        at = nodes.clamp(min=0).view(b, -1)
+        fed = tokens.gather(1, at.view(b, -1, *[1] * (tokens.dim() - 2)).expand(
+            b, at.shape[1], *tokens.shape[2:])).reshape(b * paths, depth, *tokens.shape[2:])
+        fed_valid = (valid.gather(1, at).view(b, paths, depth) * (nodes >= 0)).view(-1, depth)
+        self._snapshot = StateSnapshot.take(self._recurrent)
+        self._fed, self._fed_first, self._tree_fed = [(tokens, valid)], self._first, True
+        seq, saved = self.seq, {k: getattr(self, k) for k in self.row_buffers}
+        self.seq = seq.repeat_rows(paths)
+        for k, v in saved.items():
+            setattr(self, k, v.repeat_interleave(paths, 0))
+        try:
+            with repeated_rows(self.cache, b, paths):
+                out, pos = self._forward(fed, fed_valid)
+        finally:
+            self.seq = seq
+            for k, v in saved.items():
+                setattr(self, k, v)
+        row = torch.arange(b, device=tokens.device)[:, None] * paths + first
+        col = tree.depths()
+        if self.features is not None and self._feature_layers:
+            self.features = self.features[row, col]
+        self._first = False
+        self._since_commit = n
+        return self.distributions(out[row, col], pos[row, col] - self._base[:, None])
 
     # -- captured chains ----------------------------------------------------------------------
     @property
@@ -649,7 +709,7 @@ class CausalLMSession(Session):
         if not 0 <= keep <= n:
             raise ValueError(f"keep={keep}: accepted 0..{n} (slots appended since last commit)")
         if self._recurrent:
-            return self._commit_recurrent(n, keep, self._rows(valid))
+            return self._commit_recurrent(n, keep, self._rows(valid), path)
         if path is not None and keep:
             gather_tail(self.cache, n, self._rows(path[:, :keep]),
                         None if self.static_len is None else self.seq.length)
@@ -663,7 +723,8 @@ class CausalLMSession(Session):
             raise RuntimeError(f"cache length {self.cache.get_seq_length()} != committed "
                                f"length {expected}")
 
-    def _commit_recurrent(self, n: int, keep: int, valid: torch.Tensor) -> None:
+    def _commit_recurrent(self, n: int, keep: int, valid: torch.Tensor,
+                          path: torch.Tensor | None = None) -> None:
         """Commit on a cache with recurrent layers, which cannot drop slots.
 
         Each row r keeps m_r tokens of the step (``valid`` [R, keep]: a prefix of ones). Its
@@ -673,13 +734,22 @@ class CausalLMSession(Session):
         positions, and those rows' states kept; then the ``keep`` kept slots are fed once more
         for every row (holes marked as on any cache) and each row gets its own states back.
         Plain decoding of the kept tokens reaches the same states. One host read (the
-        m_r) and one extra forward per distinct m_r < keep, plus one when keep < n."""
+        m_r) and one extra forward per distinct m_r < keep, plus one when keep < n.
+
+        After a tree fed as its paths (``_paths_step``) nothing of the step is in the cache:
+        the kept ``path`` [R, keep] (node indices) is fed."""
         kept = valid.sum(1).tolist()
-        if all(m == n for m in kept):
+        tokens, fed_valid = (torch.cat(t, 1) for t in zip(*self._fed))
+        fed = n                            # this step's slots in the cache now
+        if getattr(self, "_tree_fed", False):
+            self._tree_fed, fed = False, 0
+            tokens, fed_valid = (t.gather(1, path[:, :keep].view(
+                *path.shape[:1], keep, *[1] * (t.dim() - 2)).expand(-1, -1, *t.shape[2:]))
+                for t in (tokens, fed_valid))
+        elif all(m == n for m in kept):
             self._since_commit = 0
             return
-        tokens, fed_valid = (torch.cat(t, 1) for t in zip(*self._fed))
-        own, fed = {}, n                   # fed: this step's slots in the cache now
+        own = {}
         for m in sorted(set(kept) - {keep}):
             self._undo_step(fed)
             if m:
@@ -735,6 +805,10 @@ class PaddedSession(Session):
     @property
     def trees(self) -> bool:
         return self.inner.trees
+
+    @property
+    def tree_verify(self) -> bool:
+        return self.inner.tree_verify
 
     def prefill(self, *args, **kwargs):
         return self.inner.prefill(*args, **kwargs)

@@ -116,6 +116,29 @@ class Tree:
         table.scatter_(1, self.parents * self.max_children + rank, nodes)
         return table[:, :-1].view(b, k + 1, self.max_children)
 
+    def paths(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Root-to-leaf paths: (nodes [B, L, D + 1] long, each path's nodes by depth, -1 past
+        its leaf; L the most leaves of any row, a row with fewer repeating its first path;
+        first [B, K + 1] long, the first path through each node)."""
+        b, n = self.parents.shape[0], self.num_nodes
+        par, depth = self.full_parents(), self.depths()
+        leaf = torch.ones(b, n, dtype=torch.bool, device=par.device)
+        leaf.scatter_(1, self.parents, False)
+        counts = leaf.sum(1)
+        width = int(counts.max())
+        rank = leaf.long().cumsum(1) - 1                          # each leaf's path index
+        slot = torch.arange(width, device=par.device)
+        which = torch.where(slot[None] < counts[:, None], slot[None], 0)          # [B, L]
+        leaves = (rank[:, None, :] == which[:, :, None]) & leaf[:, None, :]       # [B, L, n]
+        node = leaves.float().argmax(-1)                                          # [B, L]
+        nodes = node.new_full((b, width, self.max_depth + 1), -1)
+        for _ in range(self.max_depth + 1):           # walk up, writing each node at its depth
+            d = depth.gather(1, node)
+            nodes.scatter_(2, d[..., None], node[..., None])
+            node = par.gather(1, node)
+        on = (nodes[..., None] == torch.arange(n, device=par.device)).any(2)     # [B, L, n]
+        return nodes, on.float().argmax(1)
+
     def index_select(self, rows: torch.Tensor) -> "Tree":
         """The tree of the rows ``rows`` (indices), e.g. to repeat it for guidance rows."""
         return Tree(self.parents[rows], self.max_depth, self.max_children)

@@ -283,7 +283,8 @@ def test_batch_rows_equal_their_single_row_runs(case):
 
 
 # Adapters whose sessions cannot take tree steps: delay patterns (positions follow the cache
-# length), CSM (frames from a depth decoder), Qwen3.5 (recurrent layers), the tiny Mistral3
+# length), CSM (frames from a depth decoder), Qwen3.5 (recurrent layers: its draft model's
+# trees are refused; as a target it verifies a head's trees, below), the tiny Mistral3
 # (MistralConfig's default sliding window).
 NO_TREES = {"delay-pattern", "csm", "qwen3.5", "mistral3"}
 

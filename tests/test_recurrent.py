@@ -1,7 +1,10 @@
 """Rollback of recurrent layers (Qwen3.5's Gated DeltaNet linear attention): after a step
 that keeps m of its fed tokens, every row's recurrent and convolution states equal those of
 feeding the kept tokens alone, exactly in float32, for every m and ragged rows; speculative
-greedy equals plain greedy and transformers' own generate, on dynamic and static caches."""
+greedy equals plain greedy and transformers' own generate, on dynamic and static caches. Draft
+trees verified on a dynamic cache, fed as their root-to-leaf paths: each node's outputs are
+its path's, a committed path leaves the states of its tokens alone, and sampling through
+trees keeps the target's distribution."""
 
 from __future__ import annotations
 
@@ -16,12 +19,12 @@ from mmspec.sampling import SamplingParams
 from mmspec.session import CausalLMSession
 
 
-def tiny_qwen35(seed: int = 0, layers: int = 4):
+def tiny_qwen35(seed: int = 0, layers: int = 4, vocab: int = 48):
     """A Qwen3.5 text decoder: linear-attention and full-attention layers alternating."""
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
     cfg = Qwen3_5TextConfig(
-        vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
         num_attention_heads=2, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
         linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
         linear_conv_kernel_dim=4, full_attention_interval=2, max_position_embeddings=256,
@@ -146,3 +149,115 @@ def test_a_recurrent_draft_holds_exactly_the_tokens_its_rows_kept():
         for (conv, rec), (conv_ref, rec_ref) in zip(got, ref):
             torch.testing.assert_close(conv[row], conv_ref[row], rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(rec[row], rec_ref[row], rtol=1e-5, atol=1e-6)
+
+
+# -- draft trees: verified as their paths on a dynamic cache --------------------------------
+
+def test_a_tree_step_gives_each_node_its_paths_outputs_and_commits_a_path():
+    """Every node's distribution and features equal those of feeding its path as a chain;
+    the cache is untouched by the tree; after a commit of a path per row (ragged), the states
+    and the next step equal a session that was fed the paths alone."""
+    from mmspec.tree import Tree
+
+    model = tiny_qwen35()
+    ids, mask = _prompt()
+    tree = Tree.from_parents((0, 0, 1, 1, 2, 4), batch=3)         # depths up to 4, 4 leaves
+    nodes = torch.randint(3, 48, (3, 7), generator=torch.Generator().manual_seed(4))
+    nodes[:, 0] = ids[:, -1]
+    sess = _session(model, False)
+    assert sess.tree_verify and not sess.trees and not _session(model, True).tree_verify
+    sess.keep_features((1, 4))
+    sess.prefill(ids, mask)
+    before = _states(sess)
+    p = sess.step(nodes, tree=tree)
+    feats = sess.features
+    assert all(torch.equal(a, b) for x, y in zip(before, _states(sess)) for a, b in zip(x, y))
+    par = (0,) + tuple(tree.parents[0].tolist())
+    for node in range(7):
+        chain, up = [node], node
+        while up:
+            up = par[up]
+            chain.insert(0, up)
+        ref = _session(model, False)
+        ref.keep_features((1, 4))
+        ref.prefill(ids, mask)
+        torch.testing.assert_close(p[:, node], ref.step(nodes[:, chain])[:, -1],
+                                   rtol=1e-5, atol=1e-6)
+        # hidden states (larger than probabilities): the padded path's length rounds apart
+        torch.testing.assert_close(feats[:, node], ref.features[:, -1], rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="one tree step after a commit"):
+        sess.step(nodes, tree=tree)
+    # row 0 keeps root-1-3-6, row 1 root-2-5, row 2 only the root
+    path = torch.tensor([[0, 1, 3, 6], [0, 2, 5, 0], [0, 0, 0, 0]])
+    valid = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 0, 0, 0]])
+    sess.commit(4, valid, path)
+    nxt = torch.tensor([[9], [10], [11]])
+    got_states, got = _states(sess), sess.step(nxt)
+    for row, m in enumerate(valid.sum(1).tolist()):
+        ref = _fed_alone(model, False, ids, mask, nodes.gather(1, path)[:, :m])
+        for (conv, rec), (conv_ref, rec_ref) in zip(got_states, _states(ref)):
+            torch.testing.assert_close(conv[row], conv_ref[row], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(rec[row], rec_ref[row], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got[row], ref.step(nxt)[row], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [dict(depth=3, branch=2, width=2),
+                                   dict(depth=4, branch=3, width=2, nodes=6)])
+def test_a_draft_heads_trees_give_plain_greedy_on_a_recurrent_target(shape):
+    """A head's trees on a Qwen3.5 target (dynamic cache: trees; static: the head drafts
+    chains, and a tree's shape is refused): plain greedy's tokens, with drafts accepted."""
+    from mmspec.drafters import DraftHead, FeatureDrafter
+
+    target = tiny_qwen35(vocab=8)
+    ids, mask = _prompt()
+    ids = ids % 8
+    kw = dict(attention_mask=mask, temperature=0, max_new_tokens=16, stop_token_ids=[])
+    plain = mmspec.generate(target, None, ids, **kw)
+    torch.manual_seed(5)
+    head = DraftHead.for_target(target)
+    for static in (False, True):
+        drafter = FeatureDrafter(head, **(dict(depth=shape["depth"]) if static else shape))
+        out = mmspec.generate(target, input_ids=ids, drafter=drafter, static_cache=static, **kw)
+        assert out.sequences.tolist() == plain.sequences.tolist(), static
+        assert drafter.trees != static and out.stats.accepted > 0, static
+    with pytest.raises(ValueError, match="recurrent layers on a static cache"):
+        mmspec.generate(target, input_ids=ids, drafter=FeatureDrafter(head, **shape),
+                        static_cache=True, **kw)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_sampling_through_trees_on_a_recurrent_target_keeps_its_distribution(monkeypatch,
+                                                                             broken):
+    """8,000 rows, three tokens of four ids, a head's depth-2 trees (two children per node,
+    the best node of each level expanded, drawn from q without replacement): the emitted
+    sequences follow the target's exact distribution; when every node reads the first path's
+    outputs at its depth (``Tree.paths`` broken), 4,000 rows show they do not. (transformers'
+    reference linear attention pads every multi-token step to 64 positions, so rows cost;
+    tree sampling itself is checked on 20,000 rows in tests/test_tree.py.)"""
+    import numpy as np
+    from stats_util import tv, tv_threshold
+    from test_generate import _continuation_distribution
+    from test_tree import chi_square_pvalue
+
+    from mmspec.drafters import DraftHead, FeatureDrafter
+    from mmspec.tree import Tree
+
+    if broken:
+        right = Tree.paths
+        monkeypatch.setattr(Tree, "paths", lambda t: (right(t)[0], torch.zeros_like(right(t)[1])))
+    target = tiny_qwen35(vocab=4, seed=2)
+    prompt, m, n = [3, 1, 3], 3, 4_000 if broken else 8_000
+    exact = _continuation_distribution(target, prompt, m, 1.0)
+    torch.manual_seed(6)
+    drafter = FeatureDrafter(DraftHead.for_target(target), depth=2, branch=2, width=1)
+    out = mmspec.generate(target, input_ids=torch.tensor(prompt).expand(n, -1).contiguous(),
+                          drafter=drafter, temperature=1.0, max_new_tokens=m, seed=0,
+                          stop_token_ids=[])
+    code = (out.sequences[:, len(prompt):] * torch.tensor([16, 4, 1])).sum(1)
+    got = np.bincount(code.numpy(), minlength=4 ** m).astype(float)
+    assert out.stats.histogram[1] > 100 and out.stats.histogram[2] > 100
+    if broken:
+        assert chi_square_pvalue(got, exact) < 1e-4
+    else:
+        assert tv(got / n, exact) < tv_threshold(exact, n)
+        assert chi_square_pvalue(got, exact) > 1e-4

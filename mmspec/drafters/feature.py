@@ -97,7 +97,7 @@ class FeatureDrafter(TreeDrafter):
         if not hasattr(target, "keep_features"):
             raise ValueError(f"a draft head reads the target's features: accepted a target "
                              f"session that keeps them ({type(target).__name__} does not)")
-        if not target.trees:
+        if not target.tree_verify:
             self._as_chain(target)
         target.keep_features(self.head.config.feature_layers)
         self.target = target
@@ -107,8 +107,9 @@ class FeatureDrafter(TreeDrafter):
 
     def _as_chain(self, target: Session) -> None:
         """Draft chains for a target without tree steps (refused with a tree's parameters)."""
-        check_chain(self._asked, f"{type(target).__name__} takes no tree steps (recurrent or "
-                                 "sliding-window layers), so the head drafts a chain")
+        check_chain(self._asked, f"{type(target).__name__} takes no tree steps (sliding-window "
+                                 "layers, or recurrent layers on a static cache), so the head "
+                                 "drafts a chain")
         self.branch = self.width = 1
         self.num_tokens = self.depth
         self.trees = False

@@ -46,6 +46,8 @@ class MRopeSession(CausalLMSession):
     """A Qwen-VL session: the prompt's 3-D positions from the model's position function, and
     every later slot's from its 1-D position plus the row's ``rope_delta``."""
 
+    row_buffers = ("_delta",)
+
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **model_kwargs):
         """As ``CausalLMSession.prefill``; ``model_kwargs`` carries the processor's outputs
         (``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids`` ...)."""
