@@ -368,6 +368,7 @@ class CausalLMSession(Session):
         # Recurrent layers (linear attention) roll back by snapshot and replay (``commit``).
         self._recurrent = recurrent_layers(self.cache)
         self._fed: list = []
+        self._tree_fed = False             # the step since the commit fed a tree's paths
         self._since_commit = 0
         # The position of the last prompt token (a captured chain reads it).
         self._base = self.persistent("base", self.seq.next_pos[: self.batch_size].clone())
@@ -741,7 +742,9 @@ class CausalLMSession(Session):
         kept = valid.sum(1).tolist()
         tokens, fed_valid = (torch.cat(t, 1) for t in zip(*self._fed))
         fed = n                            # this step's slots in the cache now
-        if getattr(self, "_tree_fed", False):
+        if self._tree_fed:
+            if path is None:
+                raise ValueError("commit after a tree step: accepted the kept path (path=)")
             self._tree_fed, fed = False, 0
             tokens, fed_valid = (t.gather(1, path[:, :keep].view(
                 *path.shape[:1], keep, *[1] * (t.dim() - 2)).expand(-1, -1, *t.shape[2:]))
