@@ -114,8 +114,9 @@ def repeated_rows(cache, rows: int, repeats: int):
     layers = getattr(cache, "self_attention_cache", cache).layers
     saved = [{k: dict(v) if isinstance(v, dict) else v for k, v in vars(layer).items()}
              for layer in layers]
-    device = next(t.device for layer in layers for t in _tensors(layer))
-    cache.reorder_cache(torch.arange(rows, device=device).repeat_interleave(repeats))
+    device = next((t.device for layer in layers for t in _tensors(layer)), None)
+    if device is not None:                  # an empty cache makes its rows in the body
+        cache.reorder_cache(torch.arange(rows, device=device).repeat_interleave(repeats))
     try:
         yield
     finally:

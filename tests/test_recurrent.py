@@ -223,6 +223,10 @@ def test_a_draft_heads_trees_give_plain_greedy_on_a_recurrent_target(shape):
     with pytest.raises(ValueError, match="recurrent layers on a static cache"):
         mmspec.generate(target, input_ids=ids, drafter=FeatureDrafter(head, **shape),
                         static_cache=True, **kw)
+    one = ids[:, -1:]                    # one-token prompts: the first tree meets an empty cache
+    kw["attention_mask"] = torch.ones_like(one)
+    out = mmspec.generate(target, input_ids=one, drafter=FeatureDrafter(head, **shape), **kw)
+    assert out.sequences.tolist() == mmspec.generate(target, None, one, **kw).sequences.tolist()
 
 
 @pytest.mark.parametrize("broken", [False, True])
