@@ -212,6 +212,9 @@ class CausalLMSession(Session):
     inductor_options = {"coordinate_descent_tuning": True, "triton.enable_pdl": True}
     # Prompt passes: matrix products bound by compute, whose kernels tuning gains little.
     prompt_inductor_options: dict = {}
+    # Per-row tensors the hooks read during a forward (``position_ids``' rope deltas), repeated
+    # with the cache's rows while a tree is fed as its paths (``_paths_step``).
+    row_buffers: tuple[str, ...] = ()
     _recurrent: list = []         # the cache's recurrent layers (set by ``prefill``)
 
     def __init__(self, model, params: SamplingParams, guidance_scale: float | None = None,
@@ -553,10 +556,6 @@ class CausalLMSession(Session):
         self._since_commit += tokens.shape[1]
         return self.distributions(out, gen_index)
 
-    # Per-row tensors the hooks read during a forward (``position_ids``' rope deltas), repeated
-    # with the cache's rows while a tree is fed as its paths.
-    row_buffers: tuple[str, ...] = ()
-
     def _paths_step(self, tokens: torch.Tensor, valid: torch.Tensor, tree):
         """A recurrent model's tree step (``tree_verify``): each row's root-to-leaf paths fed
         as rows of their own, each a chain from the committed state, on the cache's rows
@@ -572,9 +571,8 @@ class CausalLMSession(Session):
         nodes, first = tree.paths()                                   # [B, L, D+1], [B, n]
         paths, depth = nodes.shape[1], nodes.shape[2]
         at = nodes.clamp(min=0).view(b, -1)
-        fed = tokens.gather(1, at.view(b, -1, *[1] * (tokens.dim() - 2)).expand(
-            b, at.shape[1], *tokens.shape[2:])).reshape(b * paths, depth, *tokens.shape[2:])
-        fed_valid = (valid.gather(1, at).view(b, paths, depth) * (nodes >= 0)).view(-1, depth)
+        fed = _take(tokens, at).reshape(b * paths, depth, *tokens.shape[2:])
+        fed_valid = (_take(valid, at).view(b, paths, depth) * (nodes >= 0)).view(-1, depth)
         self._snapshot = StateSnapshot.take(self._recurrent)
         self._fed, self._fed_first, self._tree_fed = [(tokens, valid)], self._first, True
         seq, saved = self.seq, {k: getattr(self, k) for k in self.row_buffers}
@@ -746,9 +744,7 @@ class CausalLMSession(Session):
             if path is None:
                 raise ValueError("commit after a tree step: accepted the kept path (path=)")
             self._tree_fed, fed = False, 0
-            tokens, fed_valid = (t.gather(1, path[:, :keep].view(
-                *path.shape[:1], keep, *[1] * (t.dim() - 2)).expand(-1, -1, *t.shape[2:]))
-                for t in (tokens, fed_valid))
+            tokens, fed_valid = _take(tokens, path[:, :keep]), _take(fed_valid, path[:, :keep])
         elif all(m == n for m in kept):
             self._since_commit = 0
             return
@@ -779,6 +775,12 @@ class CausalLMSession(Session):
         first, self._first = self._first, self._fed_first
         self._forward(tokens, valid)
         self._first = first
+
+
+def _take(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """t [R, n, *event] at ``index`` [R, m] along the slots -> [R, m, *event]."""
+    index = index.view(*index.shape, *[1] * (t.dim() - 2))
+    return t.gather(1, index.expand(*index.shape[:2], *t.shape[2:]))
 
 
 class PaddedSession(Session):
