@@ -69,6 +69,8 @@ class Session:
 
     @property
     def tree_verify(self) -> bool:
+        """``step`` takes one tree after a commit, as a target's verification (class
+        docstring); here: when it takes trees at all."""
         return self.trees
 
     @property
@@ -266,6 +268,8 @@ class CausalLMSession(Session):
 
     @property
     def tree_verify(self) -> bool:
+        """``Session.tree_verify``: with ``trees``, or recurrent layers on a dynamic cache (the
+        tree fed as its paths, ``_paths_step``)."""
         return self.trees or self._paths
 
     @property
@@ -813,6 +817,7 @@ class PaddedSession(Session):
 
     @property
     def tree_verify(self) -> bool:
+        """The wrapped session's."""
         return self.inner.tree_verify
 
     def prefill(self, *args, **kwargs):

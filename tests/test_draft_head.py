@@ -182,10 +182,11 @@ def test_a_reduced_draft_vocabulary_drafts_only_its_ids_and_trains(tmp_path):
 
 # -- heads on targets without tree steps: chains ---------------------------------------------
 
-def test_a_head_drafts_chains_on_a_recurrent_target():
-    """Qwen3.5 (linear attention layers: no tree steps): the head drafts a chain of ``depth``
-    tokens (``trees`` False after attach), speculative greedy == plain greedy on ragged rows,
-    dynamic and static caches; a tree's parameters are refused in one message."""
+def test_a_head_drafts_trees_or_chains_on_a_recurrent_target():
+    """Qwen3.5 (linear attention layers): on a dynamic cache the head's trees are verified as
+    their paths (``trees`` stays True); on a static cache it drafts a chain of ``depth``
+    tokens (``trees`` False after attach); speculative greedy == plain greedy on ragged rows;
+    a tree's parameters on a static cache are refused in one message."""
     from tiny_vlm import tiny_qwen_vl
 
     target = tiny_qwen_vl("qwen3.5")
@@ -197,12 +198,14 @@ def test_a_head_drafts_chains_on_a_recurrent_target():
         plain = mmspec.generate(target, None, ids, static_cache=static, **kw)
         drafter = FeatureDrafter(head, depth=3)
         out = mmspec.generate(target, None, ids, static_cache=static, drafter=drafter, **kw)
-        assert not drafter.trees and (drafter.branch, drafter.width) == (1, 1)
+        assert drafter.trees != static
+        assert (drafter.branch, drafter.width) == ((1, 1) if static else (2, 4))
         assert torch.equal(out.sequences, plain.sequences)
     with pytest.raises(ValueError, match="tree_branch=2: CausalLMSession takes no tree steps "
-                                         r"\(recurrent or sliding-window layers\), so the head "
-                                         "drafts a chain"):
-        mmspec.generate(target, None, ids, drafter=FeatureDrafter(head, depth=3, branch=2), **kw)
+                                         r"\(sliding-window layers, or recurrent layers on a "
+                                         r"static cache\), so the head drafts a chain"):
+        mmspec.generate(target, None, ids, drafter=FeatureDrafter(head, depth=3, branch=2),
+                        static_cache=True, **kw)
 
 
 def test_a_chain_head_samples_the_target_distribution():
