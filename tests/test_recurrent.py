@@ -158,6 +158,7 @@ def test_a_tree_step_gives_each_node_its_paths_outputs_and_commits_a_path():
     the cache is untouched by the tree; after a commit of a path per row (ragged), the states
     and the next step equal a session that was fed the paths alone."""
     from mmspec.tree import Tree
+    from test_tree import path_to
 
     model = tiny_qwen35()
     ids, mask = _prompt()
@@ -172,12 +173,8 @@ def test_a_tree_step_gives_each_node_its_paths_outputs_and_commits_a_path():
     p = sess.step(nodes, tree=tree)
     feats = sess.features
     assert all(torch.equal(a, b) for x, y in zip(before, _states(sess)) for a, b in zip(x, y))
-    par = (0,) + tuple(tree.parents[0].tolist())
     for node in range(7):
-        chain, up = [node], node
-        while up:
-            up = par[up]
-            chain.insert(0, up)
+        chain = path_to(tree, node)
         ref = _session(model, False)
         ref.keep_features((1, 4))
         ref.prefill(ids, mask)

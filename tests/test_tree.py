@@ -369,6 +369,14 @@ def _session(model, static: bool, guided: bool = False):
                            static_len=32 if static else None)
 
 
+def path_to(tree: Tree, node: int) -> list[int]:
+    """The nodes from the root to ``node`` (row 0's shape), walked up by hand."""
+    par, chain = (0,) + tuple(tree.parents[0].tolist()), [node]
+    while chain[0]:
+        chain.insert(0, par[chain[0]])
+    return chain
+
+
 def _prefill(sess, ids, mask):
     # with guidance, the unconditional prompts: the same rows without their first real token
     kw = dict(uncond_ids=ids, uncond_mask=mask * (mask.cumsum(1) > 1)) if sess.guided else {}
@@ -393,12 +401,8 @@ def test_a_tree_step_gives_each_node_its_paths_distribution(ragged_prompts, stat
     sess = _session(model, static, guided)
     _prefill(sess, ids, mask)
     p = sess.step(nodes, tree=tree)
-    par = (0,) + tuple(tree.parents[0].tolist())
     for node in range(10):
-        chain, up = [node], node
-        while up:
-            up = par[up]
-            chain.insert(0, up)
+        chain = path_to(tree, node)
         ref = _session(model, static, guided)
         _prefill(ref, ids, mask)
         want = ref.step(nodes[:, chain])[:, -1]
