@@ -24,12 +24,13 @@ plain decoding against speculative decoding, through the adapters' own calls.
   16 layers of hidden 2048, a 193,800-id vocabulary of text and 65,536 codec ids); the draft is
   its first two layers the same way. Codes only (``decode=False``): the codec is not timed.
 
-Greedy decoding at batch 1; every speculative and captured output is checked token for token
-against eager plain decoding. Each row: ms per generated token, acceptance, tokens per step,
-the speedup against eager plain decoding and against plain decoding in the same mode, and
-the analytic bound (tokens per step x a plain step / (a K + 1 verification step + K draft
-steps), single steps timed on a static cache) with efficiency = speedup / bound. JSON
-lines on stdout and in bench.jsonl; report.md summarises.
+Greedy decoding at each ``--batches`` size (rows of one call: images of different colours,
+texts of different lengths); every speculative and captured output is checked token for token
+against eager plain decoding at the same batch. Each row: ms per generated token, acceptance,
+tokens per step, the speedup against eager plain decoding and against plain decoding in the
+same mode, and the analytic bound (tokens per step x a plain step / (a K + 1 verification
+step + K draft steps), single steps timed on a static cache at the row's batch) with
+efficiency = speedup / bound. JSON lines on stdout and in bench.jsonl; report.md summarises.
 """
 
 from __future__ import annotations
@@ -208,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--eps", type=Numbers(Number(float, 0)), default="0.0,0.05",
                     help="scale of the draft's dropped layers' residual writes")
     ap.add_argument("--k", type=COUNT, default=4, help="drafts per step K")
+    ap.add_argument("--batches", type=Numbers(COUNT), default="1", help="rows per call, e.g. 1,16")
     ap.add_argument("--new-tokens", type=COUNT, default=128)
     ap.add_argument("--modes", type=Names(("eager", "captured")), default="eager,captured")
     ap.add_argument("--out", default="out/bench_adapters", help="output folder")
@@ -216,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 @dataclass
 class Setup:
-    """One adapter shape ready to time: ``call(draft, method, compile) -> (ids, stats)``, the
+    """One adapter shape ready to time: ``call(draft, method, compile, batch) -> (ids, stats)``,
+    the
     decoder modules a step reads, the drafts, the layers eps scales, and the causal LMs whose
     single steps are timed for the analytic bound (``"target"`` and each draft's name)."""
 
@@ -236,16 +239,16 @@ def setup_vlm(which: str, args, dev, dtype) -> Setup:
     build = build_vlm if which == "vlm" else (lambda *a: build_qwen(which, *a))
     target, drafts, proc, originals = build(dev, dtype, args.tiny)
     side = 32 if args.tiny else 336
-    image = Image.new("RGB", (side, side), (200, 40, 40))
     question = " ".join(WORDS[12:40])
     prompt = (f"USER: <image> describe the image {question} ASSISTANT:" if which == "vlm" else
               [{"role": "user", "content": [{"type": "image"},
                                             {"type": "text", "text": question}]}])
 
-    def call(draft_name, method, compile):
+    def call(draft_name, method, compile, batch):
         mode = "text" if draft_name == "text" else "image"
+        images = [Image.new("RGB", (side, side), (200, 40 + 10 * i, 40)) for i in range(batch)]
         g = VisionLanguageGenerator(target, proc, drafts.get(draft_name), mode)
-        out = g.generate(image, prompt, method=method, max_new_tokens=args.new_tokens,
+        out = g.generate(images, [prompt] * batch, method=method, max_new_tokens=args.new_tokens,
                          temperature=0, num_draft_tokens=args.k, compile=compile)
         return out.token_ids, out.stats
     return Setup(call, [target.model.language_model, target.lm_head], drafts, originals,
@@ -256,10 +259,10 @@ def setup_tts(args, dev, dtype) -> Setup:
     from modalities.speech import TextToSpeech
 
     target, drafts, _, originals = build_tts(dev, dtype, args.tiny)
-    text = [list(range(3, 40))]
 
-    def call(draft_name, method, compile):
+    def call(draft_name, method, compile, batch):
         tts = TextToSpeech(target, drafts.get(draft_name))
+        text = [list(range(3, 40 - i % 8)) for i in range(batch)]
         out = tts(text, method=method, temperature=0, max_frames=args.new_tokens, decode=False,
                   progress=False, compile=compile,
                   **({} if method == "plain" else dict(num_draft_tokens=args.k)))
@@ -277,35 +280,40 @@ def bound(stats, costs: dict, draft: str, k: int) -> float:
 def measure(which: str, st: Setup, args, modes, emit, bw, dev) -> None:
     floor_ms = 1e3 * step_bytes(st.decoder) / bw
     emit(dict(kind=f"{which}-shape", step_gb=step_bytes(st.decoder) / 1e9, floor_ms=floor_ms))
-    n = args.new_tokens
     for eps in args.eps:
         set_eps(st.originals, eps)
-        base = None
-        for mode in modes:
-            cap = mode == "captured"
-            costs = dict(t1=step_cost(st.lms["target"], 1, 1, dev, cap),
-                         tk=step_cost(st.lms["target"], 1, args.k + 1, dev, cap),
-                         **{d: step_cost(st.lms[d], 1, 1, dev, cap) for d in st.drafts})
-            # Captured calls: two warm-up calls (steps captured, the prompt pass compiled).
-            reps = dict(repeats=3, warmup=2) if cap else {}
-            (ref, _), t_plain = timed(lambda: st.call(None, "plain", cap), dev, **reps)
-            base = base or (ref, t_plain)
-            emit(dict(kind=f"{which}-plain", mode=mode, eps=eps, ms_per_token=1e3 * t_plain / n,
-                      step_over_floor=1e3 * t_plain / n / floor_ms,
-                      speedup_vs_eager_plain=base[1] / t_plain, identical=ref == base[0]))
-            seen = {}
-            for name in st.drafts:
-                (toks, stats), t = timed(lambda: st.call(name, "exact", cap), dev, **reps)
-                b = bound(stats, costs, name, args.k)
-                seen[name] = stats
-                extra = ({} if name != "3b-shape" or "image" not in seen else dict(
-                    bound_at_image_acceptance=bound(seen["image"], costs, name, args.k)))
-                emit(dict(kind=f"{which}-spec", mode=mode, eps=eps, draft=name, k=args.k,
-                          acceptance=stats.acceptance_rate, tokens_per_step=stats.tokens_per_step,
-                          ms_per_token=1e3 * t / n, speedup=t_plain / t, bound=b,
-                          efficiency=t_plain / t / b, speedup_vs_eager_plain=base[1] / t,
-                          identical=toks == base[0], **extra))
+        for batch in args.batches:
+            measure_batch(which, st, args, modes, emit, floor_ms, dev, eps, batch)
         mmspec.release_graphs()
+
+
+def measure_batch(which, st: Setup, args, modes, emit, floor_ms, dev, eps, batch) -> None:
+    """Plain and each draft's rows at one eps and batch, eager plain decoding the reference."""
+    n, base = args.new_tokens, None
+    for mode in modes:
+        cap = mode == "captured"
+        costs = dict(t1=step_cost(st.lms["target"], batch, 1, dev, cap),
+                     tk=step_cost(st.lms["target"], batch, args.k + 1, dev, cap),
+                     **{d: step_cost(st.lms[d], batch, 1, dev, cap) for d in st.drafts})
+        # Captured calls: two warm-up calls (steps captured, the prompt pass compiled).
+        reps = dict(repeats=3, warmup=2) if cap else {}
+        (ref, _), t_plain = timed(lambda: st.call(None, "plain", cap, batch), dev, **reps)
+        base = base or (ref, t_plain)
+        emit(dict(kind=f"{which}-plain", mode=mode, eps=eps, batch=batch,
+                  ms_per_token=1e3 * t_plain / n, step_over_floor=1e3 * t_plain / n / floor_ms,
+                  speedup_vs_eager_plain=base[1] / t_plain, identical=ref == base[0]))
+        seen = {}
+        for name in st.drafts:
+            (toks, stats), t = timed(lambda: st.call(name, "exact", cap, batch), dev, **reps)
+            b = bound(stats, costs, name, args.k)
+            seen[name] = stats
+            extra = ({} if name != "3b-shape" or "image" not in seen else dict(
+                bound_at_image_acceptance=bound(seen["image"], costs, name, args.k)))
+            emit(dict(kind=f"{which}-spec", mode=mode, eps=eps, batch=batch, draft=name,
+                      k=args.k, acceptance=stats.acceptance_rate,
+                      tokens_per_step=stats.tokens_per_step, ms_per_token=1e3 * t / n,
+                      speedup=t_plain / t, bound=b, efficiency=t_plain / t / b,
+                      speedup_vs_eager_plain=base[1] / t, identical=toks == base[0], **extra))
 
 
 def main(argv=None):
@@ -331,18 +339,19 @@ def write_report(out_dir, rows):
     s = rows[0]
     lines = ["# Adapter GPU benchmark", "",
              f"{s['device']}, torch {s['torch']}, transformers {s['transformers']}, copy "
-             f"bandwidth {s['copy_tb_s']:.2f} TB/s. Greedy, batch 1. Floor: the decoder's "
+             f"bandwidth {s['copy_tb_s']:.2f} TB/s. Greedy; ms per token = a call's time / new "
+             "tokens (per generated position of the batch). Floor: the decoder's "
              "weights (input embeddings excepted) read once per step.", "",
-             "| what | mode | eps | draft | K | acceptance | tokens/step | ms/token | step / floor "
-             "| speedup (same mode) | analytic bound | efficiency | speedup vs eager plain "
-             "| identical |", "|" + "---|" * 14]
+             "| what | mode | eps | batch | draft | K | acceptance | tokens/step | ms/token "
+             "| step / floor | speedup (same mode) | analytic bound | efficiency "
+             "| speedup vs eager plain | identical |", "|" + "---|" * 15]
     for r in rows[1:]:
         if r["kind"].endswith("-shape"):
             lines.append(f"| {r['kind']}: {r['step_gb']:.2f} GB per step, floor "
-                         f"{r['floor_ms']:.2f} ms |" + " |" * 13)
+                         f"{r['floor_ms']:.2f} ms |" + " |" * 14)
             continue
         lines.append("| " + " | ".join(str(v) if not isinstance(v, float) else f"{v:.2f}" for v in (
-            r["kind"], r["mode"], r["eps"], r.get("draft", ""), r.get("k", ""),
+            r["kind"], r["mode"], r["eps"], r["batch"], r.get("draft", ""), r.get("k", ""),
             r.get("acceptance", ""), r.get("tokens_per_step", ""), r["ms_per_token"],
             r.get("step_over_floor", ""), r.get("speedup", ""), r.get("bound", ""),
             r.get("efficiency", ""), r["speedup_vs_eager_plain"], r["identical"])) + " |")

@@ -69,20 +69,22 @@ def test_profile_gpu_smoke_run_on_the_cpu():
 
 
 def test_bench_adapters_tiny_cpu_rows_equal_plain_decoding(tmp_path):
-    """The adapters' benchmark on tiny shapes (float32 on the CPU): every speculative row gives
-    plain decoding's tokens; at eps 0 the image draft and the two-layer codec draft are exact
-    (acceptance 1), the text draft misses the image."""
+    """The adapters' benchmark on tiny shapes (float32 on the CPU), at batch 1 and 3: every
+    speculative row gives plain decoding's tokens at its batch; at eps 0 the image draft and
+    the two-layer codec draft are exact (acceptance 1), the text draft misses the image."""
     from eval.bench_adapters_gpu import main
 
-    main(["--tiny", "--device", "cpu", "--new-tokens", "12", "--eps", "0.0",
+    main(["--tiny", "--device", "cpu", "--new-tokens", "12", "--eps", "0.0", "--batches", "1,3",
           "--out", str(tmp_path)])
     rows = [json.loads(line) for line in (tmp_path / "bench.jsonl").read_text().splitlines()]
-    spec = {(r["kind"], r["draft"]): r for r in rows if r["kind"].endswith("-spec")}
-    assert set(spec) == {("vlm-spec", "text"), ("vlm-spec", "image"), ("tts-spec", "2-layer")}
+    spec = {(r["kind"], r["draft"], r["batch"]): r for r in rows if r["kind"].endswith("-spec")}
+    assert set(spec) == {(k, d, b) for k, d in (("vlm-spec", "text"), ("vlm-spec", "image"),
+                                                ("tts-spec", "2-layer")) for b in (1, 3)}
     assert all(r["identical"] for r in rows[1:] if "identical" in r)
-    assert spec["vlm-spec", "image"]["acceptance"] == 1.0
-    assert spec["tts-spec", "2-layer"]["acceptance"] == 1.0
-    assert spec["vlm-spec", "text"]["acceptance"] < 1.0
+    for b in (1, 3):
+        assert spec["vlm-spec", "image", b]["acceptance"] == 1.0
+        assert spec["tts-spec", "2-layer", b]["acceptance"] == 1.0
+        assert spec["vlm-spec", "text", b]["acceptance"] < 1.0
     assert "speedup vs eager plain" in (tmp_path / "report.md").read_text()
 
 
