@@ -92,9 +92,11 @@ def test_checkpoints_resume_the_optimizer(tmp_path):
     args = argparse.Namespace(lr=1e-3, steps=4, unroll=1, seed=0, save_every=2, out=str(tmp_path))
     from accelerate import Accelerator
 
-    recipe.train(head, template, batches, args, Accelerator(cpu=True))
+    recipe.train(head, template, batches, args, Accelerator(cpu=True),
+                 clock=recipe.Clock(before=100.0))
     step, opt = recipe.load_checkpoint(DraftHead.for_target(target), str(tmp_path), 1e-3)
     assert step == 4 and len(opt.state) > 0
+    assert recipe.checkpoint_seconds(str(tmp_path)) > 100.0      # earlier runs' seconds kept
     assert all(int(s["step"]) == 4 for s in opt.state.values())
 
 
@@ -133,6 +135,10 @@ def test_two_processes_collect_shares_and_train_one_head(tmp_path):
         r = subprocess.run(cmd + extra, cwd=root, capture_output=True, text=True, timeout=600,
                            env=dict(os.environ, PYTHONPATH=root))
         assert r.returncode == 0, r.stderr[-3000:]
+        if not extra[-1] == "--resume":
+            first = recipe.checkpoint_seconds(str(out))
+    # the card's seconds count the first run's work too
+    assert json.loads((out / "training.json").read_text())["seconds"] > first > 0
     with safe_open(str(out / "data.safetensors"), "pt") as f:
         assert {k.split(".")[0] for k in f.keys()} == {"0", "1", "2", "3"}   # both shares
     assert not list(out.glob("*.part*"))

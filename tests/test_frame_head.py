@@ -143,8 +143,9 @@ def test_training_a_frame_head_raises_its_frames_per_step():
 
 
 def test_the_recipe_measures_a_frame_head_chain():
-    """The recipe's measure on a delay-pattern target: plain and the head's chain (no tree),
-    each held-out prompt its own call."""
+    """The recipe's measure on a delay-pattern target: plain, the head's chain (no tree) and
+    the draft model's chain (here the target itself: the exact rule accepts every frame), each
+    held-out prompt its own call; the card names the draft."""
     import argparse
 
     from recipes.train import draft_head as recipe
@@ -152,10 +153,17 @@ def test_the_recipe_measures_a_frame_head_chain():
     target = tiny_musicgen()
     torch.manual_seed(0)
     head = FrameHead.for_target(target)
-    tts = TextToSpeech.from_pretrained(target, head=head)
+    tts = TextToSpeech.from_pretrained(target, draft=target, head=head)
     source = recipe.Source("tts", tts, target, [], TEXTS, 6)
     assert source.frames and not source.depth
-    rows = recipe.measure(source, head, argparse.Namespace(seed=0, temperature=1.0))
-    assert [r["method"] for r in rows] == ["plain", "head chain"]
+    args = argparse.Namespace(seed=0, temperature=1.0, draft="the-target")
+    rows = recipe.measure(source, head, args)
+    assert [r["method"] for r in rows] == ["plain", "head chain", "draft model, K = 4"]
     assert rows[0]["tokens_per_step"] == 1.0 and rows[1]["acceptance"] > 0
     assert rows[1]["steps"] < rows[0]["steps"]
+    assert rows[2]["acceptance"] == 1.0 and rows[2]["steps"] < rows[0]["steps"]
+    trained = dict(modality="tts", data="shapes", samples=1, temperature=1.0, steps=1, unroll=1,
+                   seconds=1.0, device="CPU", eval=len(TEXTS), seed=0, draft="the-target")
+    card = recipe.model_card("t", head, rows, trained)
+    assert "the draft model `the-target`" in " ".join(card.split())
+    assert "| draft model, K = 4 | " in card

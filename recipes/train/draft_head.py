@@ -21,7 +21,8 @@
    processes train data-parallel: each on its own batches, the gradients averaged over them
    before every optimizer step, so they hold one head throughout.
 3. Measure: tokens per target step of plain decoding, the head's chain and its tree on
-   held-out prompts; ``OUT/README.md`` is the model card.
+   held-out prompts, and with ``--draft`` a small draft model's chain on the same prompts;
+   ``OUT/README.md`` is the model card.
 
 Data (``--data``): ``shapes`` (the procedural shapes world: captions, questions about
 rendered scenes, sentences), or a file: one prompt per line (t2i captions, tts texts, text
@@ -36,7 +37,7 @@ import os
 import random
 import textwrap
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -172,9 +173,11 @@ class Source:
         return (FrameRecorder if self.frames else DepthRecorder if self.depth
                 else Recorder)(layers)
 
-    def generate(self, items, seed: int, temperature: float, drafter=None):
-        """Generate for ``items`` with ``drafter`` (None: plain decoding), exact rule."""
-        kw = dict(method="plain", seed=seed, temperature=temperature, drafter=drafter)
+    def generate(self, items, seed: int, temperature: float, drafter=None, method="plain",
+                 **params):
+        """Generate for ``items`` with ``drafter`` (None and method "plain": plain decoding;
+        method "exact": the front door's draft model), exact rule."""
+        kw = dict(method=method, seed=seed, temperature=temperature, drafter=drafter, **params)
         if self.modality == "t2i":
             return self.front(list(items), progress=False, decode=False, **kw)
         if self.modality == "tts":
@@ -186,11 +189,12 @@ class Source:
                                        **kw)
         import mmspec
 
-        tok, model = self.front
+        tok, model, draft = self.front
         enc = tok(list(items), return_tensors="pt", padding=True).to(model.device)
-        return mmspec.generate(model, input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+        return mmspec.generate(model, draft if method == "exact" else None,
+                               input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
                                max_new_tokens=self.max_new_tokens, drafter=drafter, seed=seed,
-                               temperature=temperature)
+                               temperature=temperature, **params)
 
 
 def shapes_items(modality: str, n: int, start: int) -> list:
@@ -235,30 +239,32 @@ def file_items(modality: str, path: str) -> list:
 
 
 def load_source(args) -> Source:
-    dev = args.device
+    dev, draft = args.device, args.draft
     if args.modality == "t2i":
         from modalities.image import TextToImage
 
-        front = TextToImage.from_pretrained(args.target, device=dev)
+        front = TextToImage.from_pretrained(args.target, draft=draft, device=dev)
         model = front.target.model
     elif args.modality == "tts":
         from modalities.speech import TextToSpeech
 
-        front = TextToSpeech.from_pretrained(args.target, device=dev)
+        front = TextToSpeech.from_pretrained(args.target, draft=draft, device=dev)
         model = front.target.model
     elif args.modality == "vlm":
         from modalities.vlm import VisionLanguageGenerator
 
-        front = VisionLanguageGenerator.from_pretrained(args.target, device=dev)
+        front = VisionLanguageGenerator.from_pretrained(args.target, draft=draft, device=dev)
         model = front.target
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         model = AutoModelForCausalLM.from_pretrained(args.target).to(dev).eval()
+        small = (None if draft is None else
+                 AutoModelForCausalLM.from_pretrained(draft).to(dev).eval())
         tok = AutoTokenizer.from_pretrained(args.target, padding_side="left")
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
-        front = (tok, model)
+        front = (tok, model, small)
     n, m = args.samples, args.eval
     if args.data == "shapes":
         items, held = shapes_items(args.modality, n, 0), shapes_items(args.modality, m, 20_000_000)
@@ -433,8 +439,19 @@ def draft_vocab(head, batches: list[dict], num_layers: int, accelerator=None) ->
     return mass.topk(cfg.draft_vocab_size).indices
 
 
+@dataclass
+class Clock:
+    """Seconds of work a head holds: its earlier runs' (kept in its checkpoint) and this run's."""
+
+    before: float = 0.0
+    start: float = field(default_factory=time.perf_counter)
+
+    def seconds(self) -> float:
+        return self.before + time.perf_counter() - self.start
+
+
 def train(head, template, batches: list[dict], args, accelerator, start: int = 0,
-          optimizer=None) -> None:
+          optimizer=None, clock: Clock | None = None) -> None:
     from tqdm.auto import tqdm
 
     own = [p for n, p in head.named_parameters() if not n.startswith(
@@ -450,7 +467,7 @@ def train(head, template, batches: list[dict], args, accelerator, start: int = 0
                                               * (1 + math.cos(math.pi * min(1.0, i / args.steps))))
     for _ in range(start):
         sched.step()
-    rng = random.Random(args.seed + start)
+    rng, clock = random.Random(args.seed + start), clock or Clock()
     bar = tqdm(range(start, args.steps), desc="train", mininterval=5,
                disable=not accelerator.is_main_process)
     for step in bar:
@@ -464,7 +481,7 @@ def train(head, template, batches: list[dict], args, accelerator, start: int = 0
         optimizer.zero_grad(set_to_none=True)
         bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
         if accelerator.is_main_process and (step + 1) % args.save_every == 0:
-            save_checkpoint(head, optimizer, step + 1, args.out)
+            save_checkpoint(head, optimizer, step + 1, args.out, clock.seconds())
     check_one_head(own, accelerator)
     for p in own:
         p.requires_grad_(False)
@@ -513,7 +530,7 @@ def check_one_head(params: list, accelerator) -> None:
                                f"{(high - low).abs().max().item():.3g}): gradients not averaged")
 
 
-def save_checkpoint(head, optimizer, step: int, out: str) -> None:
+def save_checkpoint(head, optimizer, step: int, out: str, seconds: float = 0.0) -> None:
     from safetensors.torch import save_file
 
     path = os.path.join(out, "checkpoint")
@@ -523,8 +540,8 @@ def save_checkpoint(head, optimizer, step: int, out: str) -> None:
             for k, v in s.items() if torch.is_tensor(v)}
     save_file(flat, os.path.join(path, "optimizer.safetensors"))
     with open(os.path.join(path, "trainer.json"), "w") as f:
-        json.dump({"step": step, "param_groups": [{k: v for k, v in g.items() if k != "params"}
-                                                  for g in state["param_groups"]]}, f)
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in state["param_groups"]]
+        json.dump({"step": step, "seconds": seconds, "param_groups": groups}, f)
 
 
 def load_checkpoint(head, out: str, lr: float):
@@ -549,30 +566,43 @@ def load_checkpoint(head, out: str, lr: float):
     return meta["step"], opt
 
 
+def checkpoint_seconds(out: str) -> float:
+    """Seconds of work held by OUT/checkpoint (collection and training of earlier runs)."""
+    with open(os.path.join(out, "checkpoint", "trainer.json")) as f:
+        return json.load(f)["seconds"]
+
+
 # -- 3. measure -----------------------------------------------------------------------------
 
 CHAIN = dict(tree_depth=4, tree_branch=1, tree_width=1)
 TREE = dict(tree_depth=5, tree_branch=2, tree_width=4)
+DRAFT_K = 4
 
 
 def measure(source: Source, head, args) -> list[dict]:
     """Tokens per target step on the held-out prompts: plain, the head's chain, its tree (a
-    frame head: its chain, each prompt its own call)."""
+    frame head: its chain, each prompt its own call), and with ``--draft`` the draft model's
+    chain (exact rule, ``DRAFT_K`` drafts per step)."""
     from mmspec.drafters import DepthHead, FeatureDrafter, FrameHead
     from mmspec.registry import MethodContext
 
     frames = isinstance(head, FrameHead)
+    runs = [("plain", None), ("head chain", CHAIN), ("head tree", TREE)]
+    runs += [(f"draft model, K = {DRAFT_K}", None)] if args.draft is not None else []
     rows = []
-    for name, tree in (("plain", None), ("head chain", CHAIN), ("head tree", TREE)):
+    for name, tree in runs:
         if isinstance(head, (FrameHead, DepthHead)) and tree is TREE:
             continue                            # frame heads draft chains only
         t0 = time.perf_counter()
         # method "head"'s drafter for this head's kind (token, frame or depth head)
         drafter = (None if tree is None else
                    FeatureDrafter.from_params(tree, MethodContext(head=head)))
+        params = (dict(method="exact", num_draft_tokens=DRAFT_K) if name.startswith("draft")
+                  else {})
         # a delay-pattern call commits its rows to the shortest accepted run: one at a time
         calls = [[x] for x in source.held_out] if frames else [source.held_out]
-        stats = [source.generate(c, args.seed, args.temperature, drafter).stats for c in calls]
+        stats = [source.generate(c, args.seed, args.temperature, drafter, **params).stats
+                 for c in calls]
         drafted = sum(s.drafted for s in stats)
         rows.append(dict(method=name, steps=sum(s.steps for s in stats),
                          tokens_per_step=sum(s.emitted for s in stats) /
@@ -630,8 +660,11 @@ def model_card(target: str, head, rows, trained: dict) -> str:
         f"`head=\"this folder\"`), {use}. Exact: the target's distribution is unchanged.", 96)
     measured = textwrap.fill(
         f"Measured on {t['eval']} held-out prompts (temperature {t['temperature']}, seed "
-        f"{t['seed']}); {shapes} (`python -m recipes.train.draft_head ... --measure-only` "
-        "measures again):", 96)
+        f"{t['seed']}); {shapes}"
+        + (f"; the draft model `{t['draft']}` with the exact rule, K = {DRAFT_K}, on the same "
+           "prompts" if t.get("draft") else "")
+        + " (`python -m recipes.train.draft_head ... --measure-only` measures again):", 96,
+        break_on_hyphens=False)
     return f"""# Draft head for `{target}`
 
 {about}
@@ -654,6 +687,9 @@ def build_parser():
                     help="the target's front door")
     ap.add_argument("--target", required=True, help="the target: a folder or Hugging Face id")
     ap.add_argument("--data", default="shapes", help="'shapes' or a prompts file")
+    ap.add_argument("--draft", default=None,
+                    help="a small draft model of the target (folder or id): measured beside "
+                         "the head on the same held-out prompts (exact rule, K = 4)")
     ap.add_argument("--out", required=True, help="folder for the head, its data and card")
     ap.add_argument("--samples", type=COUNT, default=512, help="training prompts")
     ap.add_argument("--eval", type=COUNT, default=16, help="held-out prompts measured")
@@ -695,17 +731,17 @@ def main(argv=None) -> None:
     accelerator = Accelerator(cpu=args.device == "cpu")
     if args.device == "cuda":
         args.device = str(accelerator.device)            # each process its own GPU
-    t0 = time.perf_counter()
+    clock = Clock()
     source = load_source(args)
     if args.measure_only:
         head = DraftHead.from_pretrained(args.out, source.model)
         with open(os.path.join(args.out, "training.json")) as f:
             trained = json.load(f)
     else:
-        head = fit(source, args, accelerator)
+        head = fit(source, args, accelerator, clock)
         trained = dict(modality=args.modality, data=args.data, samples=args.samples,
                        temperature=args.temperature, steps=args.steps, unroll=args.unroll,
-                       seconds=time.perf_counter() - t0, eval=args.eval, seed=args.seed,
+                       seconds=clock.seconds(), eval=args.eval, seed=args.seed,
                        device=_device_name(args.device, accelerator.num_processes))
     if accelerator.is_main_process:
         head.eval()
@@ -713,7 +749,8 @@ def main(argv=None) -> None:
         for r in rows:
             print(f"{r['method']:>10}: {r['tokens_per_step']:.2f} tokens/step, acceptance "
                   f"{r['acceptance']:.3f}, {r['steps']} steps")
-        trained.update(eval=args.eval, seed=args.seed, temperature=args.temperature)
+        trained.update(eval=args.eval, seed=args.seed, temperature=args.temperature,
+                       draft=args.draft)
         for name, value in (("training.json", trained), ("metrics.json", rows)):
             with open(os.path.join(args.out, name), "w") as f:
                 json.dump(value, f, indent=2)
@@ -721,8 +758,9 @@ def main(argv=None) -> None:
             f.write(model_card(args.target, head, rows, trained))
 
 
-def fit(source: Source, args, accelerator):
-    """Collect (or reuse OUT/data.safetensors on --resume), train, save the head."""
+def fit(source: Source, args, accelerator, clock: Clock | None = None):
+    """Collect (or reuse OUT/data.safetensors on --resume), train, save the head; ``clock``
+    gains the checkpoint's seconds on --resume."""
     from mmspec.drafters import head_for_target
 
     if (source.frames or source.depth) and args.draft_vocab is not None:
@@ -743,7 +781,10 @@ def fit(source: Source, args, accelerator):
                                        accelerator))
     template = _template(source, head, args.temperature)
     start, opt = (load_checkpoint(head, args.out, args.lr) if args.resume else (0, None))
-    train(head, template, batches, args, accelerator, start, opt)
+    clock = clock or Clock()
+    if args.resume:
+        clock.before = checkpoint_seconds(args.out)
+    train(head, template, batches, args, accelerator, start, opt, clock)
     if accelerator.is_main_process:
         head.save_pretrained(args.out)
     return head
