@@ -321,3 +321,30 @@ def test_mtp_checkpoints_that_do_not_fit_are_refused(tmp_path):
         MtpHead.from_checkpoint(tmp_path, target)
     with pytest.raises(ValueError, match="an MTP head is the checkpoint's own"):
         MtpHead(target).save_pretrained(tmp_path / "out")
+
+
+def test_the_recipe_trains_a_text_head_from_a_prompts_file(tmp_path):
+    """--modality text on a causal LM folder with its tokenizer and a prompts file: collect,
+    train, save, and measure beside --draft (here the target itself: the exact rule accepts
+    every draft)."""
+    import json
+
+    from recipes.train.vlm import WORDS, tokenizer
+
+    target = tiny_llama(vocab=len(WORDS))
+    target.config.eos_token_id = None
+    target.save_pretrained(tmp_path / "lm")
+    tokenizer().save_pretrained(tmp_path / "lm")
+    lines = [" ".join(WORDS[12 + (i * 7 + j) % 20] for j in range(3 + i % 4)) for i in range(7)]
+    (tmp_path / "prompts.txt").write_text("\n".join(lines) + "\n")
+    lm = str(tmp_path / "lm")
+    recipe.main(["--modality", "text", "--target", lm, "--data", str(tmp_path / "prompts.txt"),
+                 "--out", str(tmp_path / "head"), "--samples", "4", "--eval", "2",
+                 "--max-new-tokens", "6", "--collect-batch", "2", "--steps", "3", "--draft", lm,
+                 "--device", "cpu"])
+    rows = {r["method"]: r for r in json.loads((tmp_path / "head" / "metrics.json").read_text())}
+    assert set(rows) == {"plain", "head chain", "head tree", "draft model, K = 4"}
+    assert rows["draft model, K = 4"]["acceptance"] == 1.0
+    assert rows["plain"]["tokens_per_step"] == 1.0
+    assert isinstance(DraftHead.from_pretrained(tmp_path / "head", target), DraftHead)
+    assert "draft model" in (tmp_path / "head" / "README.md").read_text()
