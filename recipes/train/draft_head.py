@@ -587,18 +587,18 @@ def measure(source: Source, head, args) -> list[dict]:
     from mmspec.registry import MethodContext
 
     frames = isinstance(head, FrameHead)
-    runs = [("plain", None), ("head chain", CHAIN), ("head tree", TREE)]
-    runs += [(f"draft model, K = {DRAFT_K}", None)] if args.draft is not None else []
+    runs = [("plain", None, {}), ("head chain", CHAIN, {}), ("head tree", TREE, {})]
+    if args.draft is not None:                  # the front door's draft model
+        runs.append((f"draft model, K = {DRAFT_K}", None,
+                     dict(method="exact", num_draft_tokens=DRAFT_K)))
     rows = []
-    for name, tree in runs:
+    for name, tree, params in runs:
         if isinstance(head, (FrameHead, DepthHead)) and tree is TREE:
             continue                            # frame heads draft chains only
         t0 = time.perf_counter()
         # method "head"'s drafter for this head's kind (token, frame or depth head)
         drafter = (None if tree is None else
                    FeatureDrafter.from_params(tree, MethodContext(head=head)))
-        params = (dict(method="exact", num_draft_tokens=DRAFT_K) if name.startswith("draft")
-                  else {})
         # a delay-pattern call commits its rows to the shortest accepted run: one at a time
         calls = [[x] for x in source.held_out] if frames else [source.held_out]
         stats = [source.generate(c, args.seed, args.temperature, drafter, **params).stats
