@@ -13,16 +13,8 @@ from __future__ import annotations
 import json
 import os
 
-from recipes.cli import BUNDLED, COUNT, Number, Numbers, Parser, describe, run
-
-
-def tree_shape(text: str) -> dict:
-    """``"5x2x4"`` -> the tree parameters (depth, children, expanded per level)."""
-    parts = text.split("x")
-    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"--trees {text!r}: accepted DEPTHxCHILDRENxWIDTH, e.g. 5x2x4")
-    d, b, w = map(int, parts)
-    return dict(tree_depth=d, tree_branch=b, tree_width=w)
+from recipes.cli import (BUNDLED, COUNT, Number, Numbers, Parser, TreeShape, describe, run,
+                         tree_name)
 
 
 def build_parser():
@@ -33,7 +25,7 @@ def build_parser():
                     help="its draft model")
     ap.add_argument("--head", default=os.path.join(BUNDLED, "shapes-t2i-head"),
                     help="its draft head")
-    ap.add_argument("--trees", default="5x2x4,6x3x6,8x2x8,8x4x8,10x4x16",
+    ap.add_argument("--trees", type=Numbers(TreeShape()), default="5x2x4,6x3x6,8x2x8,8x4x8,10x4x16",
                     help="tree sizes, comma-separated DEPTHxCHILDRENxWIDTH")
     ap.add_argument("--ks", type=Numbers(COUNT), default="4,8", help="the chains' K")
     ap.add_argument("--captions", type=COUNT, default=16, help="held-out captions")
@@ -48,7 +40,7 @@ def main(argv=None) -> None:
     from recipes.train.draft_head import shapes_items
 
     args = build_parser().parse_args(argv)
-    trees = [(t, tree_shape(t)) for t in args.trees.split(",")]
+    trees = [(tree_name(p), p) for p in args.trees]
     pipe = TextToImage.from_pretrained(args.target, draft=args.draft, head=args.head,
                                        device=args.device)
     captions = shapes_items("t2i", args.captions, 20_000_000)

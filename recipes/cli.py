@@ -75,9 +75,10 @@ class Number:
 
 @dataclass(frozen=True)
 class Numbers:
-    """An argparse ``type``: comma-separated numbers, each accepted by ``item`` (``2,4,8``)."""
+    """An argparse ``type``: comma-separated values, each accepted by ``item`` (``2,4,8``;
+    ``5x2x4,8x2x8`` with ``TreeShape()``)."""
 
-    item: Number
+    item: Number | TreeShape
 
     def __call__(self, text: str) -> list:
         parts = [p.strip() for p in str(text).split(",")]
@@ -104,6 +105,28 @@ class Names:
 
     def __str__(self) -> str:
         return f"comma-separated, each one of {', '.join(self.allowed)}"
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """An argparse ``type``: a draft tree's shape, ``DEPTHxCHILDRENxWIDTH`` (``5x2x4``: depth
+    5, 2 children per expanded node, 4 nodes expanded per level) -> the front doors' tree
+    parameters (``tree_depth``, ``tree_branch``, ``tree_width``)."""
+
+    def __call__(self, text: str) -> dict:
+        parts = str(text).strip().split("x")
+        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise argparse.ArgumentTypeError(f"{text!r}: accepted {self}")
+        depth, branch, width = map(int, parts)
+        return dict(tree_depth=depth, tree_branch=branch, tree_width=width)
+
+    def __str__(self) -> str:
+        return "DEPTHxCHILDRENxWIDTH, each an integer >= 1 (e.g. 5x2x4)"
+
+
+def tree_name(params: dict) -> str:
+    """``{"tree_depth": 5, "tree_branch": 2, "tree_width": 4}`` -> ``"5x2x4"``."""
+    return f"{params['tree_depth']}x{params['tree_branch']}x{params['tree_width']}"
 
 
 COUNT = Number(int, 1)                     # prompts, tokens, repeats, batch rows
@@ -152,7 +175,7 @@ def describe(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
         if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
             continue
         text, accepted = action.help or "", None
-        if isinstance(action.type, (Number, Numbers, Names)):
+        if isinstance(action.type, (Number, Numbers, Names, TreeShape)):
             accepted = str(action.type)
         elif action.choices:
             accepted = ", ".join(map(str, action.choices))

@@ -108,6 +108,10 @@ def test_the_recipe_refuses_bad_input_in_one_line(tmp_path, capsys):
                         "--target", "x", "--out", str(tmp_path), "--unroll", "9"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "--unroll" in r.stderr and len(r.stderr.strip().splitlines()) <= 2
+    r = subprocess.run([sys.executable, "-m", "recipes.train.draft_head", "--modality", "t2i",
+                        "--target", "x", "--out", str(tmp_path), "--tree", "5x2"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "--tree" in r.stderr and "DEPTHxCHILDRENxWIDTH" in r.stderr
     r = subprocess.run([sys.executable, "-m", "recipes.train.draft_head", "--modality", "vlm",
                         "--target", "x", "--out", str(tmp_path), "--resume"],
                        capture_output=True, text=True)
@@ -341,10 +345,12 @@ def test_the_recipe_trains_a_text_head_from_a_prompts_file(tmp_path):
     recipe.main(["--modality", "text", "--target", lm, "--data", str(tmp_path / "prompts.txt"),
                  "--out", str(tmp_path / "head"), "--samples", "4", "--eval", "2",
                  "--max-new-tokens", "6", "--collect-batch", "2", "--steps", "3", "--draft", lm,
-                 "--device", "cpu"])
+                 "--tree", "3x2x2", "--device", "cpu"])
     rows = {r["method"]: r for r in json.loads((tmp_path / "head" / "metrics.json").read_text())}
     assert set(rows) == {"plain", "head chain", "head tree", "draft model, K = 4"}
     assert rows["draft model, K = 4"]["acceptance"] == 1.0
     assert rows["plain"]["tokens_per_step"] == 1.0
     assert isinstance(DraftHead.from_pretrained(tmp_path / "head", target), DraftHead)
-    assert "draft model" in (tmp_path / "head" / "README.md").read_text()
+    card = " ".join((tmp_path / "head" / "README.md").read_text().split())
+    assert "tree = depth 3, 2 children per node, 2 nodes expanded per level" in card
+    assert "the draft model" in card

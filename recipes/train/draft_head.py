@@ -43,7 +43,7 @@ import torch
 
 from mmspec.drafters.base import NoDraft
 from mmspec.drafters.head_session import token_embeds
-from recipes.cli import COUNT, Number, Parser, describe, run
+from recipes.cli import COUNT, Number, Parser, TreeShape, describe, run, tree_name
 
 MODALITIES = ("t2i", "vlm", "tts", "text")
 
@@ -575,26 +575,25 @@ def checkpoint_seconds(out: str) -> float:
 # -- 3. measure -----------------------------------------------------------------------------
 
 CHAIN = dict(tree_depth=4, tree_branch=1, tree_width=1)
-TREE = dict(tree_depth=5, tree_branch=2, tree_width=4)
 DRAFT_K = 4
 
 
 def measure(source: Source, head, args) -> list[dict]:
-    """Tokens per target step on the held-out prompts: plain, the head's chain, its tree (a
-    frame head: its chain, each prompt its own call), and with ``--draft`` the draft model's
-    chain (exact rule, ``DRAFT_K`` drafts per step)."""
+    """Tokens per target step on the held-out prompts: plain, the head's chain, its tree of
+    ``--tree``'s shape (a frame head: its chain, each prompt its own call), and with
+    ``--draft`` the draft model's chain (exact rule, ``DRAFT_K`` drafts per step)."""
     from mmspec.drafters import DepthHead, FeatureDrafter, FrameHead
     from mmspec.registry import MethodContext
 
     frames = isinstance(head, FrameHead)
-    runs = [("plain", None, {}), ("head chain", CHAIN, {}), ("head tree", TREE, {})]
+    runs = [("plain", None, {}), ("head chain", CHAIN, {})]
+    if not isinstance(head, (FrameHead, DepthHead)):       # frame heads draft chains only
+        runs.append(("head tree", args.tree, {}))
     if args.draft is not None:                  # the front door's draft model
         runs.append((f"draft model, K = {DRAFT_K}", None,
                      dict(method="exact", num_draft_tokens=DRAFT_K)))
     rows = []
     for name, tree, params in runs:
-        if isinstance(head, (FrameHead, DepthHead)) and tree is TREE:
-            continue                            # frame heads draft chains only
         t0 = time.perf_counter()
         # method "head"'s drafter for this head's kind (token, frame or depth head)
         drafter = (None if tree is None else
@@ -648,8 +647,9 @@ def model_card(target: str, head, rows, trained: dict) -> str:
                 "and output head shared)")
         use = ("then `method=\"head\"` (a tree: `tree_depth`, `tree_branch`, `tree_width`; a "
                "chain: `tree_branch=1, tree_width=1`)")
-        shapes = (f"chain = depth 4; tree = depth {TREE['tree_depth']}, {TREE['tree_branch']} "
-                  f"children per node, {TREE['tree_width']} nodes expanded per level")
+        tree = TreeShape()(t.get("tree", "5x2x4"))
+        shapes = (f"chain = depth 4; tree = depth {tree['tree_depth']}, {tree['tree_branch']} "
+                  f"children per node, {tree['tree_width']} nodes expanded per level")
     about = textwrap.fill(
         f"{kind} trained by `python -m recipes.train.draft_head` on the target's own "
         f"generations ({t['modality']}, data `{t['data']}`, {t['samples']} prompts, temperature "
@@ -709,6 +709,8 @@ def build_parser():
                     help="draft only this many ids, those with the most target probability "
                          "mass in the collected data (EAGLE-3's draft vocabulary; default: "
                          "the target's whole output head)")
+    ap.add_argument("--tree", type=TreeShape(), default="5x2x4",
+                    help="the head tree measured for the card (token heads)")
     ap.add_argument("--save-every", type=COUNT, default=500, help="checkpoint interval (steps)")
     ap.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
     ap.add_argument("--measure-only", action="store_true",
@@ -750,7 +752,7 @@ def main(argv=None) -> None:
             print(f"{r['method']:>10}: {r['tokens_per_step']:.2f} tokens/step, acceptance "
                   f"{r['acceptance']:.3f}, {r['steps']} steps")
         trained.update(eval=args.eval, seed=args.seed, temperature=args.temperature,
-                       draft=args.draft)
+                       draft=args.draft, tree=tree_name(args.tree))
         for name, value in (("training.json", trained), ("metrics.json", rows)):
             with open(os.path.join(args.out, name), "w") as f:
                 json.dump(value, f, indent=2)
