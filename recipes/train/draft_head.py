@@ -689,7 +689,8 @@ def build_parser():
     ap.add_argument("--data", default="shapes", help="'shapes' or a prompts file")
     ap.add_argument("--draft", default=None,
                     help="a small draft model of the target (folder or id): measured beside "
-                         "the head on the same held-out prompts (exact rule, K = 4)")
+                         "the head on the same held-out prompts, exact rule, K = 4 (default: "
+                         "none, the head alone)")
     ap.add_argument("--out", required=True, help="folder for the head, its data and card")
     ap.add_argument("--samples", type=COUNT, default=512, help="training prompts")
     ap.add_argument("--eval", type=COUNT, default=16, help="held-out prompts measured")
