@@ -219,9 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
 @dataclass
 class Setup:
     """One adapter shape ready to time: ``call(draft, method, compile, batch) -> (ids, stats)``,
-    the
-    decoder modules a step reads, the drafts, the layers eps scales, and the causal LMs whose
-    single steps are timed for the analytic bound (``"target"`` and each draft's name)."""
+    the decoder modules a step reads, the drafts, the layers eps scales, and the causal LMs
+    whose single steps are timed for the analytic bound (``"target"`` and each draft's name)."""
 
     call: Callable
     decoder: list
