@@ -575,6 +575,7 @@ def checkpoint_seconds(out: str) -> float:
 # -- 3. measure -----------------------------------------------------------------------------
 
 CHAIN = dict(tree_depth=4, tree_branch=1, tree_width=1)
+TREE = "5x2x4"          # the head tree a card measures unless --tree says otherwise
 DRAFT_K = 4
 
 
@@ -647,7 +648,7 @@ def model_card(target: str, head, rows, trained: dict) -> str:
                 "and output head shared)")
         use = ("then `method=\"head\"` (a tree: `tree_depth`, `tree_branch`, `tree_width`; a "
                "chain: `tree_branch=1, tree_width=1`)")
-        tree = TreeShape()(t.get("tree", "5x2x4"))
+        tree = TreeShape()(t.get("tree", TREE))
         shapes = (f"chain = depth 4; tree = depth {tree['tree_depth']}, {tree['tree_branch']} "
                   f"children per node, {tree['tree_width']} nodes expanded per level")
     about = textwrap.fill(
@@ -689,8 +690,8 @@ def build_parser():
     ap.add_argument("--data", default="shapes", help="'shapes' or a prompts file")
     ap.add_argument("--draft", default=None,
                     help="a small draft model of the target (folder or id): measured beside "
-                         "the head on the same held-out prompts, exact rule, K = 4 (default: "
-                         "none, the head alone)")
+                         f"the head on the same held-out prompts, exact rule, K = {DRAFT_K} "
+                         "(default: none, the head alone)")
     ap.add_argument("--out", required=True, help="folder for the head, its data and card")
     ap.add_argument("--samples", type=COUNT, default=512, help="training prompts")
     ap.add_argument("--eval", type=COUNT, default=16, help="held-out prompts measured")
@@ -710,7 +711,7 @@ def build_parser():
                     help="draft only this many ids, those with the most target probability "
                          "mass in the collected data (EAGLE-3's draft vocabulary; default: "
                          "the target's whole output head)")
-    ap.add_argument("--tree", type=TreeShape(), default="5x2x4",
+    ap.add_argument("--tree", type=TreeShape(), default=TREE,
                     help="the head tree measured for the card (token heads)")
     ap.add_argument("--save-every", type=COUNT, default=500, help="checkpoint interval (steps)")
     ap.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
