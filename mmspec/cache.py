@@ -211,7 +211,8 @@ class SequenceMask:
         own = torch.zeros(n, m, dtype=torch.bool, device=valid.device)
         own[:, m - n:] = torch.eye(n, dtype=torch.bool, device=valid.device)
         new = (tree.ancestors & seen) | own
-        return torch.cat([past, new], -1)[:, None], self.next_pos[:, None] + tree.offsets
+        # padding (rows that ended) repeats the previous position, as in a chain
+        return torch.cat([past, new], -1)[:, None], self.next_pos[:, None] + tree.offsets * valid
 
     def append(self, valid: torch.Tensor) -> None:
         """Record appended slots (after the forward)."""
@@ -303,7 +304,7 @@ class StaticSequenceMask:
         w = self.buf.shape[1] if width is None else width
         idx = self.dev_len + self.slots[:n]                                 # the new slots
         self.buf.index_copy_(1, idx, valid)
-        steps = valid.cumsum(1) - valid if tree is None else tree.offsets
+        steps = valid.cumsum(1) - valid if tree is None else tree.offsets * valid
         pos = self.next_pos[:, None] + steps
         q = idx[:, None]
         slots = self.slots[None, :w]

@@ -259,6 +259,7 @@ class CausalLMSession(Session):
         self.seq: SequenceMask | StaticSequenceMask | None = None
         self.features: torch.Tensor | None = None     # ``keep_features``: the last forward's
         self._feature_layers: tuple[int, ...] = ()
+        self._uncond_features = False
         self._extra: dict = {}                         # keyword arguments of every forward
         self.batch_size = 0
         self._since_commit = 0
@@ -277,11 +278,15 @@ class CausalLMSession(Session):
         """The device of the model's parameters."""
         return next(self.model.parameters()).device
 
-    def keep_features(self, layers) -> None:
+    def keep_features(self, layers, uncond: bool = False) -> None:
         """After every forward (prompt included), keep ``features`` [B, n, F]: the outputs of
         ``layers`` (indices into the model's ``hidden_states``: 0 the embeddings, L the last
-        layer's) concatenated, for the conditional rows. Read by feature-level drafters."""
-        self._feature_layers = tuple(layers)
+        layer's) concatenated, for the conditional rows; with ``uncond`` (guidance on) each
+        row's unconditional row's after them (F doubles). Read by feature-level drafters."""
+        if uncond and not self.guided:
+            raise ValueError("uncond features: accepted only with classifier-free guidance on "
+                             "(guidance_scale set): the unconditional rows hold them")
+        self._feature_layers, self._uncond_features = tuple(layers), uncond
         self._extra = {"output_hidden_states": True} if layers else {}
 
     @property
@@ -432,7 +437,9 @@ class CausalLMSession(Session):
         if self._feature_layers:
             hs = out.hidden_states
             conditional = hs[0].shape[0] // (2 if self.guided else 1)
-            self.features = torch.cat([hs[i] for i in self._feature_layers], -1)[:conditional]
+            f = torch.cat([hs[i] for i in self._feature_layers], -1)
+            self.features = (torch.cat([f[:conditional], f[conditional:]], -1)
+                             if self._uncond_features else f[:conditional])
         return (None if prompt else self.logits(out)), pos
 
     def _static_step(self, fn, inputs: dict, valid: torch.Tensor, width: int,

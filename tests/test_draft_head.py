@@ -116,6 +116,14 @@ def test_the_recipe_refuses_bad_input_in_one_line(tmp_path, capsys):
                         "--target", "x", "--out", str(tmp_path), "--resume"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "checkpoint does not exist" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "recipes.train.draft_head", "--modality", "tts",
+                        "--target", "x", "--out", str(tmp_path), "--uncond-features"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "--uncond-features: accepted with --modality t2i" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "recipes.train.draft_head", "--modality", "t2i",
+                        "--target", "x", "--out", str(tmp_path), "--head-layers", "0"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "--head-layers" in r.stderr
 
 
 def test_two_processes_collect_shares_and_train_one_head(tmp_path):
@@ -354,3 +362,47 @@ def test_the_recipe_trains_a_text_head_from_a_prompts_file(tmp_path):
     card = " ".join((tmp_path / "head" / "README.md").read_text().split())
     assert "tree = depth 3, 2 children per node, 2 nodes expanded per level" in card
     assert "the draft model" in card
+
+
+def test_the_session_keeps_both_branches_features_under_guidance():
+    """``keep_features(layers, uncond=True)`` under guidance: each row's conditional features,
+    then its unconditional row's, the same as sessions without guidance on either prompt;
+    refused without guidance."""
+    from mmspec.sampling import SamplingParams
+    from mmspec.session import CausalLMSession
+
+    target = tiny_llama(layers=3)
+    g = torch.Generator().manual_seed(0)
+    ids, unc = (torch.randint(1, 16, (2, 6), generator=g) for _ in range(2))
+    mask = torch.ones_like(ids)
+
+    def features(guidance, uncond, prompt):
+        s = CausalLMSession(target, SamplingParams(temperature=0.0), guidance_scale=guidance)
+        s.keep_features((1, 3), uncond)
+        extra = dict(uncond_ids=unc, uncond_mask=mask) if guidance is not None else {}
+        s.prefill(prompt, mask, **extra)
+        return s.features
+
+    both = features(3.0, True, ids)
+    assert both.shape == (2, 5, 4 * 32)
+    torch.testing.assert_close(both[..., :64], features(None, False, ids))
+    torch.testing.assert_close(both[..., 64:], features(None, False, unc))
+    torch.testing.assert_close(both[..., :64], features(3.0, False, ids))
+    with pytest.raises(ValueError, match="uncond features: accepted only with classifier-free"):
+        features(None, True, ids)
+
+
+def test_a_head_of_several_layers_round_trips_and_gives_plain_greedy(tmp_path):
+    """``num_layers=2``: the files keep it, and its trees give plain greedy's tokens."""
+    target = tiny_llama(layers=3)
+    torch.manual_seed(1)
+    head = DraftHead.for_target(target, num_layers=2)
+    assert len(head.decoder.model.layers) == 2
+    head.save_pretrained(tmp_path / "h")
+    back = DraftHead.from_pretrained(tmp_path / "h", target)
+    assert back.config.num_layers == 2
+    ids = torch.randint(1, 16, (3, 4), generator=torch.Generator().manual_seed(0))
+    plain = mmspec.generate(target, input_ids=ids, temperature=0, max_new_tokens=12)
+    out = mmspec.generate(target, input_ids=ids, temperature=0, max_new_tokens=12,
+                          drafter=FeatureDrafter(back, depth=3, branch=2, width=2))
+    assert torch.equal(out.sequences, plain.sequences)

@@ -300,3 +300,27 @@ def test_relaxed_rules_verify_draft_trees_on_images(vq):
         assert out.tokens.shape == (2, 16) and out.stats.steps <= 16, method
     with pytest.raises(ValueError, match="does not verify draft trees"):
         pipe(prompts, method="tree+pcg", **kw)
+
+
+@pytest.mark.parametrize("name", list(PIPES))
+def test_a_head_on_both_branches_features_gives_plain_greedy(name, vq):
+    """A head fusing the unconditional branch's features too (``uncond_features``) drafts
+    under guidance and gives plain greedy's tokens, static and dynamic caches; the target
+    session keeps both branches' features side by side; without guidance it is refused
+    before any work."""
+    from mmspec.drafters.head import head_for_target
+    from mmspec.drafters.load import load_head
+
+    pipe, prompts = PIPES[name](vq)
+    model = pipe.target.model
+    torch.manual_seed(7)
+    pipe.head = load_head(head_for_target(model, uncond_features=True), model)
+    assert pipe.head.reduce.in_features == 2 * len(pipe.head.config.feature_layers) * \
+        pipe.head.config.hidden_size
+    kw = dict(guidance_scale=3.0, temperature=0, progress=False, seed=0, decode=False)
+    plain = pipe(prompts, method="plain", **kw)
+    for static in (False, True):
+        out = pipe(prompts, method="head", static_cache=static, **kw)
+        assert torch.equal(out.tokens, plain.tokens), static
+    with pytest.raises(ValueError, match="uncond features: accepted only with classifier-free"):
+        pipe(prompts, method="head", **{**kw, "guidance_scale": None})

@@ -99,7 +99,7 @@ class FeatureDrafter(TreeDrafter):
                              f"session that keeps them ({type(target).__name__} does not)")
         if not target.tree_verify:
             self._as_chain(target)
-        target.keep_features(self.head.config.feature_layers)
+        target.keep_features(self.head.config.feature_layers, self.head.config.uncond_features)
         self.target = target
         self.session = HeadSession(self.head, target, static_len=target.static_len,
                                    compile=target.compile)

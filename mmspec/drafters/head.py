@@ -4,6 +4,8 @@ The head drafts token t + 2 from the pair (feature of position t, token t + 1):
 
     f_t   = reduce(concat(h_t^l for l in feature_layers))     the target's hidden states,
                                                               low/mid/high layers fused
+                                                              (under guidance, optionally the
+                                                              unconditional branch's too)
     e     = fuse(concat(embed(x_{t+1}), f_t))
     g_t   = decoder(e)                                        one Llama decoder layer, its
                                                               own cache (causal over pairs)
@@ -75,6 +77,11 @@ class HeadConfig:
                      codebook's).
     depth_decoder:   a frame head over a depth-decoder model's C codebooks (``DepthHead``:
                      CSM), not a delay-pattern decoder's.
+    uncond_features: for targets sampled with classifier-free guidance: the unconditional
+                     branch's features of the same layers are fused too (the guided
+                     distribution is (1 - s) l_u + s l_c in logits: the head sees both
+                     branches); such a head drafts only with guidance on.
+    num_layers:      the head's decoder layers (EAGLE-3's: one).
     """
 
     hidden_size: int
@@ -88,6 +95,8 @@ class HeadConfig:
     draft_vocab_size: int | None = None
     codebooks: int | None = None
     depth_decoder: bool = False
+    uncond_features: bool = False
+    num_layers: int = 1
 
     def llama(self):
         """The one-layer decoder's ``LlamaConfig``."""
@@ -95,7 +104,7 @@ class HeadConfig:
 
         return LlamaConfig(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
                            intermediate_size=self.intermediate_size or 2 * self.hidden_size,
-                           num_hidden_layers=1, num_attention_heads=self.num_heads,
+                           num_hidden_layers=self.num_layers, num_attention_heads=self.num_heads,
                            num_key_value_heads=self.num_heads, rope_theta=self.rope_theta,
                            max_position_embeddings=self.max_position_embeddings,
                            tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
@@ -113,6 +122,7 @@ class DraftHead(nn.Module):
 
         self.config = config
         d, n = config.hidden_size, len(config.feature_layers)
+        n *= 2 if config.uncond_features else 1         # the unconditional branch's after them
         vd = config.draft_vocab_size
         if vd is not None and not (isinstance(vd, int) and 1 <= vd < config.vocab_size):
             raise ValueError(f"draft_vocab_size={vd!r}: accepted None or an integer in [1, "
@@ -272,10 +282,12 @@ class FrameHead(DraftHead):
     with ``FrameHead.for_target``; files as ``DraftHead`` (``codebooks`` in the config)."""
 
     def __init__(self, config: HeadConfig):
-        if not config.codebooks or config.draft_vocab_size is not None:
+        if not config.codebooks or config.draft_vocab_size is not None \
+                or config.uncond_features:
             raise ValueError(f"codebooks={config.codebooks!r}, draft_vocab_size="
-                             f"{config.draft_vocab_size!r}: a frame head needs codebooks >= 1 "
-                             "and the codebooks' whole vocabulary")
+                             f"{config.draft_vocab_size!r}, uncond_features="
+                             f"{config.uncond_features!r}: a frame head needs codebooks >= 1, "
+                             "the codebooks' whole vocabulary and the conditional features only")
         super().__init__(config)
         self.decoder.lm_head = nn.Identity()      # the decoder's output is g; heads shared
 
@@ -344,11 +356,13 @@ class DepthHead(DraftHead):
 
     def __init__(self, config: HeadConfig):
         if not config.codebooks or not config.depth_decoder \
-                or config.draft_vocab_size is not None:
+                or config.draft_vocab_size is not None or config.uncond_features:
             raise ValueError(f"codebooks={config.codebooks!r}, depth_decoder="
                              f"{config.depth_decoder!r}, draft_vocab_size="
-                             f"{config.draft_vocab_size!r}: a depth head needs codebooks >= 1, "
-                             "depth_decoder=True and the codebooks' whole vocabulary")
+                             f"{config.draft_vocab_size!r}, uncond_features="
+                             f"{config.uncond_features!r}: a depth head needs codebooks >= 1, "
+                             "depth_decoder=True, the codebooks' whole vocabulary and the "
+                             "conditional features only")
         super().__init__(config)
         self.decoder.lm_head = nn.Identity()      # the decoder's output is the hidden state
 

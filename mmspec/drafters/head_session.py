@@ -42,7 +42,7 @@ class HeadSession(CausalLMSession):
         self.vocab_size = template.vocab_size
         self.feed: torch.Tensor | None = None
         self.prompt_embeds: torch.Tensor | None = None     # [B, P, d] set before prefill
-        self.keep_features((1,))           # the one decoder layer's (normed) output
+        self.keep_features((head.config.num_layers,))     # the last layer's (normed) output
 
     def embed(self, tokens, first_step=False):
         t = self.template.embed(self.template._rows(tokens), first_step)

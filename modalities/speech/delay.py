@@ -77,10 +77,14 @@ class DelayPatternSession(Session):
         self.eos = eos_token_id
         self.cache = None
 
-    def keep_features(self, layers) -> None:
+    def keep_features(self, layers, uncond: bool = False) -> None:
         """Keep the decoder's hidden states at ``layers`` (indices into its hidden states: 0
         the embeddings) of every step, concatenated, as ``features`` [B, n, F] (the
-        conditional rows): what a frame head drafts from (``mmspec.drafters.frame``)."""
+        conditional rows): what a frame head drafts from (``mmspec.drafters.frame``).
+        ``uncond`` (the unconditional rows' too) is refused: frame heads read one branch."""
+        if uncond:
+            raise ValueError("uncond features: a delay-pattern session keeps the conditional "
+                             "rows' features only (frame heads read one branch)")
         self._feature_layers = tuple(layers)
 
     def event_embeds(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -54,11 +54,11 @@ class Recorder(NoDraft):
     """Plain decoding that records what a head trains on: each position's token embedding,
     the target's features and, over the generated positions, its distributions."""
 
-    def __init__(self, layers):
-        self.layers = tuple(layers)
+    def __init__(self, layers, uncond: bool = False):
+        self.layers, self.uncond = tuple(layers), uncond
 
     def attach(self, target):
-        target.keep_features(self.layers)
+        target.keep_features(self.layers, self.uncond)
         self.target = target
 
     def begin(self, input_ids, attention_mask, vocab_size=None, **prompt):
@@ -169,9 +169,11 @@ class Source:
 
         return self.modality == "tts" and is_depth_model(self.model)
 
-    def recorder(self, layers):
-        return (FrameRecorder if self.frames else DepthRecorder if self.depth
-                else Recorder)(layers)
+    def recorder(self, config):
+        """The recording drafter for a head of ``config`` (its features)."""
+        if self.frames or self.depth:
+            return (FrameRecorder if self.frames else DepthRecorder)(config.feature_layers)
+        return Recorder(config.feature_layers, config.uncond_features)
 
     def generate(self, items, seed: int, temperature: float, drafter=None, method="plain",
                  **params):
@@ -277,7 +279,7 @@ def load_source(args) -> Source:
     return Source(args.modality, front, model, items, held, args.max_new_tokens)
 
 
-def collect(source: Source, layers, args, accelerator) -> list[dict]:
+def collect(source: Source, config, args, accelerator) -> list[dict]:
     from tqdm.auto import tqdm
 
     mine = source.items[accelerator.process_index::accelerator.num_processes]
@@ -285,7 +287,7 @@ def collect(source: Source, layers, args, accelerator) -> list[dict]:
     # progress also where output is no terminal (a batch job's log), as the other recipes
     for i in tqdm(range(0, len(mine), bs), desc="collect", mininterval=5,
                   disable=not accelerator.is_main_process):
-        rec = source.recorder(layers)
+        rec = source.recorder(config)
         source.generate(mine[i:i + bs], seed=args.seed + i, temperature=args.temperature,
                         drafter=rec)
         batches.append(rec.batch())
@@ -463,10 +465,12 @@ def train(head, template, batches: list[dict], args, accelerator, start: int = 0
     optimizer = optimizer or torch.optim.AdamW(own, lr=args.lr, weight_decay=0.0)
     broadcast_parameters(own, accelerator)
     warm = max(1, args.steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warm) * 0.5
-                                              * (1 + math.cos(math.pi * min(1.0, i / args.steps))))
-    for _ in range(start):
-        sched.step()
+
+    def rate(i: int) -> float:             # warm-up, then cosine; a resumed run at its step
+        i += start
+        return min(1.0, (i + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, i / args.steps)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
     rng, clock = random.Random(args.seed + start), clock or Clock()
     bar = tqdm(range(start, args.steps), desc="train", mininterval=5,
                disable=not accelerator.is_main_process)
@@ -643,9 +647,11 @@ def model_card(target: str, head, rows, trained: dict) -> str:
                "take no trees)")
         shapes = "chain = depth 4"
     else:
+        branches = (", of the conditional and the unconditional branch," if cfg.uncond_features
+                    else "")
         kind = (f"A `mmspec.DraftHead` (EAGLE-3 style: the target's hidden states of layers "
-                f"{list(cfg.feature_layers)} fused, one decoder layer, the target's embeddings "
-                "and output head shared)")
+                f"{list(cfg.feature_layers)}{branches} fused, one decoder layer, the target's "
+                "embeddings and output head shared)")
         use = ("then `method=\"head\"` (a tree: `tree_depth`, `tree_branch`, `tree_width`; a "
                "chain: `tree_branch=1, tree_width=1`)")
         tree = TreeShape()(t.get("tree", TREE))
@@ -711,6 +717,11 @@ def build_parser():
                     help="draft only this many ids, those with the most target probability "
                          "mass in the collected data (EAGLE-3's draft vocabulary; default: "
                          "the target's whole output head)")
+    ap.add_argument("--head-layers", type=Number(int, 1, 8), default=1,
+                    help="decoder layers of the head (EAGLE-3's: 1)")
+    ap.add_argument("--uncond-features", action="store_true",
+                    help="t2i under guidance: the head fuses the unconditional branch's "
+                         "features too (default: the conditional branch's only)")
     ap.add_argument("--tree", type=TreeShape(), default=TREE,
                     help="the head tree measured for the card (token heads)")
     ap.add_argument("--save-every", type=COUNT, default=500, help="checkpoint interval (steps)")
@@ -731,6 +742,9 @@ def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     if args.resume and not os.path.isdir(os.path.join(args.out, "checkpoint")):
         raise ValueError(f"--resume: {args.out}/checkpoint does not exist")
+    if args.uncond_features and args.modality != "t2i":
+        raise ValueError(f"--uncond-features: accepted with --modality t2i (a target sampled "
+                         f"with guidance), not {args.modality}")
     torch.manual_seed(args.seed)
     accelerator = Accelerator(cpu=args.device == "cpu")
     if args.device == "cuda":
@@ -770,15 +784,19 @@ def fit(source: Source, args, accelerator, clock: Clock | None = None):
     if (source.frames or source.depth) and args.draft_vocab is not None:
         raise ValueError(f"--draft-vocab {args.draft_vocab}: a frame head drafts over the "
                          "codebooks' whole vocabulary: accepted with token targets only")
-    vocab = {} if args.draft_vocab is None else dict(draft_vocab_size=args.draft_vocab)
-    head = head_for_target(source.model, args.feature_layers, **vocab)
+    kw = {} if args.draft_vocab is None else dict(draft_vocab_size=args.draft_vocab)
+    if args.uncond_features:
+        kw.update(uncond_features=True)
+    if args.head_layers != 1:
+        kw.update(num_layers=args.head_layers)
+    head = head_for_target(source.model, args.feature_layers, **kw)
     head.config.target = args.target
     os.makedirs(args.out, exist_ok=True)
     data = os.path.join(args.out, "data.safetensors")
     if args.resume and os.path.isfile(data):
         batches = load_data(data)[accelerator.process_index::accelerator.num_processes]
     else:
-        batches = collect(source, head.config.feature_layers, args, accelerator)
+        batches = collect(source, head.config, args, accelerator)
         share_data(batches, data, accelerator)
     if args.draft_vocab is not None:
         head.set_draft_ids(draft_vocab(head, batches, _decoder_layers(source.model),
@@ -810,7 +828,7 @@ def _device_name(device: str, processes: int = 1) -> str:
 def _template(source: Source, head, temperature: float):
     """The target's session that maps the head's outputs to the rules' ids (its ``logits``;
     a depth-decoder target's frame distributions, processed as at collection)."""
-    rec = source.recorder(head.config.feature_layers)
+    rec = source.recorder(head.config)
     source.generate(source.items[:1], seed=0, temperature=temperature, drafter=rec)
     t = rec.target
     for name, value in list(vars(t).items()):   # made under inference mode: not for autograd
