@@ -630,9 +630,10 @@ def model_card(target: str, head, rows, trained: dict) -> str:
     table = "\n".join(f"| {r['method']} | {r['tokens_per_step']:.2f} | {r['acceptance']:.3f} | "
                       f"{r['steps']} |" for r in rows)
     t = trained
+    layers = "one decoder layer" if cfg.num_layers == 1 else f"{cfg.num_layers} decoder layers"
     if cfg.depth_decoder:
         kind = (f"A `mmspec.drafters.DepthHead` (the frame as one event: the target backbone's "
-                f"hidden states of layers {list(cfg.feature_layers)} fused, one decoder layer "
+                f"hidden states of layers {list(cfg.feature_layers)} fused, {layers} "
                 "drafting the backbone's next hidden state, the frame drawn from it by the "
                 f"target's own head and depth decoder over {cfg.codebooks} codebooks)")
         use = ("then `method=\"head\"` (a chain of `tree_depth` frames; depth-decoder frames "
@@ -640,7 +641,7 @@ def model_card(target: str, head, rows, trained: dict) -> str:
         shapes = "chain = depth 4"
     elif cfg.codebooks:
         kind = (f"A `mmspec.drafters.FrameHead` (the frame as one event: the target decoder's "
-                f"hidden states of layers {list(cfg.feature_layers)} fused, one decoder layer, "
+                f"hidden states of layers {list(cfg.feature_layers)} fused, {layers}, "
                 f"the {cfg.codebooks} codebook embeddings summed as input and the "
                 f"{cfg.codebooks} codebook heads shared)")
         use = ("then `method=\"head\"` (a chain of `tree_depth` frames; delay-pattern targets "
@@ -650,7 +651,7 @@ def model_card(target: str, head, rows, trained: dict) -> str:
         branches = (", of the conditional and the unconditional branch," if cfg.uncond_features
                     else "")
         kind = (f"A `mmspec.DraftHead` (EAGLE-3 style: the target's hidden states of layers "
-                f"{list(cfg.feature_layers)}{branches} fused, one decoder layer, the target's "
+                f"{list(cfg.feature_layers)}{branches} fused, {layers}, the target's "
                 "embeddings and output head shared)")
         use = ("then `method=\"head\"` (a tree: `tree_depth`, `tree_branch`, `tree_width`; a "
                "chain: `tree_branch=1, tree_width=1`)")
