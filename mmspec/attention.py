@@ -29,8 +29,9 @@ def _register() -> None:
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     def prefix_sdpa(module, query, key, value, attention_mask, **kwargs):
-        if (isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4
-                and attention_mask.shape[-1] < key.shape[2]):
+        if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4:
+            # no comparison with the cache's length: one trace for every width (a mask as
+            # wide as the keys slices nothing)
             width = attention_mask.shape[-1]
             key, value = key[:, :, :width], value[:, :, :width]
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)

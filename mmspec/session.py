@@ -247,12 +247,13 @@ class CausalLMSession(Session):
                        and guidance_scale is None)
         self._cache_arg = cache_argument(self.net)
         # Prefix attention (mmspec.attention) for SDPA models on a static cache; not under
-        # "inductor" (its fused steps would be compiled again for every width) nor
-        # "regional" (switching the attention function would trace every layer again).
+        # "inductor" (its fused steps would be compiled again for every width). Under
+        # "regional" every pass runs the prefix function (full width included), so the
+        # layers' one trace serves every width (the mask's width is a dynamic size).
         # The decoder's attention decides (a VLM's vision tower may differ; it gets no 4-D mask).
         self._sdpa_configs = sdpa_configs(self.net) if static_len is not None else []
         text_sdpa = any(c is _decoder_config(self.net) for c in self._sdpa_configs)
-        self._bucketed = text_sdpa and compile in (False, "graphs")
+        self._bucketed = text_sdpa and compile in (False, "graphs", "regional")
         # 4-D masks are bool for SDPA; other attention (eager) adds them to its scores.
         self._additive = None if text_sdpa else next(model.parameters()).dtype
         self.cache = None
@@ -450,7 +451,8 @@ class CausalLMSession(Session):
         mask, pos = self.seq.advance(valid, width, self._additive, tree)
         if self.compile == "regional":
             regions.dynamic_length(self.cache, mask)
-        with prefix(self._sdpa_configs if width < self.static_len else []):
+        narrow = width < self.static_len or self.compile == "regional"
+        with prefix(self._sdpa_configs if narrow else []):
             out = fn(**inputs, **{self._cache_arg: self.cache}, attention_mask=mask,
                      position_ids=self.position_ids(pos, prompt), use_cache=True,
                      **self._extra, **model_kwargs)

@@ -616,6 +616,42 @@ def test_regional_layers_compile_once_for_every_cache_length(pair):
     torch._dynamo.reset()
 
 
+def test_regional_prefix_attention_traces_once_for_every_width(pair):
+    """Steps under prefix attention (``mmspec.attention.prefix``, as ``compile="regional"``
+    runs every pass) with masks narrower than the cache and as wide as it, on caches of three
+    lengths: the layers are traced once and the output head once (torch.compile's eager
+    backend), the logits equal uncompiled ones."""
+    from torch._dynamo.utils import counters
+    from transformers import StaticCache
+
+    from mmspec import regions
+    from mmspec.attention import prefix, sdpa_configs
+
+    target, _ = pair
+    torch._dynamo.reset()
+    counters.clear()
+    ids = torch.tensor([[3, 4, 5, 6, 7]])
+    for slots, width in ((256, 256), (256, 64), (128, 128), (320, 128)):
+        outs = []
+        for fused in (False, True):
+            cache = StaticCache(config=target.config, max_cache_len=slots)
+            with torch.no_grad(), prefix(sdpa_configs(target)):
+                target(input_ids=ids[:, :4], cache=cache, use_cache=True)
+                mask = torch.zeros(1, 1, 1, width, dtype=torch.bool)
+                mask[..., :5] = True
+                step = dict(input_ids=ids[:, 4:], cache=cache, attention_mask=mask,
+                            position_ids=torch.tensor([[4]]), use_cache=True)
+                if fused:
+                    regions.dynamic_length(cache, mask)
+                    with regions.compiled(target, {}, backend="eager"):
+                        outs.append(target(**step).logits)
+                else:
+                    outs.append(target(**step).logits)
+        torch.testing.assert_close(outs[1], outs[0])
+    assert counters["stats"]["unique_graphs"] == 2
+    torch._dynamo.reset()
+
+
 def test_regional_prompt_passes_compile_once_for_every_prompt_length(pair):
     """Prompt passes (``regions.compiled(..., prompt=True)``) of three lengths on caches of
     three lengths (their slots allocated, as a session's reused cache) trace the layers once
