@@ -579,48 +579,14 @@ def test_compile_true_is_the_regional_mode():
         max_new_tokens=128, num_draft_tokens=4, draft_model=True).static_len(128, 1)
 
 
-def test_regional_layers_compile_once_for_every_cache_length(pair):
+@pytest.mark.parametrize("under_prefix", [False, True])
+def test_regional_layers_compile_once_for_every_cache_length(pair, under_prefix):
     """With the cache length and the mask width marked dynamic (``regions.dynamic_length``)
     and each layer given its own view of the cache (``regions.layer_cache``), steps on static
     caches of three lengths trace the layers' code once and the output head once
     (torch.compile's eager backend: the tracing, without code generation); the same logits as
-    uncompiled."""
-    from torch._dynamo.utils import counters
-    from transformers import StaticCache
-
-    from mmspec import regions
-
-    target, _ = pair
-    torch._dynamo.reset()
-    counters.clear()
-    ids = torch.tensor([[3, 4, 5, 6, 7]])
-    for slots in (64, 128, 192):
-        outs = []
-        for fused in (False, True):
-            cache = StaticCache(config=target.config, max_cache_len=slots)
-            with torch.no_grad():
-                target(input_ids=ids[:, :4], cache=cache, use_cache=True)
-                mask = torch.zeros(1, 1, 1, slots, dtype=torch.bool)
-                mask[..., :5] = True
-                step = dict(input_ids=ids[:, 4:], cache=cache, attention_mask=mask,
-                            position_ids=torch.tensor([[4]]), use_cache=True)
-                if fused:
-                    regions.dynamic_length(cache, mask)
-                    with regions.compiled(target, {}, backend="eager"):
-                        outs.append(target(**step).logits)
-                else:
-                    outs.append(target(**step).logits)
-        torch.testing.assert_close(outs[1], outs[0])
-    assert len(target.model.layers) > 1
-    assert counters["stats"]["unique_graphs"] == 2
-    torch._dynamo.reset()
-
-
-def test_regional_prefix_attention_traces_once_for_every_width(pair):
-    """Steps under prefix attention (``mmspec.attention.prefix``, as ``compile="regional"``
-    runs every pass) with masks narrower than the cache and as wide as it, on caches of three
-    lengths: the layers are traced once and the output head once (torch.compile's eager
-    backend), the logits equal uncompiled ones."""
+    uncompiled. Under prefix attention (``mmspec.attention.prefix``, as ``compile="regional"``
+    runs every pass) the same holds for masks narrower than the cache and as wide as it."""
     from torch._dynamo.utils import counters
     from transformers import StaticCache
 
@@ -631,11 +597,13 @@ def test_regional_prefix_attention_traces_once_for_every_width(pair):
     torch._dynamo.reset()
     counters.clear()
     ids = torch.tensor([[3, 4, 5, 6, 7]])
-    for slots, width in ((256, 256), (256, 64), (128, 128), (320, 128)):
+    shapes = ((256, 256), (256, 64), (128, 128), (320, 128)) if under_prefix else \
+        ((64, 64), (128, 128), (192, 192))                          # (slots, mask width)
+    for slots, width in shapes:
         outs = []
         for fused in (False, True):
             cache = StaticCache(config=target.config, max_cache_len=slots)
-            with torch.no_grad(), prefix(sdpa_configs(target)):
+            with torch.no_grad(), prefix(sdpa_configs(target) if under_prefix else []):
                 target(input_ids=ids[:, :4], cache=cache, use_cache=True)
                 mask = torch.zeros(1, 1, 1, width, dtype=torch.bool)
                 mask[..., :5] = True
@@ -648,6 +616,7 @@ def test_regional_prefix_attention_traces_once_for_every_width(pair):
                 else:
                     outs.append(target(**step).logits)
         torch.testing.assert_close(outs[1], outs[0])
+    assert len(target.model.layers) > 1
     assert counters["stats"]["unique_graphs"] == 2
     torch._dynamo.reset()
 
