@@ -406,3 +406,5 @@ def test_a_head_of_several_layers_round_trips_and_gives_plain_greedy(tmp_path):
     out = mmspec.generate(target, input_ids=ids, temperature=0, max_new_tokens=12,
                           drafter=FeatureDrafter(back, depth=3, branch=2, width=2))
     assert torch.equal(out.sequences, plain.sequences)
+    with pytest.raises(ValueError, match=r"num_layers=0: accepted an integer >= 1"):
+        DraftHead.for_target(target, num_layers=0)

@@ -7,8 +7,9 @@ The head drafts token t + 2 from the pair (feature of position t, token t + 1):
                                                               (under guidance, optionally the
                                                               unconditional branch's too)
     e     = fuse(concat(embed(x_{t+1}), f_t))
-    g_t   = decoder(e)                                        one Llama decoder layer, its
-                                                              own cache (causal over pairs)
+    g_t   = decoder(e)                                        Llama decoder layers (one by
+                                                              default), their own cache
+                                                              (causal over pairs)
     q     = softmax(lm_head(g_t))                             the target's output head
 
 With a reduced draft vocabulary (``draft_vocab_size`` = N, EAGLE-3's draft vocabulary) the
@@ -21,8 +22,8 @@ ids are stored).
 Drafting further than one token, the head's own output g_t stands in for the target's
 feature of the next position (the head learns this with a multi-step loss,
 ``recipes.train.draft_head``). ``embed`` and ``lm_head`` are the target's (shared, not
-stored); the head stores ``reduce``, ``fuse`` and its decoder (a one-layer
-``LlamaForCausalLM`` whose embeddings and output head are tied to the target's at
+stored); the head stores ``reduce``, ``fuse`` and its decoder (a ``LlamaForCausalLM`` of
+``num_layers`` layers whose embeddings and output head are tied to the target's at
 ``attach``). Files: ``config.json`` (``HeadConfig``) and ``model.safetensors``.
 
 ``FrameHead`` is the same head over a delay-pattern decoder's frames: the frame's codebook
@@ -99,7 +100,7 @@ class HeadConfig:
     num_layers: int = 1
 
     def llama(self):
-        """The one-layer decoder's ``LlamaConfig``."""
+        """The head decoder's ``LlamaConfig`` (``num_layers`` layers)."""
         from transformers import LlamaConfig
 
         return LlamaConfig(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
@@ -124,6 +125,10 @@ class DraftHead(nn.Module):
         d, n = config.hidden_size, len(config.feature_layers)
         n *= 2 if config.uncond_features else 1         # the unconditional branch's after them
         vd = config.draft_vocab_size
+        if isinstance(config.num_layers, bool) or not isinstance(config.num_layers, int) \
+                or config.num_layers < 1:
+            raise ValueError(f"num_layers={config.num_layers!r}: accepted an integer >= 1 (the "
+                             "head's decoder layers)")
         if vd is not None and not (isinstance(vd, int) and 1 <= vd < config.vocab_size):
             raise ValueError(f"draft_vocab_size={vd!r}: accepted None or an integer in [1, "
                              f"{config.vocab_size - 1}] (fewer ids than the target's "
