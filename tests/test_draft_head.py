@@ -98,6 +98,17 @@ def test_checkpoints_resume_the_optimizer(tmp_path):
     assert step == 4 and len(opt.state) > 0
     assert recipe.checkpoint_seconds(str(tmp_path)) > 100.0      # earlier runs' seconds kept
     assert all(int(s["step"]) == 4 for s in opt.state.values())
+    # a run resumed at step 2 follows the same schedule: it ends at the same learning rate
+    ends = []
+    for start in (0, 2):
+        h = DraftHead.for_target(target)
+        own = [p for n, p in h.named_parameters() if not n.startswith(
+            ("decoder.model.embed_tokens", "decoder.lm_head"))]
+        opt = torch.optim.AdamW(own, lr=1e-3)
+        recipe.train(h, template, batches, argparse.Namespace(**{**vars(args), "save_every": 99}),
+                     Accelerator(cpu=True), start, opt)
+        ends.append(opt.param_groups[0]["lr"])
+    assert ends[0] == ends[1] < 1e-3 * 0.2, ends
 
 
 def test_the_recipe_refuses_bad_input_in_one_line(tmp_path, capsys):
