@@ -210,8 +210,12 @@ class CausalLMSession(Session):
     sampled_chains = True
     # Decode steps: matrix-vector reductions tuned by coordinate descent; on GPUs that have it
     # (Hopper and later), programmatic dependent launch, so each kernel's launch overlaps the
-    # end of the one before (docs/benchmarks.md: a 7B step alone 4.66 -> 4.38 ms, one H200).
-    inductor_options = {"coordinate_descent_tuning": True, "triton.enable_pdl": True}
+    # end of the one before (docs/benchmarks.md: a 7B step alone 4.66 -> 4.38 ms, one H200);
+    # element-wise producers of more than 6 operations that read two or more tensors (an
+    # MLP's silu(gate) * up, an RMSNorm's scaling) stored once, not recomputed by every row
+    # block of the reduction that reads them (a 7B step alone 4.34 -> 3.98 ms, one H200).
+    inductor_options = {"coordinate_descent_tuning": True, "triton.enable_pdl": True,
+                        "realize_opcount_threshold": 6}
     # Prompt passes: matrix products bound by compute, whose kernels tuning gains little.
     prompt_inductor_options: dict = {}
     # Per-row tensors the hooks read during a forward (``position_ids``' rope deltas), repeated
