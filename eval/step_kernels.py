@@ -53,10 +53,27 @@ def _kernel_rows(prof, steps: int, top: int) -> list[dict]:
     return [dict(name=n[:120], per_step=c / steps, us=t / c) for n, (c, t) in ranked]
 
 
+def _step(session, cuda: bool, token, none):
+    """One step, rolled back: the captured width-1 graph replayed (CUDA), else the eager
+    step and its commit."""
+    from mmspec.cache import crop
+
+    if cuda:
+        (graph, _, _), = session._static.graphs.values()
+
+        def step():
+            graph.replay()
+            crop(session.cache, 1)
+    else:
+        def step():
+            session.step(token)
+            session.commit(0, none)
+    return step
+
+
 def measure(shape: str, device: str, setting: dict, top: int) -> dict:
     """One compilation of ``setting``: the step's time and its kernels, in this process."""
     import mmspec
-    from mmspec.cache import crop
     from mmspec.session import CausalLMSession
 
     from .bench_gpu import build, sync
@@ -77,16 +94,7 @@ def measure(shape: str, device: str, setting: dict, top: int) -> dict:
         s.commit(0, none)                                   # captured, rolled back
         sync(dev)
         capture_s = time.perf_counter() - t0
-        if cuda:
-            (graph, _, _), = s._static.graphs.values()
-
-            def step():
-                graph.replay()
-                crop(s.cache, 1)
-        else:
-            def step():
-                s.step(prompt[:, :1])
-                s.commit(0, none)
+        step = _step(s, cuda, prompt[:, :1], none)
         for _ in range(20 if cuda else 2):
             step()
         sync(dev)
@@ -97,8 +105,8 @@ def measure(shape: str, device: str, setting: dict, top: int) -> dict:
         sync(dev)
         replay_ms = (time.perf_counter() - t0) / reps * 1e3
         steps = 10 if cuda else 2
-        activity = torch.profiler.ProfilerActivity.CUDA if cuda else torch.profiler.ProfilerActivity.CPU
-        with torch.profiler.profile(activities=[activity]) as prof:
+        kinds = torch.profiler.ProfilerActivity
+        with torch.profiler.profile(activities=[kinds.CUDA if cuda else kinds.CPU]) as prof:
             for _ in range(steps):
                 step()
             sync(dev)
