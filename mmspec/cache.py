@@ -110,19 +110,33 @@ def recurrent_layers(cache) -> list:
 def repeated_rows(cache, rows: int, repeats: int):
     """For the body of the ``with``: the cache's rows each repeated ``repeats`` times (row r
     -> rows r * repeats .. r * repeats + repeats - 1; ``Cache.reorder_cache``, as beam search
-    does); after it every layer holds its own tensors again, so what the body fed is gone."""
+    does); after it every layer holds its own tensors again, so what the body fed is gone.
+
+    A static cache's slots are repeated even where none is written yet (a reused cache at
+    length 0, which ``reorder_cache`` skips), and the tensors the body updates in place
+    (a static layer's ``cumulative_length``) get their values back."""
     layers = getattr(cache, "self_attention_cache", cache).layers
     saved = [{k: dict(v) if isinstance(v, dict) else v for k, v in vars(layer).items()}
              for layer in layers]
     device = next((t.device for layer in layers for t in _tensors(layer)), None)
     if device is not None:                  # an empty cache makes its rows in the body
-        cache.reorder_cache(torch.arange(rows, device=device).repeat_interleave(repeats))
+        index = torch.arange(rows, device=device).repeat_interleave(repeats)
+        cache.reorder_cache(index)
+        for layer in layers:
+            for name in ("keys", "values"):
+                t = getattr(layer, name, None)
+                if isinstance(t, torch.Tensor) and t.dim() == 4 and t.shape[0] == rows:
+                    setattr(layer, name, t.index_select(0, index))
+    kept = [(t, t.clone()) for layer, attrs in zip(layers, saved)
+            for k, t in vars(layer).items() if isinstance(t, torch.Tensor) and attrs[k] is t]
     try:
         yield
     finally:
         for layer, attrs in zip(layers, saved):
             vars(layer).clear()
             vars(layer).update(attrs)
+        for t, value in kept:
+            t.copy_(value)
 
 
 def _tensors(layer):
@@ -335,6 +349,14 @@ class StaticSequenceMask:
         self.next_pos.sub_(self.buf[:, self.length - remove:self.length].sum(1))
         self.dev_len.sub_(remove)
         self.length -= remove
+
+    def repeat_rows(self, repeats: int) -> "StaticSequenceMask":
+        """A copy with every row repeated ``repeats`` times (as ``repeated_rows``), in buffers
+        of its own: advancing it leaves this mask as it was."""
+        out = StaticSequenceMask(self.buf.repeat_interleave(repeats, 0), self.dev_len.clone(),
+                                 self.next_pos.repeat_interleave(repeats, 0))
+        out.length = self.length
+        return out
 
     def invalidate_tail(self, n: int, keep_valid: torch.Tensor) -> None:
         tail = self.buf[:, self.length - n:self.length]

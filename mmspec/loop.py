@@ -186,7 +186,7 @@ def check_trees(target: Session, drafter: Drafter, rule: Rule) -> None:
     if not target.tree_verify:
         raise ValueError(f"{type(drafter).__name__} drafts trees: accepted a target session "
                          f"that takes tree steps ({type(target).__name__} does not: "
-                         "sliding-window layers, recurrent layers on a static cache, or "
+                         "sliding-window layers, recurrent layers under guidance, or "
                          "positions that follow the cache length); use a chain method")
     if not rule.trees:
         raise ValueError(f"rule {rule.name!r} does not verify draft trees: accepted 'exact', "

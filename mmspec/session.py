@@ -246,9 +246,9 @@ class CausalLMSession(Session):
         # reads every slot fed before it, sliding windows keep their own slots.
         sliding = any(getattr(layer, "is_sliding", False) for layer in getattr(probe, "layers", []))
         self.trees = not self.recurrent and not sliding
-        # A recurrent model on a dynamic cache verifies a tree as its paths (``_paths_step``).
-        self._paths = (self.recurrent and not sliding and static_len is None
-                       and guidance_scale is None)
+        # A recurrent model verifies a tree as its paths (``_paths_step``).
+        self._paths = self.recurrent and not sliding and guidance_scale is None
+        self._uncaptured = False        # a step fed eagerly on a static cache (its paths)
         self._cache_arg = cache_argument(self.net)
         # Prefix attention (mmspec.attention) for SDPA models on a static cache; not under
         # "inductor" (its fused steps would be compiled again for every width). Under
@@ -274,8 +274,8 @@ class CausalLMSession(Session):
 
     @property
     def tree_verify(self) -> bool:
-        """``Session.tree_verify``: with ``trees``, or recurrent layers on a dynamic cache (the
-        tree fed as its paths, ``_paths_step``)."""
+        """``Session.tree_verify``: with ``trees``, or recurrent layers (the tree fed as its
+        paths, ``_paths_step``)."""
         return self.trees or self._paths
 
     @property
@@ -318,7 +318,7 @@ class CausalLMSession(Session):
         """``value`` in a buffer that outlives the call with the static cache (a captured step
         reads it at a fixed address; later calls copy theirs in); ``value`` itself on a
         dynamic cache. Call after ``prefill`` has made the cache."""
-        if self._static is None:
+        if self._static is None or self._uncaptured:
             return value
         # one shape per static cache (its key holds the rows): copy_ refuses any other
         return self._static.buffers.setdefault(name, torch.empty_like(value)).copy_(value)
@@ -432,7 +432,7 @@ class CausalLMSession(Session):
             # Attention over the slots in use (a bucket), where the model's attention allows.
             width = (bucket(self.seq.length + n, self.static_len) if self._bucketed
                      else self.static_len)
-            if self.compile and not prompt:
+            if self.compile and not prompt and not self._uncaptured:
                 out, pos = self._replay(inputs, valid, width, tree)
             else:
                 with self._prompt_regions(n if prompt else 0):
@@ -577,7 +577,9 @@ class CausalLMSession(Session):
         """A recurrent model's tree step (``tree_verify``): each row's root-to-leaf paths fed
         as rows of their own, each a chain from the committed state, on the cache's rows
         repeated (``repeated_rows``); node i's outputs are those of the first path through it,
-        at its depth. The cache is left as it was: ``commit`` feeds the kept path."""
+        at its depth. The cache is left as it was: ``commit`` feeds the kept path. On a
+        static cache the step runs uncaptured (its rows and the repeated cache's tensors are
+        its own); the commit's forward is captured as any step."""
         if self._since_commit:
             raise ValueError("a recurrent session takes one tree step after a commit (a "
                              "target's verification): accepted a chain")
@@ -593,14 +595,14 @@ class CausalLMSession(Session):
         self._snapshot = StateSnapshot.take(self._recurrent)
         self._fed, self._fed_first, self._tree_fed = [(tokens, valid)], self._first, True
         seq, saved = self.seq, {k: getattr(self, k) for k in self.row_buffers}
-        self.seq = seq.repeat_rows(paths)
+        self.seq, self._uncaptured = seq.repeat_rows(paths), True
         for k, v in saved.items():
             setattr(self, k, v.repeat_interleave(paths, 0))
         try:
             with repeated_rows(self.cache, b, paths):
                 out, pos = self._forward(fed, fed_valid)
         finally:
-            self.seq = seq
+            self.seq, self._uncaptured = seq, False
             for k, v in saved.items():
                 setattr(self, k, v)
         row = torch.arange(b, device=tokens.device)[:, None] * paths + first

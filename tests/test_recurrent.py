@@ -45,6 +45,12 @@ def _states(session):
             for layer in recurrent_layers(session.cache)]
 
 
+def _lengths(session):
+    """A static cache's attention layers' lengths (what their ``update`` moves in place)."""
+    return [int(layer.cumulative_length) for layer in session.cache.layers
+            if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
+
+
 def _session(model, static):
     return CausalLMSession(model, SamplingParams(temperature=0),
                            static_len=64 if static else None)
@@ -151,12 +157,14 @@ def test_a_recurrent_draft_holds_exactly_the_tokens_its_rows_kept():
             torch.testing.assert_close(rec[row], rec_ref[row], rtol=1e-5, atol=1e-6)
 
 
-# -- draft trees: verified as their paths on a dynamic cache --------------------------------
+# -- draft trees: verified as their paths, on dynamic and static caches ------------------
 
-def test_a_tree_step_gives_each_node_its_paths_outputs_and_commits_a_path():
+@pytest.mark.parametrize("static", [False, True])
+def test_a_tree_step_gives_each_node_its_paths_outputs_and_commits_a_path(static):
     """Every node's distribution and features equal those of feeding its path as a chain;
-    the cache is untouched by the tree; after a commit of a path per row (ragged), the states
-    and the next step equal a session that was fed the paths alone."""
+    the cache is untouched by the tree (a static cache's lengths included); after a commit
+    of a path per row (ragged), the states and the next step equal a session that was fed
+    the paths alone."""
     from mmspec.tree import Tree
     from test_tree import path_to
 
@@ -165,17 +173,18 @@ def test_a_tree_step_gives_each_node_its_paths_outputs_and_commits_a_path():
     tree = Tree.from_parents((0, 0, 1, 1, 2, 4), batch=3)         # depths up to 4, 4 leaves
     nodes = torch.randint(3, 48, (3, 7), generator=torch.Generator().manual_seed(4))
     nodes[:, 0] = ids[:, -1]
-    sess = _session(model, False)
-    assert sess.tree_verify and not sess.trees and not _session(model, True).tree_verify
+    sess = _session(model, static)
+    assert sess.tree_verify and not sess.trees
     sess.keep_features((1, 4))
     sess.prefill(ids, mask)
-    before = _states(sess)
+    before, lengths = _states(sess), _lengths(sess)
     p = sess.step(nodes, tree=tree)
     feats = sess.features
     assert all(torch.equal(a, b) for x, y in zip(before, _states(sess)) for a, b in zip(x, y))
+    assert _lengths(sess) == lengths and (len(lengths) > 0) == static
     for node in range(7):
         chain = path_to(tree, node)
-        ref = _session(model, False)
+        ref = _session(model, static)
         ref.keep_features((1, 4))
         ref.prefill(ids, mask)
         torch.testing.assert_close(p[:, node], ref.step(nodes[:, chain])[:, -1],
@@ -191,7 +200,7 @@ def test_a_tree_step_gives_each_node_its_paths_outputs_and_commits_a_path():
     nxt = torch.tensor([[9], [10], [11]])
     got_states, got = _states(sess), sess.step(nxt)
     for row, m in enumerate(valid.sum(1).tolist()):
-        ref = _fed_alone(model, False, ids, mask, nodes.gather(1, path)[:, :m])
+        ref = _fed_alone(model, static, ids, mask, nodes.gather(1, path)[:, :m])
         for (conv, rec), (conv_ref, rec_ref) in zip(got_states, _states(ref)):
             torch.testing.assert_close(conv[row], conv_ref[row], rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(rec[row], rec_ref[row], rtol=1e-5, atol=1e-6)
@@ -201,8 +210,8 @@ def test_a_tree_step_gives_each_node_its_paths_outputs_and_commits_a_path():
 @pytest.mark.parametrize("shape", [dict(depth=3, branch=2, width=2),
                                    dict(depth=4, branch=3, width=2, nodes=6)])
 def test_a_draft_heads_trees_give_plain_greedy_on_a_recurrent_target(shape):
-    """A head's trees on a Qwen3.5 target (dynamic cache: trees; static: the head drafts
-    chains, and a tree's shape is refused): plain greedy's tokens, with drafts accepted."""
+    """A head's trees on a Qwen3.5 target, on dynamic and static caches (trees verified as
+    their paths): plain greedy's tokens, with drafts accepted."""
     from mmspec.drafters import DraftHead, FeatureDrafter
 
     target = tiny_qwen35(vocab=8)
@@ -213,17 +222,17 @@ def test_a_draft_heads_trees_give_plain_greedy_on_a_recurrent_target(shape):
     torch.manual_seed(5)
     head = DraftHead.for_target(target)
     for static in (False, True):
-        drafter = FeatureDrafter(head, **(dict(depth=shape["depth"]) if static else shape))
+        drafter = FeatureDrafter(head, **shape)
         out = mmspec.generate(target, input_ids=ids, drafter=drafter, static_cache=static, **kw)
         assert out.sequences.tolist() == plain.sequences.tolist(), static
-        assert drafter.trees != static and out.stats.accepted > 0, static
-    with pytest.raises(ValueError, match="recurrent layers on a static cache"):
-        mmspec.generate(target, input_ids=ids, drafter=FeatureDrafter(head, **shape),
-                        static_cache=True, **kw)
+        assert drafter.trees and out.stats.accepted > 0, static
     one = ids[:, -1:]                    # one-token prompts: the first tree meets an empty cache
     kw["attention_mask"] = torch.ones_like(one)
-    out = mmspec.generate(target, input_ids=one, drafter=FeatureDrafter(head, **shape), **kw)
-    assert out.sequences.tolist() == mmspec.generate(target, None, one, **kw).sequences.tolist()
+    expected = mmspec.generate(target, None, one, **kw).sequences.tolist()
+    for static in (False, True, True):   # the second static call reuses the first one's cache
+        out = mmspec.generate(target, input_ids=one, drafter=FeatureDrafter(head, **shape),
+                              static_cache=static, **kw)
+        assert out.sequences.tolist() == expected, static
 
 
 @pytest.mark.parametrize("broken", [False, True])

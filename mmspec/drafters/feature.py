@@ -52,9 +52,10 @@ class FeatureDrafter(TreeDrafter):
     depth, branch, width, nodes: the tree (``TreeDrafter``; branch None: 2, width None: 4);
             ``branch = width = 1`` drafts a chain of ``depth`` tokens.
 
-    A target that takes no tree steps (recurrent layers, as Qwen3.5's linear attention, or
-    sliding windows) gets a chain of ``depth`` tokens, verified as a chain (``trees`` is then
-    False): branch and width left out (or 1), no ``nodes``.
+    A target that verifies no trees (sliding windows; recurrent layers under guidance)
+    gets a chain of ``depth`` tokens, verified as a chain (``trees`` is then False): branch
+    and width left out (or 1), no ``nodes``. Recurrent targets (Qwen3.5's linear attention)
+    verify trees as their paths (``CausalLMSession.tree_verify``).
     """
 
     needs_model = False
@@ -108,7 +109,7 @@ class FeatureDrafter(TreeDrafter):
     def _as_chain(self, target: Session) -> None:
         """Draft chains for a target without tree steps (refused with a tree's parameters)."""
         check_chain(self._asked, f"{type(target).__name__} takes no tree steps (sliding-window "
-                                 "layers, or recurrent layers on a static cache), so the head "
+                                 "layers, or recurrent layers under guidance), so the head "
                                  "drafts a chain")
         self.branch = self.width = 1
         self.num_tokens = self.depth
