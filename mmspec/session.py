@@ -213,7 +213,8 @@ class CausalLMSession(Session):
     # end of the one before (docs/benchmarks.md: a 7B step alone 4.66 -> 4.38 ms, one H200);
     # element-wise producers of more than 6 operations that read two or more tensors (an
     # MLP's silu(gate) * up, an RMSNorm's scaling) stored once, not recomputed by every row
-    # block of the reduction that reads them (a 7B step alone 4.34 -> 3.98 ms, one H200).
+    # block of the reduction that reads them (a 7B step alone, median of fresh compilations
+    # on one H200: 4.54 -> 3.99 ms).
     inductor_options = {"coordinate_descent_tuning": True, "triton.enable_pdl": True,
                         "realize_opcount_threshold": 6}
     # Prompt passes: matrix products bound by compute, whose kernels tuning gains little.
