@@ -209,13 +209,12 @@ def test_a_reduced_draft_vocabulary_drafts_only_its_ids_and_trains(tmp_path):
         head.set_draft_ids(torch.tensor([1, 1, 2, 3, 4, 5, 6, 7]))
 
 
-# -- heads on targets without tree steps: chains ---------------------------------------------
+# -- heads on recurrent targets (trees as paths) and on targets without tree steps (chains) --
 
-def test_a_head_drafts_trees_or_chains_on_a_recurrent_target():
-    """Qwen3.5 (linear attention layers): on a dynamic cache the head's trees are verified as
-    their paths (``trees`` stays True); on a static cache it drafts a chain of ``depth``
-    tokens (``trees`` False after attach); speculative greedy == plain greedy on ragged rows;
-    a tree's parameters on a static cache are refused in one message."""
+def test_a_heads_trees_on_a_recurrent_vlm_give_plain_greedy_on_both_caches():
+    """Qwen3.5 (linear attention layers, M-RoPE): on dynamic and static caches the head's
+    trees are verified as their paths (``trees`` stays True, its shape kept); speculative
+    greedy == plain greedy on ragged rows."""
     from tiny_vlm import tiny_qwen_vl
 
     target = tiny_qwen_vl("qwen3.5")
@@ -227,14 +226,28 @@ def test_a_head_drafts_trees_or_chains_on_a_recurrent_target():
         plain = mmspec.generate(target, None, ids, static_cache=static, **kw)
         drafter = FeatureDrafter(head, depth=3)
         out = mmspec.generate(target, None, ids, static_cache=static, drafter=drafter, **kw)
-        assert drafter.trees != static
-        assert (drafter.branch, drafter.width) == ((1, 1) if static else (2, 4))
-        assert torch.equal(out.sequences, plain.sequences)
+        assert drafter.trees and (drafter.branch, drafter.width) == (2, 4), static
+        assert torch.equal(out.sequences, plain.sequences), static
+
+
+def _sliding_target(vocab: int = 12):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                        sliding_window=64, max_position_embeddings=256)
+    return MistralForCausalLM(cfg).eval()
+
+
+def test_a_trees_parameters_on_a_target_without_tree_steps_are_refused_in_one_message():
+    target = _sliding_target()
+    head = DraftHead.for_target(target)
     with pytest.raises(ValueError, match="tree_branch=2: CausalLMSession takes no tree steps "
-                                         r"\(sliding-window layers, or recurrent layers on a "
-                                         r"static cache\), so the head drafts a chain"):
-        mmspec.generate(target, None, ids, drafter=FeatureDrafter(head, depth=3, branch=2),
-                        static_cache=True, **kw)
+                                         r"\(sliding-window layers, or recurrent layers under "
+                                         r"guidance\), so the head drafts a chain"):
+        mmspec.generate(target, None, torch.tensor([[5, 6, 7, 8]]), temperature=0,
+                        max_new_tokens=2, drafter=FeatureDrafter(head, depth=3, branch=2))
 
 
 def test_a_chain_head_samples_the_target_distribution():
@@ -242,18 +255,13 @@ def test_a_chain_head_samples_the_target_distribution():
     the head's chains give the target's joint distribution of the first two tokens
     (enumerated in float64): TV under its sampling bound, chi-square not rejected."""
     import numpy as np
-    from transformers import MistralConfig, MistralForCausalLM
 
     from stats_util import chi_square_pvalue, tv, tv_threshold
 
-    torch.manual_seed(0)
-    cfg = MistralConfig(vocab_size=12, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=2, num_key_value_heads=2, sliding_window=64,
-                        max_position_embeddings=256)
-    target = MistralForCausalLM(cfg).eval()
+    target = _sliding_target()
     torch.manual_seed(5)
     drafter = FeatureDrafter(DraftHead.for_target(target), depth=2)
-    v, prompt, n = cfg.vocab_size, torch.tensor([[5, 6, 7, 8]]), 20_000
+    v, prompt, n = target.config.vocab_size, torch.tensor([[5, 6, 7, 8]]), 20_000
     with torch.no_grad():
         p1 = target(input_ids=prompt).logits[0, -1].double().softmax(-1)
         both = torch.cat([prompt.expand(v, -1), torch.arange(v)[:, None]], 1)
