@@ -51,12 +51,15 @@ from .bench_gpu import COMPILE, SHAPES, build, prefill_cost, set_eps, step_cost,
 from recipes.cli import COUNT, Names, Parser, describe, run
 
 
-def _graph(session):
+def step_graph(session):
+    """The CUDA graph of a session's one captured step (``warm_session``)."""
     (graph, _, _), = session._static.graphs.values()
     return graph
 
 
-def _session(model, dev, cap, prompt, width):
+def warm_session(model, dev, cap, prompt, width):
+    """A greedy session on a 512-slot static cache, ``prompt`` fed and one step of ``width``
+    taken and rolled back (captured under ``cap``)."""
     s = CausalLMSession(model, mmspec.SamplingParams(temperature=0), static_len=512, compile=cap)
     s.prefill(prompt, torch.ones_like(prompt))
     s.step(prompt[:, :width])
@@ -101,14 +104,14 @@ def profile_mode(target, draft, dev, mode: str, k: int = 4, new_tokens: int = 12
     try:
         with torch.inference_mode():
             t0 = time.perf_counter()
-            s = _session(target, dev, cap, prompt, 1)
+            s = warm_session(target, dev, cap, prompt, 1)
             sync(dev)
             r["capture_s"] = time.perf_counter() - t0     # compilation and capture, width 1
             tok = prompt[:, :1]
             if cap:
                 for name, model, sess in (("", target, s), ("draft_", draft, None)):
-                    sess = sess or _session(model, dev, cap, prompt, 1)
-                    graph, host = _graph(sess), []
+                    sess = sess or warm_session(model, dev, cap, prompt, 1)
+                    graph, host = step_graph(sess), []
                     for _ in range(reps):
                         sync(dev)
                         t0 = time.perf_counter()
@@ -116,7 +119,7 @@ def profile_mode(target, draft, dev, mode: str, k: int = 4, new_tokens: int = 12
                         host.append(time.perf_counter() - t0)
                         crop(sess.cache, 1)
                     r[f"{name}launch_us"] = 1e6 * sorted(host)[reps // 2]
-                graph = _graph(s)
+                graph = step_graph(s)
                 sync(dev)
                 t0 = time.perf_counter()
                 for _ in range(reps):

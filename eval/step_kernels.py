@@ -58,8 +58,10 @@ def _step(session, cuda: bool, token, none):
     step and its commit."""
     from mmspec.cache import crop
 
+    from .profile_gpu import step_graph
+
     if cuda:
-        (graph, _, _), = session._static.graphs.values()
+        graph = step_graph(session)
 
         def step():
             graph.replay()
@@ -73,10 +75,10 @@ def _step(session, cuda: bool, token, none):
 
 def measure(shape: str, device: str, setting: dict, top: int) -> dict:
     """One compilation of ``setting``: the step's time and its kernels, in this process."""
-    import mmspec
     from mmspec.session import CausalLMSession
 
     from .bench_gpu import build, sync
+    from .profile_gpu import warm_session
 
     dev = torch.device(device)
     cuda = dev.type == "cuda"
@@ -84,14 +86,10 @@ def measure(shape: str, device: str, setting: dict, top: int) -> dict:
     target, _, _ = build(shape, dev, torch.bfloat16 if cuda else torch.float32)
     prompt = torch.randint(2, target.config.vocab_size, (1, 128), device=dev,
                            generator=torch.Generator(device=dev).manual_seed(0))
-    s = CausalLMSession(target, mmspec.SamplingParams(temperature=0), static_len=512,
-                        compile=cuda)
     none = torch.ones(1, 0, dtype=torch.bool, device=dev)
     with torch.inference_mode():
         t0 = time.perf_counter()
-        s.prefill(prompt, torch.ones_like(prompt))
-        s.step(prompt[:, :1])
-        s.commit(0, none)                                   # captured, rolled back
+        s = warm_session(target, dev, cuda, prompt, 1)    # captured, rolled back
         sync(dev)
         capture_s = time.perf_counter() - t0
         step = _step(s, cuda, prompt[:, :1], none)
