@@ -785,12 +785,8 @@ def fit(source: Source, args, accelerator, clock: Clock | None = None):
     if (source.frames or source.depth) and args.draft_vocab is not None:
         raise ValueError(f"--draft-vocab {args.draft_vocab}: a frame head drafts over the "
                          "codebooks' whole vocabulary: accepted with token targets only")
-    kw = {} if args.draft_vocab is None else dict(draft_vocab_size=args.draft_vocab)
-    if args.uncond_features:
-        kw.update(uncond_features=True)
-    if args.head_layers != 1:
-        kw.update(num_layers=args.head_layers)
-    head = head_for_target(source.model, args.feature_layers, **kw)
+    head = head_for_target(source.model, args.feature_layers, draft_vocab_size=args.draft_vocab,
+                           uncond_features=args.uncond_features, num_layers=args.head_layers)
     head.config.target = args.target
     os.makedirs(args.out, exist_ok=True)
     data = os.path.join(args.out, "data.safetensors")
