@@ -7,14 +7,18 @@ generate.py sets inductor flags when imported). DIR is a checkout of pytorch-lab
 that the user fetched (nothing of it is part of mmspec); at 32971d3 its batch-1 speculative
 path needs the three one-line fixes listed in docs/benchmarks.md.
 
-The shape and the draft are ``eval.bench_gpu``'s: gpt-fast's ``Transformer`` at its "7B"
-config (32 layers, hidden 4096, vocabulary 32000) with random bf16 weights, the draft its
-first two layers (shared embeddings, norm and head), the target's layers >= 2 writing into
-the residual stream scaled by eps. Both are compiled as gpt-fast's own ``main`` does
-(``decode_one_token`` and ``model_forward`` with mode "reduce-overhead", fullgraph). Greedy,
-batch 1, a 128-token prompt, 128 new tokens; prints JSON lines: ms per generated token of the
-whole call (the prompt pass included, as ``bench_gpu``'s ``ms_per_token``), tokens per step,
-and the first call's seconds (compilation and capture).
+The model, the draft and the prompt are ``eval.bench_gpu``'s: its 7B Llama (random bf16
+weights, seed 0) is built and its weights moved into gpt-fast's ``Transformer`` at the "7B"
+config (32 layers, hidden 4096, vocabulary 32000; the query and key rows reordered from
+transformers' half-split rotary layout to gpt-fast's interleaved one, ``interleaved_rows``),
+so both sides compute the same function on the same 128 prompt ids and their greedy drafts
+are accepted alike. The draft is the first two layers (embeddings, norm and head shared),
+the target's layers >= 2 writing into the residual stream scaled by eps. Both are compiled as
+gpt-fast's own ``main`` does (``decode_one_token`` and ``model_forward`` with mode
+"reduce-overhead", fullgraph). Greedy, batch 1, a 128-token prompt, 128 new tokens; prints
+JSON lines: ms per generated token of the whole call (the prompt pass included, as
+``bench_gpu``'s ``ms_per_token``), tokens per step, and the first call's seconds
+(compilation and capture).
 """
 
 from __future__ import annotations
@@ -39,19 +43,54 @@ def load(folder: str):
     return generate, Transformer, ModelArgs
 
 
+def interleaved_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """A query or key projection's weight [heads * head_dim, dim] with each head's rows
+    reordered from the half-split rotary layout (transformers' ``rotate_half``: pairs (i,
+    i + head_dim / 2)) to the interleaved one (gpt-fast's: pairs (2i, 2i + 1))."""
+    out, dim = w.shape
+    return w.view(heads, 2, out // heads // 2, dim).transpose(1, 2).reshape(out, dim)
+
+
+def gptfast_state(hf) -> dict:
+    """gpt-fast's ``Transformer`` state dict holding a transformers Llama's weights (shared,
+    but the fused q/k/v ones)."""
+    c, m = hf.config, hf.model
+    state = {"tok_embeddings.weight": m.embed_tokens.weight, "norm.weight": m.norm.weight,
+             "output.weight": hf.lm_head.weight}
+    for i, layer in enumerate(m.layers):
+        a, f, pre = layer.self_attn, layer.mlp, f"layers.{i}."
+        state |= {
+            pre + "attention.wqkv.weight": torch.cat([
+                interleaved_rows(a.q_proj.weight, c.num_attention_heads),
+                interleaved_rows(a.k_proj.weight, c.num_key_value_heads), a.v_proj.weight]),
+            pre + "attention.wo.weight": a.o_proj.weight,
+            pre + "feed_forward.w1.weight": f.gate_proj.weight,
+            pre + "feed_forward.w3.weight": f.up_proj.weight,
+            pre + "feed_forward.w2.weight": f.down_proj.weight,
+            pre + "attention_norm.weight": layer.input_layernorm.weight,
+            pre + "ffn_norm.weight": layer.post_attention_layernorm.weight}
+    return {k: v.detach() for k, v in state.items()}
+
+
 def build(Transformer, ModelArgs, dev):
-    """The target, its first-two-layers draft and the target's later layers' write weights."""
-    torch.manual_seed(0)
+    """The target (``eval.bench_gpu``'s 7B weights), its first-two-layers draft and the
+    target's later layers' write weights."""
+    from .bench_gpu import build as build_hf
+
+    hf, _, _ = build_hf("7b", torch.device(dev), torch.bfloat16)
     args = ModelArgs.from_name("7B")
+    args = ModelArgs(**{**vars(args), "norm_eps": hf.config.rms_norm_eps})
+    with torch.device("meta"):
+        target = Transformer(args)
+    target.load_state_dict(gptfast_state(hf), assign=True)
+    del hf
     with torch.device(dev):
-        target = Transformer(args).to(torch.bfloat16).eval()
-        draft = Transformer(ModelArgs(**{**vars(args), "n_layer": 2})).to(torch.bfloat16).eval()
-    with torch.no_grad():
-        for name, p in target.named_parameters():
-            p.fill_(1.0) if name.endswith("norm.weight") else p.normal_(0.0, 0.02)
-        draft.tok_embeddings, draft.norm, draft.output = target.tok_embeddings, target.norm, target.output
-        for mine, theirs in zip(draft.layers, target.layers):
-            mine.load_state_dict(theirs.state_dict())
+        draft = Transformer(ModelArgs(**{**vars(args), "n_layer": 2})).to(torch.bfloat16)
+    draft.tok_embeddings, draft.norm = target.tok_embeddings, target.norm
+    draft.output = target.output
+    for mine, theirs in zip(draft.layers, target.layers):   # copies: each keeps its own cache
+        mine.load_state_dict(theirs.state_dict())
+    target.eval(), draft.eval()
     writes = [(layer.attention.wo.weight, layer.feed_forward.w2.weight) for layer in target.layers[2:]]
     originals = [(wo.detach().clone(), w2.detach().clone()) for wo, w2 in writes]
     return target, draft, writes, originals
@@ -91,8 +130,9 @@ def main(argv=None) -> None:
     target, draft, writes, originals = build(Transformer, ModelArgs, dev)
     G.decode_one_token = torch.compile(G.decode_one_token, mode="reduce-overhead", fullgraph=True)
     G.model_forward = torch.compile(G.model_forward, mode="reduce-overhead", fullgraph=True)
-    prompt = torch.randint(0, 32000, (args.prompt,), device=dev, dtype=torch.int,
-                           generator=torch.Generator(device=dev).manual_seed(1))
+    # bench_gpu's prompt at batch 1
+    prompt = torch.randint(2, 32000, (1, args.prompt), device=dev,
+                           generator=torch.Generator(device=dev).manual_seed(1))[0].int()
     n = args.new_tokens
     for i, eps in enumerate(float(e) for e in args.eps.split(",")):
         set_eps(writes, originals, eps)
