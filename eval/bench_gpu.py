@@ -61,8 +61,18 @@ SHAPES = {
     # Llasa-1B (single-codebook speech): Llama 1B with 128,264 text and 65,536 codec ids.
     "llasa-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                      num_attention_heads=32, num_key_value_heads=8, vocab_size=193800),
+    # Qwen3.5-9B's text decoder: three in four layers Gated DeltaNet linear attention
+    # (transformers' defaults for their sizes); its draft the first four layers, up to the
+    # first full-attention one.
+    "qwen3.5-9b": dict(model="qwen3_5_text", draft_layers=4, hidden_size=4096,
+                       intermediate_size=12288, num_hidden_layers=32, num_attention_heads=16,
+                       num_key_value_heads=4, head_dim=256, vocab_size=248320),
     "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                num_attention_heads=32, num_key_value_heads=4, vocab_size=32000),
+    "tiny-qwen3.5": dict(model="qwen3_5_text", hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=16, linear_num_key_heads=2, linear_num_value_heads=2,
+                         linear_key_head_dim=8, linear_value_head_dim=8, vocab_size=512),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                  num_attention_heads=4, num_key_value_heads=4, vocab_size=512),
 }
@@ -109,20 +119,37 @@ def copy_bandwidth(dev) -> float:
 
 
 def build(shape: str, dev, dtype):
-    cfg = LlamaConfig(**SHAPES[shape], max_position_embeddings=4096, pad_token_id=0,
-                      bos_token_id=1, eos_token_id=None, tie_word_embeddings=False)
+    """(target, draft, its later layers' writes) of a ``SHAPES`` entry: random weights (seed
+    0), the draft the target's first layers (``draft_layers``, 2 unless given)."""
+    spec = dict(SHAPES[shape])
+    n, kind = spec.pop("draft_layers", 2), spec.pop("model", "llama")
+    config_class, model_class = _classes(kind)
+    cfg = config_class(**spec, max_position_embeddings=4096, pad_token_id=0,
+                       bos_token_id=1, eos_token_id=None, tie_word_embeddings=False)
     torch.manual_seed(0)
     with torch.device(dev):
-        target = LlamaForCausalLM(cfg).to(dtype).eval()
-    draft = first_layers(target.model, target.lm_head)
-    return target, draft, residual_writes(target.model.layers[2:])
+        target = model_class(cfg).to(dtype).eval()
+    draft = first_layers(target.model, target.lm_head, n, model_class)
+    return target, draft, residual_writes(target.model.layers[n:])
 
 
-def first_layers(body, head, n: int = 2):
-    """A LlamaForCausalLM made of ``body``'s (a LlamaModel) embeddings, first ``n`` layers,
-    final norm and rotary table, with ``head``: shared tensors, nothing copied."""
+def _classes(kind: str) -> tuple[type, type]:
+    if kind == "llama":
+        return LlamaConfig, LlamaForCausalLM
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig, Qwen3_5ForCausalLM
+
+
+def first_layers(body, head, n: int = 2, model_class=LlamaForCausalLM):
+    """A ``model_class`` (a causal LM of ``body``'s kind: a LlamaModel's by default) made of
+    ``body``'s embeddings, first ``n`` layers, final norm and rotary table, with ``head``:
+    shared tensors, nothing copied."""
+    cfg = {**body.config.to_dict(), "num_hidden_layers": n}
+    if getattr(body.config, "layer_types", None) is not None:
+        cfg["layer_types"] = body.config.layer_types[:n]
     with torch.device("meta"):
-        draft = LlamaForCausalLM(LlamaConfig(**{**body.config.to_dict(), "num_hidden_layers": n}))
+        draft = model_class(type(body.config)(**cfg))
     draft.model.embed_tokens, draft.model.norm = body.embed_tokens, body.norm
     draft.model.layers = torch.nn.ModuleList(list(body.layers[:n]))
     draft.model.rotary_emb = body.rotary_emb
@@ -422,8 +449,8 @@ def _side_by_side(rows) -> list[str]:
         return []
     out = ["", "mmspec against gpt-fast, batch 1, ms per token (the call, prompt pass "
            "included):", "",
-           "| eps | what | mmspec mode | mmspec | gpt-fast | mmspec / gpt-fast | "
-           "gpt-fast first call s |", "|---|---|---|---|---|---|---|"]
+           "| eps | what | mmspec mode | mmspec | gpt-fast | mmspec / gpt-fast | tokens per "
+           "step, mmspec / gpt-fast | gpt-fast first call s |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("mode") not in ("captured", "graphs") or r.get("batch") != 1:
             continue
@@ -437,9 +464,10 @@ def _side_by_side(rows) -> list[str]:
             continue
         mode = "`compile=True`" if r["mode"] == "captured" else '`compile="graphs"`'
         if g is not None:
+            steps = f"{r.get('tokens_per_step', 1.0):.2f} / {g['tokens_per_step']:.2f}"
             out.append(f"| {r['eps']} | {what} | {mode} | {r['ms_per_token']:.2f} | "
                        f"{g['ms_per_token']:.2f} | {r['ms_per_token'] / g['ms_per_token']:.2f} "
-                       f"| {g['first_call_s']:.0f} |")
+                       f"| {steps} | {g['first_call_s']:.0f} |")
     return out
 
 

@@ -11,13 +11,18 @@ children, verified by the greedy walk; every output is checked token for token a
 decoding.
 
 - ``step`` rows: one target step over N tokens as a chain and as a tree (the uniform tree of
-  two children per node, N = 3, 7, 15, 31), captured (CUDA graphs) or eager.
+  two children per node, N = 3, 7, 15, 31), eager, captured under ``compile=True`` or
+  captured unfused (``graphs``).
 - ``gen`` rows: plain decoding, a chain of K = 4 drafts (``ModelDrafter``) and a tree
   (``TreeDrafter``: depth 4, two children per node, four nodes expanded per level: 22 nodes):
   ms per token, tokens per step, the speedup against plain decoding in the same mode and the
   analytic bound tokens/step x a plain step / (the verification step + the draft's steps:
   K single steps for the chain; for the tree its root step and three frontier steps of
   four tokens), timed on static caches.
+
+On a recurrent target (``--shape qwen3.5-9b``: Gated DeltaNet layers) a tree step is fed as
+its root-to-leaf paths (``CausalLMSession.tree_verify``), uncaptured; its draft (the first
+layers, recurrent too) takes no tree steps, so only the ``step`` rows are measured.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ import argparse
 import torch
 
 import mmspec
-from eval.bench_gpu import SHAPES, build, copy_bandwidth, open_log, set_eps, step_cost, sync, timed
+from eval.bench_gpu import (COMPILE, SHAPES, build, copy_bandwidth, open_log, set_eps, step_cost,
+                            sync, timed)
 from mmspec.drafters import TreeDrafter
 from mmspec.engine import static_length
 from mmspec.session import CausalLMSession
@@ -47,17 +53,18 @@ def tree_step_cost(model, batch, tree_branching, dev, compile, prompt_len=128, r
                         static_len=prompt_len + n + 64, compile=compile)
     ids = torch.randint(1, model.config.vocab_size, (batch, prompt_len + n), device=dev)
     empty = torch.ones(batch, 0, dtype=torch.bool, device=dev)
+    kept = dict(path=torch.zeros(batch, 0, dtype=torch.long, device=dev))    # none of the tree
     with torch.inference_mode():
         s.prefill(ids[:, :prompt_len], torch.ones_like(ids[:, :prompt_len]))
         tok = ids[:, prompt_len:]
         for _ in range(3):
             s.step(tok, tree=tree)
-            s.commit(0, empty)
+            s.commit(0, empty, **kept)
         sync(dev)
         t0 = time.perf_counter()
         for _ in range(reps):
             s.step(tok, tree=tree)
-            s.commit(0, empty)
+            s.commit(0, empty, **kept)
         sync(dev)
     return (time.perf_counter() - t0) / reps
 
@@ -77,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--batches", type=Numbers(COUNT), default="1,16", help="rows per call")
     ap.add_argument("--eps", type=Numbers(Number(float, 0)), default="0.02,0.05",
                     help="scale of the draft's dropped layers' residual writes")
-    ap.add_argument("--modes", type=Names(("eager", "captured")), default="captured")
+    ap.add_argument("--modes", type=Names(("eager", "captured", "graphs")), default="captured",
+                    help="eager, captured (compile=True) or graphs (captured, not compiled)")
     ap.add_argument("--new-tokens", type=COUNT, default=128)
     ap.add_argument("--prompt", type=COUNT, default=128, help="prompt tokens")
     ap.add_argument("--out", default="out/bench_trees", help="output folder")
@@ -95,7 +103,7 @@ def main(argv=None):
     modes = [m for m in args.modes if dev.type == "cuda" or m == "eager"]
     n, k = args.new_tokens, 4
     for mode in modes:
-        cap = mode == "captured"
+        cap = COMPILE[mode]
         for b in args.batches:
             for branching in ((2,), (2, 2), (2, 2, 2), (2, 2, 2, 2)):
                 nodes = Tree.uniform(branching).num_nodes
@@ -103,10 +111,11 @@ def main(argv=None):
                           chain_ms=1e3 * step_cost(target, b, nodes, dev, cap),
                           tree_ms=1e3 * tree_step_cost(target, b, branching, dev, cap)))
             mmspec.release_graphs()
-    for eps in args.eps:
+    trees = CausalLMSession(draft, mmspec.SamplingParams(temperature=0)).trees
+    for eps in args.eps if trees else ():          # a recurrent draft drafts no trees
         set_eps(originals, eps)
         for mode in modes:
-            cap = mode == "captured"
+            cap = COMPILE[mode]
             for b in args.batches:
                 generate_rows(target, draft, b, eps, mode, cap, args, emit, dev, n, k)
                 mmspec.release_graphs()

@@ -117,6 +117,19 @@ def test_bench_trees_tiny_cpu_rows_equal_plain_decoding(tmp_path):
     assert all(r["tree_ms"] > 0 and r["chain_ms"] > 0 for r in rows if r["kind"] == "step")
 
 
+def test_bench_trees_times_a_recurrent_targets_tree_steps(tmp_path):
+    """On a Qwen3.5 shape (linear attention) the tree steps are fed as their paths and timed;
+    its recurrent draft takes no trees, so no generation rows."""
+    from eval.bench_trees_gpu import main
+
+    main(["--shape", "tiny-qwen3.5", "--device", "cpu", "--modes", "eager", "--batches", "2",
+          "--new-tokens", "4", "--prompt", "8", "--out", str(tmp_path)])
+    rows = [json.loads(line) for line in (tmp_path / "bench.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["kind"] == "step"]
+    assert [r["tokens"] for r in steps] == [3, 7, 15, 31] and len(rows) == 5
+    assert all(r["tree_ms"] > 0 and r["chain_ms"] > 0 for r in steps)
+
+
 def test_tree_sizes_runs_on_the_bundled_models(capsys):
     from eval.tree_sizes import main
 
@@ -133,14 +146,44 @@ def test_gptfast_side_by_side_rows_and_bad_input(tmp_path):
 
     rows = [dict(kind="mmspec-plain", mode="captured", eps=0.0, batch=1, ms_per_token=6.0),
             dict(kind="mmspec-spec", mode="captured", eps=0.05, batch=1, k=4, draft="2-layer",
-                 ms_per_token=4.0),
-            dict(kind="gptfast-plain", eps=0.0, batch=1, ms_per_token=5.0, first_call_s=95.0),
-            dict(kind="gptfast-spec", eps=0.05, batch=1, ms_per_token=4.0, first_call_s=90.0)]
+                 ms_per_token=4.0, tokens_per_step=2.5),
+            dict(kind="gptfast-plain", eps=0.0, batch=1, ms_per_token=5.0, first_call_s=95.0,
+                 tokens_per_step=1.0),
+            dict(kind="gptfast-spec", eps=0.05, batch=1, ms_per_token=4.0, first_call_s=90.0,
+                 tokens_per_step=2.25)]
     table = "\n".join(_side_by_side(rows))
-    assert "| 0.0 | plain | `compile=True` | 6.00 | 5.00 | 1.20 | 95 |" in table
-    assert "| 0.05 | speculative K = 4 | `compile=True` | 4.00 | 4.00 | 1.00 | 90 |" in table
+    assert "| 0.0 | plain | `compile=True` | 6.00 | 5.00 | 1.20 | 1.00 / 1.00 | 95 |" in table
+    assert ("| 0.05 | speculative K = 4 | `compile=True` | 4.00 | 4.00 | 1.00 | 2.50 / 2.25 "
+            "| 90 |") in table
     with pytest.raises(ValueError, match="accepted a gpt-fast checkout"):
         main(["--peer-gptfast", str(tmp_path), "--out", str(tmp_path)])
+
+
+def test_interleaved_rows_carry_transformers_rotary_pairs_to_gptfast_layout():
+    """gpt-fast is fed the benchmark's own weights: a query projection reordered by
+    ``interleaved_rows`` and rotated in interleaved pairs gives transformers' half-split
+    rotation of the original, element for element (the pairs renumbered)."""
+    import torch
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    from eval.peer_gptfast import interleaved_rows
+
+    heads, d, dim, n = 3, 8, 12, 5
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(heads * d, dim, generator=g), torch.randn(n, dim, generator=g)
+    angle = torch.arange(n)[:, None] / 10000 ** (torch.arange(0, d, 2) / d)        # [n, d/2]
+    cos, sin = angle.cos()[:, None], angle.sin()[:, None]
+    q = (x @ w.T).view(n, heads, d)
+    half = q * torch.cat([cos, cos], -1) + rotate_half(q) * torch.cat([sin, sin], -1)
+
+    def interleaved(weight):                                                     # gpt-fast's
+        a, b = (x @ weight.T).view(n, heads, d // 2, 2).unbind(-1)
+        return torch.stack([a * cos - b * sin, b * cos + a * sin], -1)          # [n, h, d/2, 2]
+
+    expected = half.view(n, heads, 2, d // 2).transpose(-1, -2)
+    torch.testing.assert_close(interleaved(interleaved_rows(w, heads)), expected)
+    with pytest.raises(AssertionError):                 # the rows as they are: other pairs
+        torch.testing.assert_close(interleaved(w), expected)
 
 
 def test_first_call_smoke_run_and_bad_input(capsys):
