@@ -107,6 +107,30 @@ def test_captured_trees_and_heads_equal_eager():
         assert torch.equal(cap.tokens, plain.tokens), (method, params)
 
 
+@pytest.mark.parametrize("fuse", ["graphs", True])
+def test_captured_head_trees_on_a_recurrent_target_give_plain_greedy(fuse):
+    """A head's trees on Qwen3.5 (linear attention) under captured steps: each tree verified
+    as its paths on the static cache's rows repeated, the head's steps captured; plain
+    greedy's tokens, twice (the second call reuses the first one's cache and graphs)."""
+    from mmspec.drafters import DraftHead, FeatureDrafter
+    from test_recurrent import _prompt, tiny_qwen35
+
+    dev = torch.device("cuda")
+    target = tiny_qwen35(vocab=8).to(dev)
+    ids, mask = (t.to(dev) for t in _prompt())
+    ids = ids % 8
+    kw = dict(attention_mask=mask, temperature=0, max_new_tokens=16, stop_token_ids=[])
+    plain = mmspec.generate(target, None, ids, **kw).sequences.tolist()
+    torch.manual_seed(5)
+    head = DraftHead.for_target(target).to(dev)
+    for _ in range(2):
+        drafter = FeatureDrafter(head, depth=3, branch=2, width=2)
+        out = mmspec.generate(target, input_ids=ids, drafter=drafter, compile=fuse, **kw)
+        assert out.sequences.tolist() == plain
+        assert drafter.trees and out.stats.accepted > 0
+    mmspec.release_graphs()
+
+
 @pytest.mark.parametrize("fuse", ["graphs", True, "inductor"])
 def test_fused_capture_equals_eager(fuse):
     dev = torch.device("cuda")
