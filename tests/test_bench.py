@@ -152,9 +152,9 @@ def test_gptfast_side_by_side_rows_and_bad_input(tmp_path):
             dict(kind="gptfast-spec", eps=0.05, batch=1, ms_per_token=4.0, first_call_s=90.0,
                  tokens_per_step=2.25)]
     table = "\n".join(_side_by_side(rows))
-    assert "| 0.0 | plain | `compile=True` | 6.00 | 5.00 | 1.20 | 1.00 / 1.00 | 95 |" in table
+    assert "| 0.0 | plain | `compile=True` | 6.00 | 5.00 | 1.20 | 1.00 / 1.00 | 1.20 | 95 |" in table
     assert ("| 0.05 | speculative K = 4 | `compile=True` | 4.00 | 4.00 | 1.00 | 2.50 / 2.25 "
-            "| 90 |") in table
+            "| 1.11 | 90 |") in table
     with pytest.raises(ValueError, match="accepted a gpt-fast checkout"):
         main(["--peer-gptfast", str(tmp_path), "--out", str(tmp_path)])
 
