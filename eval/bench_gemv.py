@@ -12,8 +12,8 @@ program reduces BLOCK_N rows of the weight over K in BLOCK_K tiles; the best of 
 settings; M > 1 reads the weight once per row); for 2 to 16 rows also a skinny-matrix
 Triton kernel that reads the weight once for all rows (``_skinny_kernel``: tensor cores on
 the rows padded to 16, K split over up to four programs; the best of 24 settings). Each is
-timed as 20 calls inside one CUDA graph, the best of 20 replays, so launches cost nothing. Prints JSON lines with the weight
-bytes read per second (GB/s); writes ``OUT/gemv.json``.
+timed as 20 calls inside one CUDA graph, the best of 20 replays, so launches cost nothing.
+Prints JSON lines with the weight bytes read per second (GB/s); writes ``OUT/gemv.json``.
 """
 
 from __future__ import annotations
