@@ -53,18 +53,18 @@ def tree_step_cost(model, batch, tree_branching, dev, compile, prompt_len=128, r
                         static_len=prompt_len + n + 64, compile=compile)
     ids = torch.randint(1, model.config.vocab_size, (batch, prompt_len + n), device=dev)
     empty = torch.ones(batch, 0, dtype=torch.bool, device=dev)
-    kept = dict(path=torch.zeros(batch, 0, dtype=torch.long, device=dev))    # none of the tree
+    no_path = torch.zeros(batch, 0, dtype=torch.long, device=dev)      # nothing of the tree kept
     with torch.inference_mode():
         s.prefill(ids[:, :prompt_len], torch.ones_like(ids[:, :prompt_len]))
         tok = ids[:, prompt_len:]
         for _ in range(3):
             s.step(tok, tree=tree)
-            s.commit(0, empty, **kept)
+            s.commit(0, empty, path=no_path)
         sync(dev)
         t0 = time.perf_counter()
         for _ in range(reps):
             s.step(tok, tree=tree)
-            s.commit(0, empty, **kept)
+            s.commit(0, empty, path=no_path)
         sync(dev)
     return (time.perf_counter() - t0) / reps
 
