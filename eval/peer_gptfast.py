@@ -52,8 +52,8 @@ def interleaved_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def gptfast_state(hf) -> dict:
-    """gpt-fast's ``Transformer`` state dict holding a transformers Llama's weights (shared,
-    but the fused q/k/v ones)."""
+    """gpt-fast's ``Transformer`` state dict holding a transformers Llama's weights (the same
+    tensors, but for the fused q/k/v weights, which are new)."""
     c, m = hf.config, hf.model
     state = {"tok_embeddings.weight": m.embed_tokens.weight, "norm.weight": m.norm.weight,
              "output.weight": hf.lm_head.weight}
@@ -90,7 +90,8 @@ def build(Transformer, ModelArgs, dev):
     draft.output = target.output
     for mine, theirs in zip(draft.layers, target.layers):   # copies: each keeps its own cache
         mine.load_state_dict(theirs.state_dict())
-    target.eval(), draft.eval()
+    target.eval()
+    draft.eval()
     writes = [(layer.attention.wo.weight, layer.feed_forward.w2.weight) for layer in target.layers[2:]]
     originals = [(wo.detach().clone(), w2.detach().clone()) for wo, w2 in writes]
     return target, draft, writes, originals
@@ -138,11 +139,13 @@ def main(argv=None) -> None:
         set_eps(writes, originals, eps)
         for d in ((None, draft) if i == 0 else (draft,)):
             times, st = timed_calls(G, target, d, prompt, n, args.k, args.repeats)
-            steps = sum(st["accept_counts"]) if d is not None else n
+            # gpt-fast's prompt pass emits the first token, its steps the other n - 1 (mmspec's
+            # steps emit all n after a prompt pass that emits none)
+            per_step = (n - 1) / sum(st["accept_counts"]) if d is not None else 1.0
             print(json.dumps(dict(
                 kind="gptfast-" + ("spec" if d is not None else "plain"), eps=eps, batch=1,
                 k=args.k if d is not None else None, ms_per_token=1e3 * min(times[2:]) / n,
-                tokens_per_step=n / steps, first_call_s=times[0])), flush=True)
+                tokens_per_step=per_step, first_call_s=times[0])), flush=True)
 
 
 if __name__ == "__main__":
