@@ -99,6 +99,7 @@ def main(argv=None):
     rows, emit = open_log(args.out)
     target, draft, originals = build(args.shape, dev, dtype)
     emit(dict(kind="setup", device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+              dtype=str(dtype).removeprefix("torch."),
               shape=args.shape, copy_tb_s=copy_bandwidth(dev) / 1e12, torch=torch.__version__))
     modes = [m for m in args.modes if dev.type == "cuda" or m == "eager"]
     n, k = args.new_tokens, 4
@@ -155,7 +156,8 @@ def write_report(out_dir, rows):
 
     s = rows[0]
     lines = ["# Draft trees on the GPU", "",
-             f"{s['device']}, {s['shape']} shape, bf16 random weights, torch {s['torch']}.", "",
+             f"{s['device']}, {s['shape']} shape, {s['dtype']} random weights, torch {s['torch']}.",
+             "",
              "| batch | mode | tokens | chain step ms | tree step ms | tree / chain |",
              "|---|---|---|---|---|---|"]
     for r in rows:

@@ -128,6 +128,7 @@ def test_bench_trees_times_a_recurrent_targets_tree_steps(tmp_path):
     steps = [r for r in rows if r["kind"] == "step"]
     assert [r["tokens"] for r in steps] == [3, 7, 15, 31] and len(rows) == 5
     assert all(r["tree_ms"] > 0 and r["chain_ms"] > 0 for r in steps)
+    assert "float32 random weights" in (tmp_path / "report.md").read_text()
 
 
 def test_tree_sizes_runs_on_the_bundled_models(capsys):
