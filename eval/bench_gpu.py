@@ -354,6 +354,9 @@ def main(argv=None):
                                   efficiency_decode=speed_decode / bound,
                                   cost_ratio=d_cost / costs[mode]["t1"],
                                   verify_over_step=costs[mode][f"t{k + 1}"] / costs[mode]["t1"],
+                                  step_ms=1e3 * costs[mode]["t1"],
+                                  verify_ms=1e3 * costs[mode][f"t{k + 1}"],
+                                  draft_step_ms=1e3 * d_cost,
                                   identical=bool(torch.equal(out.sequences, plain.sequences))))
             # Hugging Face on the same models and prompts.
             with torch.inference_mode():
@@ -473,7 +476,23 @@ def _side_by_side(rows) -> list[str]:
                        f"{g['ms_per_token']:.2f} | {r['ms_per_token'] / g['ms_per_token']:.2f} "
                        f"| {mine:.2f} / {theirs:.2f} | {per_step:.2f} | "
                        f"{g['first_call_s']:.0f} |")
-    return out
+    return out + _steps_side_by_side(rows, peer)
+
+
+def _steps_side_by_side(rows, peer) -> list[str]:
+    """The speculative call's steps alone, each side timing its own compiled steps."""
+    out = ["", "Steps alone, ms (mmspec / gpt-fast), batch 1:", "",
+           "| eps | mmspec mode | K | target step | verification (K + 1 tokens) | draft step |",
+           "|---|---|---|---|---|---|"]
+    for r in rows:
+        g = peer.get(("gptfast-steps", r.get("eps")))
+        if (g is None or r["kind"] != "mmspec-spec" or r.get("batch") != 1
+                or r.get("draft") != "2-layer" or r.get("k") != g["k"]):
+            continue
+        cells = [f"{r[key]:.2f} / {g[key]:.2f}" for key in ("step_ms", "verify_ms",
+                                                            "draft_step_ms")]
+        out.append(f"| {r['eps']} | {r['mode']} | {r['k']} | " + " | ".join(cells) + " |")
+    return out if len(out) > 4 else []
 
 
 def _f(v, nd=2):

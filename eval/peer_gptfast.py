@@ -18,7 +18,9 @@ gpt-fast's own ``main`` does (``decode_one_token`` and ``model_forward`` with mo
 "reduce-overhead", fullgraph). Greedy, batch 1, a 128-token prompt, 128 new tokens; prints
 JSON lines: ms per generated token of the whole call (the prompt pass included, as
 ``bench_gpu``'s ``ms_per_token``), tokens per step, and the first call's seconds
-(compilation and capture).
+(compilation and capture); then, per eps, the compiled steps alone (``step_costs``: the
+target's one-token step, its K + 1 token verification, the draft's step), as ``bench_gpu``
+times its own.
 """
 
 from __future__ import annotations
@@ -117,6 +119,32 @@ def timed_calls(G, target, draft, prompt, n, k, repeats):
     return times, stats
 
 
+def step_costs(G, target, draft, k: int, pos: int, reps: int = 50) -> dict:
+    """Milliseconds of gpt-fast's compiled steps alone at cache position ``pos`` (the caches
+    set up by a call): the target's one-token step, its ``k`` + 1 token verification
+    (``model_forward``, as ``speculative_decode`` calls it) and the draft's step."""
+    dev = target.output.weight.device
+    x = torch.ones(1, k + 1, dtype=torch.int, device=dev)
+    one = torch.tensor([pos], device=dev)
+    wide = torch.arange(pos, pos + k + 1, device=dev)
+    calls = dict(step_ms=lambda: G.decode_one_token(target, x[:, :1], one, temperature=0.0,
+                                                    top_k=None),
+                 verify_ms=lambda: G.model_forward(target, x, wide),
+                 draft_step_ms=lambda: G.decode_one_token(draft, x[:, :1], one, temperature=0.0,
+                                                          top_k=None))
+    out = {}
+    for name, call in calls.items():
+        for _ in range(5):
+            call()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            call()
+        torch.cuda.synchronize()
+        out[name] = 1e3 * (time.perf_counter() - t0) / reps
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", help="gpt-fast checkout")
@@ -146,6 +174,10 @@ def main(argv=None) -> None:
                 kind="gptfast-" + ("spec" if d is not None else "plain"), eps=eps, batch=1,
                 k=args.k if d is not None else None, ms_per_token=1e3 * min(times[2:]) / n,
                 tokens_per_step=per_step, first_call_s=times[0])), flush=True)
+        with torch.no_grad():
+            steps = step_costs(G, target, draft, args.k, args.prompt + n // 2)
+        print(json.dumps(dict(kind="gptfast-steps", eps=eps, batch=1, k=args.k, **steps)),
+              flush=True)
 
 
 if __name__ == "__main__":

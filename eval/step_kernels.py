@@ -4,13 +4,14 @@
         --setting realize_opcount_threshold=30 --setting realize_opcount_threshold=6
     python -m eval.step_kernels --shape tiny --device cpu --compilations 1   # a smoke run
 
-eval.bench_gpu's target (random bf16 weights), one row, a 128-token prompt. Each compilation
+eval.bench_gpu's target (random bf16 weights), one row, a 128-token prompt, a step of
+``--width`` tokens (1: plain decoding's step; K + 1: a chain's verification). Each compilation
 runs in a fresh process with an empty inductor cache (``TORCHINDUCTOR_CACHE_DIR`` a new
 temporary folder), the settings interleaved (A, B, A, B, ...): inductor's coordinate-descent
 tuning lands on different kernel configurations from one compilation to the next, so one
 compilation per setting says little. A setting is comma-separated ``KEY=VALUE`` inductor
 options (VALUE as JSON) laid over ``CausalLMSession.inductor_options``; an empty setting is
-the defaults. Under CUDA the width-1 step is captured (``compile=True``) and its graph
+the defaults. Under CUDA the step is captured (``compile=True``) and its graph
 replayed alone (``replay_ms``, 100 replays after 20); on the CPU the eager step is timed.
 One JSON line per compilation with the top ``--kernels`` kernels of one step (name, launches
 per step, microseconds per launch), then one line per setting: the step's min, median and
@@ -53,9 +54,9 @@ def _kernel_rows(prof, steps: int, top: int) -> list[dict]:
     return [dict(name=n[:120], per_step=c / steps, us=t / c) for n, (c, t) in ranked]
 
 
-def _step(session, cuda: bool, token, none):
-    """One step, rolled back: the captured width-1 graph replayed (CUDA), else the eager
-    step and its commit."""
+def _step(session, cuda: bool, tokens, none):
+    """One step of ``tokens`` [1, width], rolled back: the captured graph replayed (CUDA),
+    else the eager step and its commit."""
     from mmspec.cache import crop
 
     from .profile_gpu import step_graph
@@ -65,15 +66,15 @@ def _step(session, cuda: bool, token, none):
 
         def step():
             graph.replay()
-            crop(session.cache, 1)
+            crop(session.cache, tokens.shape[1])
     else:
         def step():
-            session.step(token)
+            session.step(tokens)
             session.commit(0, none)
     return step
 
 
-def measure(shape: str, device: str, setting: dict, top: int) -> dict:
+def measure(shape: str, device: str, setting: dict, top: int, width: int = 1) -> dict:
     """One compilation of ``setting``: the step's time and its kernels, in this process."""
     from mmspec.session import CausalLMSession
 
@@ -89,10 +90,10 @@ def measure(shape: str, device: str, setting: dict, top: int) -> dict:
     none = torch.ones(1, 0, dtype=torch.bool, device=dev)
     with torch.inference_mode():
         t0 = time.perf_counter()
-        s = warm_session(target, dev, cuda, prompt, 1)    # captured, rolled back
+        s = warm_session(target, dev, cuda, prompt, width)    # captured, rolled back
         sync(dev)
         capture_s = time.perf_counter() - t0
-        step = _step(s, cuda, prompt[:, :1], none)
+        step = _step(s, cuda, prompt[:, :width], none)
         for _ in range(20 if cuda else 2):
             step()
         sync(dev)
@@ -108,7 +109,7 @@ def measure(shape: str, device: str, setting: dict, top: int) -> dict:
             for _ in range(steps):
                 step()
             sync(dev)
-    return dict(shape=shape, setting=setting, device=torch.cuda.get_device_name(dev)
+    return dict(shape=shape, width=width, setting=setting, device=torch.cuda.get_device_name(dev)
                 if cuda else "cpu", capture_s=capture_s, replay_ms=replay_ms,
                 kernels=_kernel_rows(prof, steps, top))
 
@@ -133,6 +134,8 @@ def build_parser():
                          "the defaults alone)")
     ap.add_argument("--compilations", type=COUNT, default=3, help="fresh compilations per setting")
     ap.add_argument("--kernels", type=COUNT, default=8, help="kernels listed per compilation")
+    ap.add_argument("--width", type=COUNT, default=1,
+                    help="tokens per step (1: plain decoding; K + 1: a chain's verification)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return describe(ap)
 
@@ -146,7 +149,8 @@ def main(argv=None):
         except argparse.ArgumentTypeError as err:
             raise ValueError(f"--setting: {err}") from None
     if a.child is not None:                                  # one compilation, in this process
-        print(json.dumps(measure(a.shape, a.device, parse_setting(a.child), a.kernels)))
+        print(json.dumps(measure(a.shape, a.device, parse_setting(a.child), a.kernels,
+                                 a.width)))
         return None
     rows = []
     for _ in range(a.compilations):
@@ -154,7 +158,8 @@ def main(argv=None):
             with tempfile.TemporaryDirectory() as cache:
                 env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
                 cmd = [sys.executable, "-m", "eval.step_kernels", "--child", text, "--shape",
-                       a.shape, "--device", a.device, "--kernels", str(a.kernels)]
+                       a.shape, "--device", a.device, "--kernels", str(a.kernels),
+                       "--width", str(a.width)]
                 out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
             if out.returncode != 0:
                 raise RuntimeError(f"eval.step_kernels --setting {text!r} failed:\n"

@@ -147,15 +147,20 @@ def test_gptfast_side_by_side_rows_and_bad_input(tmp_path):
 
     rows = [dict(kind="mmspec-plain", mode="captured", eps=0.0, batch=1, ms_per_token=6.0),
             dict(kind="mmspec-spec", mode="captured", eps=0.05, batch=1, k=4, draft="2-layer",
-                 ms_per_token=4.0, tokens_per_step=2.5),
+                 ms_per_token=4.0, tokens_per_step=2.5, step_ms=4.0, verify_ms=5.2,
+                 draft_step_ms=0.4),
             dict(kind="gptfast-plain", eps=0.0, batch=1, ms_per_token=5.0, first_call_s=95.0,
                  tokens_per_step=1.0),
             dict(kind="gptfast-spec", eps=0.05, batch=1, ms_per_token=4.0, first_call_s=90.0,
-                 tokens_per_step=2.25)]
+                 tokens_per_step=2.25),
+            dict(kind="gptfast-steps", eps=0.05, batch=1, k=4, step_ms=4.5, verify_ms=5.0,
+                 draft_step_ms=0.35)]
     table = "\n".join(_side_by_side(rows))
     assert "| 0.0 | plain | `compile=True` | 6.00 | 5.00 | 1.20 | 1.00 / 1.00 | 1.20 | 95 |" in table
     assert ("| 0.05 | speculative K = 4 | `compile=True` | 4.00 | 4.00 | 1.00 | 2.50 / 2.25 "
             "| 1.11 | 90 |") in table
+    assert "| 0.05 | captured | 4 | 4.00 / 4.50 | 5.20 / 5.00 | 0.40 / 0.35 |" in table
+    assert "| 0.0 | captured" not in table.split("Steps alone")[1]   # no gpt-fast steps at 0
     with pytest.raises(ValueError, match="accepted a gpt-fast checkout"):
         main(["--peer-gptfast", str(tmp_path), "--out", str(tmp_path)])
 
@@ -219,8 +224,9 @@ def test_step_kernels_smoke_run_interleaves_settings_and_summarises_them(capsys)
     from eval.step_kernels import main
 
     rows = main(["--shape", "tiny", "--device", "cpu", "--compilations", "1", "--kernels", "3",
-                 "--setting", "", "--setting", "coordinate_descent_tuning=false"])
+                 "--width", "5", "--setting", "", "--setting", "coordinate_descent_tuning=false"])
     assert [r["setting"] for r in rows] == [{}, {"coordinate_descent_tuning": False}]
+    assert [r["width"] for r in rows] == [5, 5]
     assert all(r["replay_ms"] > 0 and 0 < len(r["kernels"]) <= 3 for r in rows)
     lines = [json.loads(x) for x in capsys.readouterr().out.strip().splitlines()]
     summary = [x for x in lines if "median_ms" in x]
