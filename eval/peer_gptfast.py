@@ -124,7 +124,7 @@ def step_costs(G, target, draft, k: int, pos: int, reps: int = 50) -> dict:
     set up by a call): the target's one-token step, its ``k`` + 1 token verification
     (``model_forward``, as ``speculative_decode`` calls it) and the draft's step."""
     dev = target.output.weight.device
-    x = torch.ones(1, k + 1, dtype=torch.int, device=dev)
+    x = torch.ones(1, k + 1, dtype=torch.long, device=dev)   # as its calls pass them
     one = torch.tensor([pos], device=dev)
     wide = torch.arange(pos, pos + k + 1, device=dev)
     calls = dict(step_ms=lambda: G.decode_one_token(target, x[:, :1], one, temperature=0.0,

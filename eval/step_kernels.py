@@ -11,8 +11,9 @@ temporary folder), the settings interleaved (A, B, A, B, ...): inductor's coordi
 tuning lands on different kernel configurations from one compilation to the next, so one
 compilation per setting says little. A setting is comma-separated ``KEY=VALUE`` inductor
 options (VALUE as JSON) laid over ``CausalLMSession.inductor_options``; an empty setting is
-the defaults. Under CUDA the step is captured (``compile=True``) and its graph
-replayed alone (``replay_ms``, 100 replays after 20); on the CPU the eager step is timed.
+the defaults. Under CUDA the step is captured (``compile=True``) and, at width 1, its graph
+replayed alone (``replay_ms``, 100 replays after 20; wider steps through the session's step
+and rollback, as ``eval.bench_gpu.step_cost``); on the CPU the eager step is timed.
 One JSON line per compilation with the top ``--kernels`` kernels of one step (name, launches
 per step, microseconds per launch), then one line per setting: the step's min, median and
 max over its compilations.
@@ -55,13 +56,13 @@ def _kernel_rows(prof, steps: int, top: int) -> list[dict]:
 
 
 def _step(session, cuda: bool, tokens, none):
-    """One step of ``tokens`` [1, width], rolled back: the captured graph replayed (CUDA),
-    else the eager step and its commit."""
+    """One step of ``tokens`` [1, width], rolled back: the captured width-1 graph replayed
+    alone (CUDA), else the session's step and its commit (captured under CUDA)."""
     from mmspec.cache import crop
 
     from .profile_gpu import step_graph
 
-    if cuda:
+    if cuda and tokens.shape[1] == 1:
         graph = step_graph(session)
 
         def step():

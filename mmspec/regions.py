@@ -10,6 +10,10 @@ traced code serves them all (a layer that does use its index elsewhere gets a gu
 torch.compile, and its own trace: correct either way). The output head and the other
 projections outside the layers are compiled the same way.
 
+Under inductor, on a model whose sibling projections all lie back to back
+(``grouping.contiguous_projections``, which the sessions call first), the layers' linear calls
+on one input (q/k/v, gate/up) run as one product (``grouping.grouped``).
+
 ``compiled(net, options)`` swaps the compiled layers in while a step is warmed up and captured
 as a CUDA graph, and puts the user's modules back after: the graph replays the fused kernels,
 the model itself is left as it was. ``dynamic_length(cache, mask)`` marks the static cache's
@@ -34,6 +38,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from . import grouping
 
 
 def decoder_layers(net: nn.Module) -> nn.ModuleList:
@@ -124,10 +130,12 @@ class _Region(nn.Module):
     the sequence (its inputs' second dimension) is dynamic."""
 
     def __init__(self, layer: nn.Module, index: int | None, options: dict, backend: str,
-                 prompt: bool = False):
+                 prompt: bool = False, group: bool = False):
         super().__init__()
         self.index, self.prompt = index, prompt
-        kw = dict(options=dict(options)) if backend == "inductor" else {}
+        kw = dict(options=dict(options)) if backend == "inductor" and not group else {}
+        if backend == "inductor" and group:   # linear layers reading one input: one product
+            backend = grouping.grouped(options)
         fn = functools.partial(_call, layer) if prompt else layer
         self.compiled = torch.compile(fn, dynamic=False, backend=backend, **kw)
 
@@ -157,9 +165,9 @@ def _cache_index(layers: nn.ModuleList, i: int) -> int | None:
 
 
 def _wrapped(parent: nn.Module, name: str, module: nn.Module, options: dict,
-             backend, prompt: bool) -> nn.Module:
+             backend, prompt: bool, group: bool) -> nn.Module:
     index = _cache_index(parent, int(name)) if isinstance(parent, nn.ModuleList) else None
-    return _Region(module, index, options, backend, prompt)
+    return _Region(module, index, options, backend, prompt, group)
 
 
 @dataclass
@@ -182,29 +190,31 @@ class _Made:
 _MADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _made(net: nn.Module, options: dict, backend, prompt: bool) -> _Made:
+def _made(net: nn.Module, options: dict, backend, prompt: bool, group: bool) -> _Made:
     """The wrappers of ``net``'s regions, made once per model and setting (and again when its
     modules were replaced): making them calls torch.compile per region, which costs more
     than a prompt pass; the traced code itself is kept by torch.compile on the modules' code
     objects."""
     key = (backend if isinstance(backend, str) else id(backend), repr(sorted(options.items())),
-           prompt)
+           prompt, group)
     made = _MADE.setdefault(net, {})
     entry = made.get(key)
     if entry is None or not entry.current():
         pairs = regions(net)
         originals = [getattr(parent, name) for parent, name in pairs]
         entry = made[key] = _Made([(weakref.ref(p), n) for p, n in pairs], originals, [
-            _wrapped(parent, name, module, options, backend, prompt)
+            _wrapped(parent, name, module, options, backend, prompt, group)
             for (parent, name), module in zip(pairs, originals)])
     return entry
 
 
 @contextlib.contextmanager
-def compiled(net: nn.Module, options: dict, backend="inductor", prompt: bool = False):
+def compiled(net: nn.Module, options: dict, backend="inductor", prompt: bool = False,
+             group: bool = True):
     """Run ``net`` with its regions compiled (``options``: inductor's; ``backend``: a
-    torch.compile backend; ``prompt``: for prompt passes, of any length); the original
-    modules are back after. A failure of torch.compile is raised as a RuntimeError that
+    torch.compile backend; ``prompt``: for prompt passes, of any length; ``group``: under
+    inductor, linear calls on one input whose weights lie back to back as one product, where
+    all of ``net``'s do: ``grouping.back_to_back``); the original modules are back after. A failure of torch.compile is raised as a RuntimeError that
     names ``compile='graphs'``."""
     from torch import _dynamo
 
@@ -212,7 +222,8 @@ def compiled(net: nn.Module, options: dict, backend="inductor", prompt: bool = F
     _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 1024)
     _dynamo.config.accumulated_cache_size_limit = max(
         _dynamo.config.accumulated_cache_size_limit, 4096)
-    made = _made(net, options, backend, prompt)
+    group = group and backend == "inductor" and grouping.back_to_back(net)
+    made = _made(net, options, backend, prompt, group)
     pairs = made.pairs
     try:
         for (parent, name), wrapper in zip(pairs, made.wrappers):

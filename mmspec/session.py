@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import distributions, regions
+from . import distributions, grouping, regions
 from .attention import bucket, prefix, sdpa_configs
 from .cache import (DynamicCache, SequenceMask, StateSnapshot, StaticSequenceMask, TreeMask,
                     cache_argument, crop, gather_tail, recurrent_layers, repeated_rows)
@@ -219,6 +219,11 @@ class CausalLMSession(Session):
                         "realize_opcount_threshold": 6}
     # Prompt passes: matrix products bound by compute, whose kernels tuning gains little.
     prompt_inductor_options: dict = {}
+    # Under "regional": each layer's sibling projections laid out back to back in one buffer
+    # (same Parameters and values) and those reading one input (q/k/v, gate/up) run as one
+    # product at more than one row (mmspec.grouping; a K = 4 verification step of a 7B Llama
+    # on one H200 in docs/benchmarks.md).
+    group_projections = True
     # Per-row tensors the hooks read during a forward (``position_ids``' rope deltas), repeated
     # with the cache's rows while a tree is fed as its paths (``_paths_step``).
     row_buffers: tuple[str, ...] = ()
@@ -497,7 +502,15 @@ class CausalLMSession(Session):
         ready = bool(layers) and all(getattr(x, "is_initialized", False) for x in layers)
         if self.compile != "regional" or n < 2 or not ready:
             return contextlib.nullcontext()
-        return regions.compiled(self.net, self.prompt_inductor_options, prompt=True)
+        self._lay_out()
+        return regions.compiled(self.net, self.prompt_inductor_options, prompt=True,
+                                group=self.group_projections)
+
+    def _lay_out(self) -> None:
+        """Each layer's projections that read one input back to back (``mmspec.grouping``),
+        once per model; steps kept captured on the weights' former places are let go."""
+        if self.group_projections and grouping.contiguous_projections(self.net):
+            release_graphs(self.net)
 
     def _fused(self):
         """(the module a captured step calls, the context it is captured in): the network
@@ -505,7 +518,9 @@ class CausalLMSession(Session):
         static cache), the network with its layers compiled while capturing under
         ``"regional"``."""
         if self.compile == "regional":
-            return self.net, regions.compiled(self.net, self.inductor_options)
+            self._lay_out()
+            return self.net, regions.compiled(self.net, self.inductor_options,
+                                              group=self.group_projections)
         if self.compile != "inductor":
             return self.net, contextlib.nullcontext()
         st = self._static

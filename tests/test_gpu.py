@@ -16,6 +16,7 @@ import torch
 
 import mmspec
 from conftest import tiny_llama
+from mmspec import grouping
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -146,6 +147,8 @@ def test_fused_capture_equals_eager(fuse):
     assert [type(m) for m in t.modules()] == modules         # the user's modules are back
     plain = mmspec.generate(t, None, ids, compile=fuse, **{**kw, "num_draft_tokens": 0})
     assert torch.equal(eager.sequences, plain.sequences)
+    # compile=True lays each layer's projections out back to back (mmspec.grouping)
+    assert grouping.back_to_back(t) == (fuse is True)
 
 
 def test_captured_steps_are_reused_by_the_next_call():

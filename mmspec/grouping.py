@@ -1,0 +1,218 @@
+"""Grouped projections (``compile=True``): linear layers that read one input, as one product.
+
+A decoder layer's query, key and value projections read the same normed hidden states, as do
+an MLP's gate and up projections. At one row inductor fuses their matrix-vector products into
+one reduction kernel. At more rows (a K + 1 token verification, a prompt pass) each product
+goes to cuBLAS on its own: for the 4096 x 4096 ones of a 7B Llama a split-K kernel and its
+reduction each, three times where gpt-fast, whose weights store q/k/v as one matrix, runs one
+product (docs/benchmarks.md).
+
+Terms:
+    group       sibling ``nn.Linear`` layers of one module with the same input width, dtype,
+                device and bias presence (q/k/v/o of an attention; gate/up of an MLP).
+    back to back  weights (and biases) laid out one after the other in one buffer, in the
+                module's order: each Parameter's ``.data`` a view of it. The Parameters, their
+                values and the memory they take are as before.
+    run         linear calls in a traced graph on one input whose weights are back to back.
+
+``contiguous_projections(module)`` lays every group of a module out back to back (once; a
+group already laid out, or holding a weight shared with another Parameter, is left as it is).
+``group_linears(gm, example_inputs)``, a pass over a graph torch.compile traced, replaces each
+run by one product over the span of its weights (``as_strided`` from the first) split after;
+``grouped(backend)`` is a torch.compile backend that runs the pass first. Calls on one row
+are left alone (inductor's reductions already read the run's weights in one kernel). A trace
+is shared by every layer that runs the same code, so the pass is only for models whose groups
+are all back to back (``back_to_back``; ``mmspec.regions`` checks it).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections import defaultdict
+
+import torch
+from torch import fx, nn
+
+LINEAR = (torch._C._nn.linear, nn.functional.linear)
+
+
+def _groups(module: nn.Module) -> list[list[nn.Linear]]:
+    by: dict = defaultdict(list)
+    for child in module.children():
+        if type(child) is nn.Linear:
+            w = child.weight
+            by[(w.shape[1], w.dtype, w.device, child.bias is None)].append(child)
+    return [g for g in by.values() if len(g) > 1]
+
+
+def _back_to_back(tensors: list[torch.Tensor]) -> bool:
+    """One storage, each tensor contiguous and starting where the one before ends."""
+    first = tensors[0]
+    at = first.storage_offset()
+    for t in tensors:
+        if (not t.is_contiguous() or t.untyped_storage().data_ptr()
+                != first.untyped_storage().data_ptr() or t.storage_offset() != at):
+            return False
+        at += t.numel()
+    return True
+
+
+def _lay_out(params: list[nn.Parameter]) -> None:
+    buffer = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype,
+                         device=params[0].device)
+    at = 0
+    for p in params:
+        view = buffer[at:at + p.numel()].view(p.shape)
+        view.copy_(p.data)
+        p.data = view
+        at += p.numel()
+
+
+def contiguous_projections(net: nn.Module) -> int:
+    """Lay out each group of ``net``'s sibling linear layers back to back; returns how many
+    groups were laid out. Weights on the meta device or sharing storage with another
+    Parameter are left where they are."""
+    owners: dict = defaultdict(int)
+    for p in net.parameters():
+        owners[p.untyped_storage().data_ptr()] += 1
+    done = 0
+    with torch.no_grad():
+        for module in net.modules():
+            for group in _groups(module):
+                weights = [m.weight for m in group]
+                biases = [m.bias for m in group if m.bias is not None]
+                params = weights + biases
+                if (_back_to_back(weights) and (not biases or _back_to_back(biases))
+                        or any(p.device.type == "meta" or owners[p.untyped_storage().data_ptr()] > 1
+                               for p in params)):
+                    continue
+                _lay_out(weights)
+                if biases:
+                    _lay_out(biases)
+                done += 1
+    return done
+
+
+def back_to_back(net: nn.Module) -> bool:
+    """Every group of ``net`` laid out back to back (``group_linears``' traces are shared by
+    the layers that run the same code: it is applied to a model only when this holds)."""
+    for module in net.modules():
+        for group in _groups(module):
+            biases = [m.bias for m in group if m.bias is not None]
+            if not _back_to_back([m.weight for m in group]) or biases and not _back_to_back(biases):
+                return False
+    return True
+
+
+def _rows_one(x: fx.Node) -> bool:
+    value = x.meta.get("example_value")
+    if not isinstance(value, torch.Tensor):
+        return True                         # unknown: left alone
+    rows = math.prod(value.shape[:-1])
+    return isinstance(rows, int) and rows == 1
+
+
+def _runs(calls: list[tuple], real: dict) -> list[list[tuple]]:
+    """Maximal runs (two or more calls) of back-to-back weights, in storage order."""
+    calls = sorted(calls, key=lambda c: (real[c[1]].untyped_storage().data_ptr(),
+                                         real[c[1]].storage_offset()))
+    runs, run = [], calls[:1]
+    for c in calls[1:]:
+        if _joins(run + [c], real):
+            run.append(c)
+        else:
+            runs.append(run)
+            run = [c]
+    runs.append(run)
+    return [r for r in runs if len(r) > 1]
+
+
+def _joins(run: list[tuple], real: dict) -> bool:
+    weights = [real[w] for _, w, _ in run]
+    if len({(w.shape[1], w.dtype) for w in weights}) > 1 or not _back_to_back(weights):
+        return False
+    biases = [b for _, _, b in run]
+    if all(b is None for b in biases):
+        return True
+    return all(b in real for b in biases) and _back_to_back([real[b] for b in biases])
+
+
+def _span(graph: fx.Graph, node: fx.Node, tensors: list[torch.Tensor]) -> fx.Node:
+    first, rows = tensors[0], sum(t.shape[0] for t in tensors)
+    shape = (rows, first.shape[1]) if first.dim() == 2 else (rows,)
+    stride = (first.shape[1], 1) if first.dim() == 2 else (1,)
+    # from the first tensor's own offset: a trace serves every layer laid out alike
+    return graph.call_function(torch.as_strided, (node, shape, stride))
+
+
+def _replace(graph: fx.Graph, x: fx.Node, run: list[tuple], real: dict) -> None:
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    first = min((c[0] for c in run), key=order.__getitem__)
+    with graph.inserting_before(first):
+        weight = _span(graph, run[0][1], [real[w] for _, w, _ in run])
+        bias = None
+        if run[0][2] is not None:
+            bias = _span(graph, run[0][2], [real[b] for _, _, b in run])
+        y = graph.call_function(torch._C._nn.linear, (x, weight, bias))
+        parts = graph.call_function(torch.split, (y, [real[w].shape[0] for _, w, _ in run], -1))
+        for i, (node, _, _) in enumerate(run):
+            part = graph.call_function(operator.getitem, (parts, i))
+            part.meta = dict(node.meta)
+            node.replace_all_uses_with(part)
+    for node, _, _ in run:
+        graph.erase_node(node)
+
+
+
+def _linear_args(node: fx.Node):
+    args = list(node.args) + [None] * (3 - len(node.args))
+    x = node.kwargs.get("input", args[0])
+    w = node.kwargs.get("weight", args[1])
+    b = node.kwargs.get("bias", args[2])
+    return x, w, b
+
+
+def group_linears(gm: fx.GraphModule, example_inputs) -> int:
+    """Replace each run of linear calls in ``gm`` (inputs of more than one row; weights and
+    biases among its placeholders, ``example_inputs`` their tensors) by one product split
+    after. Returns the number of runs replaced."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    real = {n: t for n, t in zip(placeholders, example_inputs) if isinstance(t, torch.Tensor)}
+    by_input: dict = defaultdict(list)
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in LINEAR:
+            x, w, b = _linear_args(node)
+            if w in real and (b is None or b in real) and not _rows_one(x):
+                by_input[x].append((node, w, b))
+    runs = [(x, run) for x, calls in by_input.items() for run in _runs(calls, real)]
+    for x, run in runs:
+        _replace(gm.graph, x, run, real)
+    if runs:
+        gm.graph.lint()
+        gm.recompile()
+    return len(runs)
+
+
+_BACKENDS: dict = {}
+
+
+def grouped(backend):
+    """A torch.compile backend: ``group_linears``, then ``backend`` (a callable, or inductor
+    with its options: ``grouped({"coordinate_descent_tuning": True})``). One object per
+    backend and options, so every layer's region finds the traces the first one made."""
+    key = id(backend) if callable(backend) else repr(sorted(backend.items()))
+    if key not in _BACKENDS:
+        _BACKENDS[key] = _grouped(backend)
+    return _BACKENDS[key]
+
+
+def _grouped(backend):
+    def compile_fn(gm: fx.GraphModule, example_inputs):
+        group_linears(gm, example_inputs)
+        if callable(backend):
+            return backend(gm, example_inputs)
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx(gm, example_inputs, config_patches=dict(backend))
+    return compile_fn

@@ -1,0 +1,83 @@
+"""Grouped projections (mmspec.grouping): layout back to back, and the graph pass."""
+
+import pytest
+import torch
+import transformers
+
+from mmspec import grouping, regions
+
+
+def _model(kind="llama", layers=2):
+    torch.manual_seed(0)
+    common = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2)
+    if kind == "qwen2":     # q/k/v with biases
+        return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common)).eval()
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common)).eval()
+
+
+def _counting(counts):
+    def backend(gm, example_inputs):
+        counts.append(sum(n.op == "call_function" and n.target in grouping.LINEAR
+                          for n in gm.graph.nodes))
+        return gm.forward
+    return backend
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_layout_keeps_parameters_values_and_memory(kind):
+    """Each module's sibling projections of one input width end back to back in one buffer:
+    the same Parameter objects and values, as many bytes; a second call lays out nothing."""
+    m = _model(kind)
+    before = {n: (p, p.detach().clone()) for n, p in m.named_parameters()}
+    nbytes = sum(p.numel() * p.element_size() for p in m.parameters())
+    assert not grouping.back_to_back(m)
+    assert grouping.contiguous_projections(m) == 2 * 2          # q/k/v/o and gate/up, per layer
+    assert grouping.back_to_back(m) and grouping.contiguous_projections(m) == 0
+    after = dict(m.named_parameters())
+    assert all(after[n] is p and torch.equal(p, v) for n, (p, v) in before.items())
+    assert sum(p.numel() * p.element_size() for p in m.parameters()) == nbytes
+    a = m.model.layers[0].self_attn
+    assert (a.k_proj.weight.storage_offset() == a.q_proj.weight.numel()
+            and a.k_proj.weight.untyped_storage().data_ptr()
+            == a.q_proj.weight.untyped_storage().data_ptr())
+    if kind == "qwen2":
+        assert a.v_proj.bias.storage_offset() == a.q_proj.bias.numel() + a.k_proj.bias.numel()
+
+
+def test_layout_leaves_shared_weights_where_they_are():
+    m = _model()
+    a = m.model.layers[0].self_attn
+    a.k_proj.weight = a.q_proj.weight.__class__(a.q_proj.weight.data[:16])   # a view of q
+    ptr = a.q_proj.weight.untyped_storage().data_ptr()
+    grouping.contiguous_projections(m)
+    assert a.q_proj.weight.untyped_storage().data_ptr() == ptr
+    assert not grouping.back_to_back(m)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_pass_runs_one_product_per_input_on_rows_not_one_row(kind):
+    """Under the grouped backend a layer's q/k/v and gate/up calls are one product each (7
+    linear calls -> 4) with the same logits; at one row the graph keeps its 7 calls."""
+    m = _model(kind)
+    grouping.contiguous_projections(m)
+    with torch.no_grad():
+        for ids, calls in ((torch.tensor([[3, 4, 5, 6]]), 4), (torch.tensor([[3]]), 7)):
+            counts = []
+            ref = m(ids).logits
+            torch._dynamo.reset()
+            with regions.compiled(m, {}, backend=grouping.grouped(_counting(counts))):
+                got = m(ids).logits
+            assert counts[0] == calls        # the layers' one trace, then the head's
+            assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5)
+    torch._dynamo.reset()
+
+
+def test_pass_leaves_weights_that_are_not_back_to_back():
+    m = _model()
+    counts = []
+    with torch.no_grad():
+        with regions.compiled(m, {}, backend=grouping.grouped(_counting(counts))):
+            m(torch.tensor([[3, 4, 5, 6]]))
+    assert counts[0] == 7
+    torch._dynamo.reset()
