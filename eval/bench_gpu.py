@@ -248,6 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompt", type=COUNT, default=128, help="prompt tokens")
     ap.add_argument("--no-hf-compile", action="store_true",
                     help="skip transformers' own compiled generate")
+    ap.add_argument("--no-hf", action="store_true",
+                    help="skip every transformers row (eager, assisted, compiled generate)")
     ap.add_argument("--no-spec-pipeline", action="store_true",
                     help="speculative steps synchronised one by one (generate(pipeline=False)); "
                          "default: generate's (queued ahead with captured steps)")
@@ -358,37 +360,44 @@ def main(argv=None):
                                   verify_ms=1e3 * costs[mode][f"t{k + 1}"],
                                   draft_step_ms=1e3 * d_cost,
                                   identical=bool(torch.equal(out.sequences, plain.sequences))))
-            # Hugging Face on the same models and prompts.
-            with torch.inference_mode():
-                ref, t_hf = timed(lambda: target.generate(ids, attention_mask=mask, do_sample=False,
-                                                          max_new_tokens=n, min_new_tokens=n), dev, 2)
-            emit(dict(kind="hf-eager", eps=eps, batch=b, ms_per_token=1e3 * t_hf / n,
-                      step_over_floor=(1e3 * t_hf / n) / floor_ms,
-                      identical_to_mmspec=bool(torch.equal(ref, plain.sequences))))
-            if b == 1:
-                with torch.inference_mode():
-                    ast, t_as = timed(lambda: target.generate(ids, attention_mask=mask, do_sample=False,
-                                                              max_new_tokens=n, min_new_tokens=n,
-                                                              assistant_model=draft), dev, 2)
-                emit(dict(kind="hf-assisted", eps=eps, batch=b, ms_per_token=1e3 * t_as / n,
-                          speedup_vs_hf_eager=t_hf / t_as,
-                          identical_to_plain=bool(torch.equal(ast, ref))))
-            if not args.no_hf_compile and eps == 0.0 and b == 1 and dev.type == "cuda":
-                with torch.inference_mode():
-                    t0 = time.perf_counter()
-                    target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n,
-                                    min_new_tokens=n, cache_implementation="static")
-                    warm = time.perf_counter() - t0
-                    _, t_c = timed(lambda: target.generate(ids, attention_mask=mask, do_sample=False,
-                                                           max_new_tokens=n, min_new_tokens=n,
-                                                           cache_implementation="static"), dev, 1)
-                emit(dict(kind="hf-static-compile", eps=eps, batch=b, ms_per_token=1e3 * t_c / n,
-                          step_over_floor=(1e3 * t_c / n) / floor_ms, warmup_s=warm))
+            if not args.no_hf:
+                hf_rows(args, target, draft, ids, eps, b, floor_ms, plain, emit)
             mmspec.release_graphs()     # the kept static caches of this batch size
     if args.peer_gptfast:
         for row in run_gptfast(args):
             emit(row)
     write_report(args.out, rows)
+
+
+def hf_rows(args, target, draft, ids, eps, b, floor_ms, plain, emit) -> None:
+    """transformers on the same models and prompts: eager, assisted (batch 1) and its own
+    compiled generate (eps 0, batch 1, CUDA; unless ``--no-hf-compile``)."""
+    dev, n, mask = ids.device, args.new_tokens, torch.ones_like(ids)
+    with torch.inference_mode():
+        ref, t_hf = timed(lambda: target.generate(ids, attention_mask=mask, do_sample=False,
+                                                  max_new_tokens=n, min_new_tokens=n), dev, 2)
+    emit(dict(kind="hf-eager", eps=eps, batch=b, ms_per_token=1e3 * t_hf / n,
+              step_over_floor=(1e3 * t_hf / n) / floor_ms,
+              identical_to_mmspec=bool(torch.equal(ref, plain.sequences))))
+    if b == 1:
+        with torch.inference_mode():
+            ast, t_as = timed(lambda: target.generate(ids, attention_mask=mask, do_sample=False,
+                                                      max_new_tokens=n, min_new_tokens=n,
+                                                      assistant_model=draft), dev, 2)
+        emit(dict(kind="hf-assisted", eps=eps, batch=b, ms_per_token=1e3 * t_as / n,
+                  speedup_vs_hf_eager=t_hf / t_as,
+                  identical_to_plain=bool(torch.equal(ast, ref))))
+    if not args.no_hf_compile and eps == 0.0 and b == 1 and dev.type == "cuda":
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n,
+                            min_new_tokens=n, cache_implementation="static")
+            warm = time.perf_counter() - t0
+            _, t_c = timed(lambda: target.generate(ids, attention_mask=mask, do_sample=False,
+                                                   max_new_tokens=n, min_new_tokens=n,
+                                                   cache_implementation="static"), dev, 1)
+        emit(dict(kind="hf-static-compile", eps=eps, batch=b, ms_per_token=1e3 * t_c / n,
+                  step_over_floor=(1e3 * t_c / n) / floor_ms, warmup_s=warm))
 
 
 def check_peer(args) -> None:

@@ -26,6 +26,16 @@ def test_bench_gpu_tiny_cpu_rows_are_identical_and_bounded(tmp_path, monkeypatch
     assert all(r["bound"] > 0 and r["bound_call"] > 0 for r in spec)
     assert all(r["identical_to_mmspec"] for r in rows if r["kind"] == "hf-eager")
     assert "bound with prefill" in (tmp_path / "report.md").read_text()
+    assert all(r["verify_ms"] > 0 and r["draft_step_ms"] > 0 for r in spec)
+
+
+def test_bench_gpu_no_hf_runs_no_transformers_rows(tmp_path):
+    from eval.bench_gpu import main
+
+    main(["--shape", "tiny", "--device", "cpu", "--no-hf", "--batches", "1", "--ks", "2",
+          "--eps", "0.0", "--new-tokens", "4", "--prompt", "4", "--out", str(tmp_path)])
+    kinds = {json.loads(line)["kind"] for line in (tmp_path / "bench.jsonl").read_text().splitlines()}
+    assert {"mmspec-plain", "mmspec-spec"} <= kinds and not any(k.startswith("hf-") for k in kinds)
 
 
 def test_bench_gpu_refuses_a_malformed_inductor_option_in_one_line():
