@@ -10,9 +10,9 @@ traced code serves them all (a layer that does use its index elsewhere gets a gu
 torch.compile, and its own trace: correct either way). The output head and the other
 projections outside the layers are compiled the same way.
 
-Under inductor, on a model whose sibling projections all lie back to back
-(``grouping.contiguous_projections``, which the sessions call first), the layers' linear calls
-on one input (q/k/v, gate/up) run as one product (``grouping.grouped``).
+Under inductor, on a model whose decoder layers' sibling projections all lie back to back
+(``grouping.contiguous_projections``, which the sessions call on them first), the layers'
+linear calls on one input (q/k/v, gate/up) run as one product (``grouping.grouped``).
 
 ``compiled(net, options)`` swaps the compiled layers in while a step is warmed up and captured
 as a CUDA graph, and puts the user's modules back after: the graph replays the fused kernels,
@@ -214,7 +214,8 @@ def compiled(net: nn.Module, options: dict, backend="inductor", prompt: bool = F
     """Run ``net`` with its regions compiled (``options``: inductor's; ``backend``: a
     torch.compile backend; ``prompt``: for prompt passes, of any length; ``group``: under
     inductor, linear calls on one input whose weights lie back to back as one product, where
-    all of ``net``'s do: ``grouping.back_to_back``); the original modules are back after. A failure of torch.compile is raised as a RuntimeError that
+    all of the decoder layers' do: ``grouping.back_to_back``); the original modules are back
+    after. A failure of torch.compile is raised as a RuntimeError that
     names ``compile='graphs'``."""
     from torch import _dynamo
 
@@ -222,7 +223,7 @@ def compiled(net: nn.Module, options: dict, backend="inductor", prompt: bool = F
     _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 1024)
     _dynamo.config.accumulated_cache_size_limit = max(
         _dynamo.config.accumulated_cache_size_limit, 4096)
-    group = group and backend == "inductor" and grouping.back_to_back(net)
+    group = group and backend == "inductor" and grouping.back_to_back(decoder_layers(net))
     made = _made(net, options, backend, prompt, group)
     pairs = made.pairs
     try:

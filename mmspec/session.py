@@ -507,10 +507,12 @@ class CausalLMSession(Session):
                                 group=self.group_projections)
 
     def _lay_out(self) -> None:
-        """Each layer's projections that read one input back to back (``mmspec.grouping``),
-        once per model; steps kept captured on the weights' former places are let go."""
-        if self.group_projections and grouping.contiguous_projections(self.net):
-            release_graphs(self.net)
+        """Each decoder layer's projections back to back (``mmspec.grouping``), once per
+        model. Steps kept captured on the weights' former places are let go, every model's
+        (a draft may share the target's layers)."""
+        layers = regions.decoder_layers(self.net)
+        if self.group_projections and grouping.contiguous_projections(layers):
+            release_graphs()
 
     def _fused(self):
         """(the module a captured step calls, the context it is captured in): the network

@@ -81,3 +81,22 @@ def test_pass_leaves_weights_that_are_not_back_to_back():
             m(torch.tensor([[3, 4, 5, 6]]))
     assert counts[0] == 7
     torch._dynamo.reset()
+
+
+def test_session_lays_out_the_decoder_layers_and_lets_kept_steps_go():
+    """A session's layout moves only the decoder layers' projections (the output head, which
+    a head drafter may share, stays) and drops every kept static cache: their steps were
+    captured on the weights' former places."""
+    import mmspec
+    from mmspec.session import _STATIC, CausalLMSession
+
+    m = _model()
+    m.extra = torch.nn.Linear(32, 8, bias=False)      # a sibling of the output head
+    ids = torch.tensor([[3, 4, 5]])
+    mmspec.generate(m, None, ids, temperature=0, max_new_tokens=2, static_cache=True)
+    assert m in _STATIC                               # a static cache kept for the next call
+    head = m.lm_head.weight.untyped_storage().data_ptr()
+    s = CausalLMSession(m, mmspec.SamplingParams(temperature=0))
+    s._lay_out()
+    assert grouping.back_to_back(m.model.layers) and m not in _STATIC
+    assert m.lm_head.weight.untyped_storage().data_ptr() == head
