@@ -164,7 +164,6 @@ def _replace(graph: fx.Graph, x: fx.Node, run: list[tuple], real: dict) -> None:
         graph.erase_node(node)
 
 
-
 def _linear_args(node: fx.Node):
     args = list(node.args) + [None] * (3 - len(node.args))
     x = node.kwargs.get("input", args[0])
@@ -201,7 +200,7 @@ def grouped(backend):
     """A torch.compile backend: ``group_linears``, then ``backend`` (a callable, or inductor
     with its options: ``grouped({"coordinate_descent_tuning": True})``). One object per
     backend and options, so every layer's region finds the traces the first one made."""
-    key = id(backend) if callable(backend) else repr(sorted(backend.items()))
+    key = backend if callable(backend) else repr(sorted(backend.items()))
     if key not in _BACKENDS:
         _BACKENDS[key] = _grouped(backend)
     return _BACKENDS[key]

@@ -34,7 +34,8 @@ def test_bench_gpu_no_hf_runs_no_transformers_rows(tmp_path):
 
     main(["--shape", "tiny", "--device", "cpu", "--no-hf", "--batches", "1", "--ks", "2",
           "--eps", "0.0", "--new-tokens", "4", "--prompt", "4", "--out", str(tmp_path)])
-    kinds = {json.loads(line)["kind"] for line in (tmp_path / "bench.jsonl").read_text().splitlines()}
+    lines = (tmp_path / "bench.jsonl").read_text().splitlines()
+    kinds = {json.loads(line)["kind"] for line in lines}
     assert {"mmspec-plain", "mmspec-spec"} <= kinds and not any(k.startswith("hf-") for k in kinds)
 
 
