@@ -11,7 +11,7 @@ torch.compile, and its own trace: correct either way). The output head and the o
 projections outside the layers are compiled the same way.
 
 Under inductor, on a model whose decoder layers' sibling projections all lie back to back
-(``grouping.contiguous_projections``, which the sessions call on them first), the layers'
+(``lay_out``, which the sessions call first: ``grouping.contiguous_projections``), the layers'
 linear calls on one input (q/k/v, gate/up) run as one product (``grouping.grouped``).
 
 ``compiled(net, options)`` swaps the compiled layers in while a step is warmed up and captured
@@ -188,6 +188,27 @@ class _Made:
 
 
 _MADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Per model: whether its decoder layers' groups all lie back to back (``lay_out``).
+_LAID_OUT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def lay_out(net: nn.Module) -> bool:
+    """Lay ``net``'s decoder layers' projections out back to back (``grouping``), once per
+    model (again after ``forget_layout``); True when weights moved now."""
+    if net in _LAID_OUT:
+        return False
+    layers = decoder_layers(net)
+    moved = grouping.contiguous_projections(layers) > 0
+    _LAID_OUT[net] = grouping.back_to_back(layers)
+    return moved
+
+
+def forget_layout(net: nn.Module | None = None) -> None:
+    """Check ``net``'s layout again at its next ``lay_out`` (all models' if None)."""
+    if net is None:
+        _LAID_OUT.clear()
+    else:
+        _LAID_OUT.pop(net, None)
 
 
 def _made(net: nn.Module, options: dict, backend, prompt: bool, group: bool) -> _Made:
@@ -213,9 +234,8 @@ def compiled(net: nn.Module, options: dict, backend="inductor", prompt: bool = F
              group: bool = True):
     """Run ``net`` with its regions compiled (``options``: inductor's; ``backend``: a
     torch.compile backend; ``prompt``: for prompt passes, of any length; ``group``: under
-    inductor, linear calls on one input whose weights lie back to back as one product, where
-    all of the decoder layers' do: ``grouping.back_to_back``); the original modules are back
-    after. A failure of torch.compile is raised as a RuntimeError that
+    inductor, linear calls on one input whose weights lie back to back as one product, on a
+    model ``lay_out`` found all back to back); the original modules are back after. A failure of torch.compile is raised as a RuntimeError that
     names ``compile='graphs'``."""
     from torch import _dynamo
 
@@ -223,7 +243,7 @@ def compiled(net: nn.Module, options: dict, backend="inductor", prompt: bool = F
     _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 1024)
     _dynamo.config.accumulated_cache_size_limit = max(
         _dynamo.config.accumulated_cache_size_limit, 4096)
-    group = group and backend == "inductor" and grouping.back_to_back(decoder_layers(net))
+    group = group and backend == "inductor" and _LAID_OUT.get(net, False)
     made = _made(net, options, backend, prompt, group)
     pairs = made.pairs
     try:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import distributions, grouping, regions
+from . import distributions, regions
 from .attention import bucket, prefix, sdpa_configs
 from .cache import (DynamicCache, SequenceMask, StateSnapshot, StaticSequenceMask, TreeMask,
                     cache_argument, crop, gather_tail, recurrent_layers, repeated_rows)
@@ -163,11 +163,14 @@ def release_graphs(model=None) -> None:
 
     Static caches (``static_cache=True``, ``compile=True``) are kept after a call returns, so
     that the next call with the same rows and cache length reuses them and replays the
-    captured steps instead of capturing them again."""
+    captured steps instead of capturing them again. Call it after replacing a model's
+    Parameters (``param.data = ...``): captured steps read the weights where they were, and
+    ``compile=True`` lays the model's projections out again at its next call."""
     if model is None:
         _STATIC.clear()
     else:
         _STATIC.pop(model, None)
+    regions.forget_layout(model)
 
 
 class CausalLMSession(Session):
@@ -507,12 +510,11 @@ class CausalLMSession(Session):
                                 group=self.group_projections)
 
     def _lay_out(self) -> None:
-        """Each decoder layer's projections back to back (``mmspec.grouping``), once per
+        """Each decoder layer's projections back to back (``regions.lay_out``), once per
         model. Steps kept captured on the weights' former places are let go, every model's
         (a draft may share the target's layers)."""
-        layers = regions.decoder_layers(self.net)
-        if self.group_projections and grouping.contiguous_projections(layers):
-            release_graphs()
+        if self.group_projections and regions.lay_out(self.net):
+            _STATIC.clear()
 
     def _fused(self):
         """(the module a captured step calls, the context it is captured in): the network

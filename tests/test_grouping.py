@@ -100,3 +100,9 @@ def test_session_lays_out_the_decoder_layers_and_lets_kept_steps_go():
     s._lay_out()
     assert grouping.back_to_back(m.model.layers) and m not in _STATIC
     assert m.lm_head.weight.untyped_storage().data_ptr() == head
+    assert regions._LAID_OUT[m] and not regions.lay_out(m)        # once per model
+    mmspec.release_graphs(m)              # after Parameters are replaced: laid out again
+    a = m.model.layers[1].mlp
+    a.up_proj.weight.data = a.up_proj.weight.data.clone()
+    assert m not in regions._LAID_OUT and regions.lay_out(m)
+    assert grouping.back_to_back(m.model.layers)
