@@ -37,10 +37,17 @@ from torch import fx, nn
 LINEAR = (torch._C._nn.linear, nn.functional.linear)
 
 
+def _plain(t) -> bool:
+    """A dense tensor (or Parameter): not a subclass (quantized, distributed) whose layout is
+    its own."""
+    return type(t) in (torch.Tensor, nn.Parameter)
+
+
 def _groups(module: nn.Module) -> list[list[nn.Linear]]:
     by: dict = defaultdict(list)
     for child in module.children():
-        if type(child) is nn.Linear:
+        if (type(child) is nn.Linear and _plain(child.weight)
+                and (child.bias is None or _plain(child.bias))):
             w = child.weight
             by[(w.shape[1], w.dtype, w.device, child.bias is None)].append(child)
     return [g for g in by.values() if len(g) > 1]
@@ -177,7 +184,7 @@ def group_linears(gm: fx.GraphModule, example_inputs) -> int:
     biases among its placeholders, ``example_inputs`` their tensors) by one product split
     after. Returns the number of runs replaced."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    real = {n: t for n, t in zip(placeholders, example_inputs) if isinstance(t, torch.Tensor)}
+    real = {n: t for n, t in zip(placeholders, example_inputs) if _plain(t)}
     by_input: dict = defaultdict(list)
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in LINEAR:

@@ -106,3 +106,18 @@ def test_session_lays_out_the_decoder_layers_and_lets_kept_steps_go():
     a.up_proj.weight.data = a.up_proj.weight.data.clone()
     assert m not in regions._LAID_OUT and regions.lay_out(m)
     assert grouping.back_to_back(m.model.layers)
+
+
+def test_layout_leaves_tensor_subclasses_alone():
+    """A weight of a tensor subclass (quantized, distributed) keeps its own layout: its group
+    is not laid out, and the pass leaves its calls alone."""
+    class Packed(torch.Tensor):
+        pass
+
+    m = _model(layers=1)
+    a = m.model.layers[0].self_attn
+    a.q_proj.weight = torch.nn.Parameter(a.q_proj.weight.detach().as_subclass(Packed))
+    q = a.q_proj.weight.untyped_storage().data_ptr()
+    grouping.contiguous_projections(m)
+    assert a.q_proj.weight.untyped_storage().data_ptr() == q
+    assert grouping._back_to_back([a.k_proj.weight, a.v_proj.weight, a.o_proj.weight])
