@@ -65,6 +65,11 @@ def _back_to_back(tensors: list[torch.Tensor]) -> bool:
     return True
 
 
+def _laid_out(group: list[nn.Linear]) -> bool:
+    biases = [m.bias for m in group if m.bias is not None]
+    return _back_to_back([m.weight for m in group]) and (not biases or _back_to_back(biases))
+
+
 def _lay_out(params: list[nn.Parameter]) -> None:
     buffer = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype,
                          device=params[0].device)
@@ -89,10 +94,8 @@ def contiguous_projections(net: nn.Module) -> int:
             for group in _groups(module):
                 weights = [m.weight for m in group]
                 biases = [m.bias for m in group if m.bias is not None]
-                params = weights + biases
-                if (_back_to_back(weights) and (not biases or _back_to_back(biases))
-                        or any(p.device.type == "meta" or owners[p.untyped_storage().data_ptr()] > 1
-                               for p in params)):
+                if _laid_out(group) or any(p.device.type == "meta" or owners[
+                        p.untyped_storage().data_ptr()] > 1 for p in weights + biases):
                     continue
                 _lay_out(weights)
                 if biases:
@@ -104,12 +107,7 @@ def contiguous_projections(net: nn.Module) -> int:
 def back_to_back(net: nn.Module) -> bool:
     """Every group of ``net`` laid out back to back (``group_linears``' traces are shared by
     the layers that run the same code: it is applied to a model only when this holds)."""
-    for module in net.modules():
-        for group in _groups(module):
-            biases = [m.bias for m in group if m.bias is not None]
-            if not _back_to_back([m.weight for m in group]) or biases and not _back_to_back(biases):
-                return False
-    return True
+    return all(_laid_out(group) for module in net.modules() for group in _groups(module))
 
 
 def _rows_one(x: fx.Node) -> bool:

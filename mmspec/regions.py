@@ -235,8 +235,8 @@ def compiled(net: nn.Module, options: dict, backend="inductor", prompt: bool = F
     """Run ``net`` with its regions compiled (``options``: inductor's; ``backend``: a
     torch.compile backend; ``prompt``: for prompt passes, of any length; ``group``: under
     inductor, linear calls on one input whose weights lie back to back as one product, on a
-    model ``lay_out`` found all back to back); the original modules are back after. A failure of torch.compile is raised as a RuntimeError that
-    names ``compile='graphs'``."""
+    model ``lay_out`` found all back to back); the original modules are back after. A failure
+    of torch.compile is raised as a RuntimeError that names ``compile='graphs'``."""
     from torch import _dynamo
 
     # Layers that keep their own trace (see _cache_index) need an entry each per step width.

@@ -167,7 +167,8 @@ def test_gptfast_side_by_side_rows_and_bad_input(tmp_path):
             dict(kind="gptfast-steps", eps=0.05, batch=1, k=4, step_ms=4.5, verify_ms=5.0,
                  draft_step_ms=0.35)]
     table = "\n".join(_side_by_side(rows))
-    assert "| 0.0 | plain | `compile=True` | 6.00 | 5.00 | 1.20 | 1.00 / 1.00 | 1.20 | 95 |" in table
+    assert ("| 0.0 | plain | `compile=True` | 6.00 | 5.00 | 1.20 | 1.00 / 1.00 | 1.20 "
+            "| 95 |") in table
     assert ("| 0.05 | speculative K = 4 | `compile=True` | 4.00 | 4.00 | 1.00 | 2.50 / 2.25 "
             "| 1.11 | 90 |") in table
     assert "| 0.05 | captured | 4 | 4.00 / 4.50 | 5.20 / 5.00 | 0.40 / 0.35 |" in table

@@ -109,8 +109,8 @@ def test_session_lays_out_the_decoder_layers_and_lets_kept_steps_go():
 
 
 def test_layout_leaves_tensor_subclasses_alone():
-    """A weight of a tensor subclass (quantized, distributed) keeps its own layout: its group
-    is not laid out, and the pass leaves its calls alone."""
+    """A weight of a tensor subclass (quantized, distributed) keeps its own layout: it stays
+    out of its group, whose other members are laid out."""
     class Packed(torch.Tensor):
         pass
 
