@@ -7,7 +7,9 @@ holes included) that is gigabytes per step. Here the sessions pass a 4-D mask on
 a bucket W >= the slots in use (a multiple of 64, doubling: ``bucket``), and models whose
 attention is ``"sdpa"`` run under ``"mmspec_sdpa"`` during the step: the same function on
 the first W keys and values. With a mask as wide as the keys (or no 4-D mask) it is SDPA
-unchanged. Each bucket is its own captured graph (a few per call).
+unchanged. Each bucket is its own captured graph (a few per call). The sessions pass it an
+additive mask, built once per step (SDPA turns a bool mask into one in every layer); one of
+another dtype than the queries is cast.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def _register() -> None:
             # wide as the keys slices nothing)
             width = attention_mask.shape[-1]
             key, value = key[:, :, :width], value[:, :, :width]
+            if attention_mask.is_floating_point() and attention_mask.dtype != query.dtype:
+                attention_mask = attention_mask.to(query.dtype)
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
     AttentionInterface.register(NAME, prefix_sdpa)

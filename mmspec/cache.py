@@ -58,23 +58,33 @@ def crop(cache, remove: int) -> None:
             if not _is_recurrent(layer):
                 layer.crop(-remove)
         return
-    if any(not hasattr(layer, "crop") for layer in layers):
-        # transformers < 5.18: static layers have no crop; their write pointer is
-        # ``cumulative_length`` (what later versions' crop moves), one tensor per layer,
-        # moved together in one call (a launch per layer cost 0.3 ms of host time per
-        # rollback on a 32-layer model).
-        pointers = []
-        for layer in layers:
-            if hasattr(layer, "crop"):
-                layer.crop(-remove)
-            elif hasattr(layer, "cumulative_length"):
-                pointers.append(layer.cumulative_length)
-            else:
-                raise TypeError(f"cannot roll back a {type(layer).__name__} cache layer")
-        if pointers:
-            torch._foreach_sub_(pointers, remove)
+    if not isinstance(target, Cache) or type(target).crop is not Cache.crop:
+        target.crop(-remove)                      # a cache with a rollback of its own
         return
-    target.crop(-remove)
+    # Static layers: their write pointers (``cumulative_length``, all that StaticLayer.crop
+    # moves; transformers < 5.18 has no crop), one tensor per layer, moved together in one
+    # call (a launch per layer cost 0.3 ms of host time per rollback on a 32-layer model).
+    pointers = []
+    for layer in layers:
+        pointer = _write_pointer(layer)
+        if pointer is not None:
+            pointers.append(pointer)
+        elif hasattr(layer, "crop"):
+            layer.crop(-remove)
+        else:
+            raise TypeError(f"cannot roll back a {type(layer).__name__} cache layer")
+    if pointers:
+        torch._foreach_sub_(pointers, remove)
+
+
+def _write_pointer(layer) -> torch.Tensor | None:
+    """A static layer's write pointer when a rollback moves only it, else None."""
+    from transformers.cache_utils import StaticLayer
+
+    moves_pointer = (type(layer).crop is StaticLayer.crop if hasattr(layer, "crop")
+                     else True)
+    pointer = getattr(layer, "cumulative_length", None)
+    return pointer if moves_pointer and isinstance(pointer, torch.Tensor) else None
 
 
 def gather_tail(cache, n: int, index: torch.Tensor, length: int | None = None) -> None:

@@ -267,8 +267,12 @@ class CausalLMSession(Session):
         self._sdpa_configs = sdpa_configs(self.net) if static_len is not None else []
         text_sdpa = any(c is _decoder_config(self.net) for c in self._sdpa_configs)
         self._bucketed = text_sdpa and compile in (False, "graphs", "regional")
-        # 4-D masks are bool for SDPA; other attention (eager) adds them to its scores.
-        self._additive = None if text_sdpa else next(model.parameters()).dtype
+        # 4-D masks are additive, in the model's dtype: eager attention adds them to its
+        # scores; SDPA would turn a bool mask into one in every layer (a kernel per layer and
+        # step), so under prefix attention (which casts a mask of another dtype) the step
+        # builds it once. SDPA over the whole cache keeps bool masks (it checks the dtype).
+        self._additive = next(model.parameters()).dtype
+        self._sdpa_bool = text_sdpa
         self.cache = None
         self.seq: SequenceMask | StaticSequenceMask | None = None
         self.features: torch.Tensor | None = None     # ``keep_features``: the last forward's
@@ -461,10 +465,11 @@ class CausalLMSession(Session):
         """One step on the static cache, all on the device (what a captured step replays):
         the mask (``width`` slots wide) and positions from the sequence buffers, the forward,
         the buffers moved."""
-        mask, pos = self.seq.advance(valid, width, self._additive, tree)
+        narrow = width < self.static_len or self.compile == "regional"
+        bool_mask = self._sdpa_bool and not (narrow and self._bucketed)
+        mask, pos = self.seq.advance(valid, width, None if bool_mask else self._additive, tree)
         if self.compile == "regional":
             regions.dynamic_length(self.cache, mask)
-        narrow = width < self.static_len or self.compile == "regional"
         with prefix(self._sdpa_configs if narrow else []):
             out = fn(**inputs, **{self._cache_arg: self.cache}, attention_mask=mask,
                      position_ids=self.position_ids(pos, prompt), use_cache=True,

@@ -37,7 +37,7 @@ def _static_widths(target, draft, ragged_prompts, monkeypatch, check=lambda: Non
     advance = StaticSequenceMask.advance
 
     def spy(self, valid, width=None, additive=None, tree=None):
-        widths.append((width, self.buf.shape[1]))
+        widths.append((width, self.buf.shape[1], additive))
         check()
         return advance(self, valid, width, additive, tree)
 
@@ -60,10 +60,37 @@ def test_static_steps_attend_over_a_bucket_of_the_cache(pair, ragged_prompts, mo
     assert sdpa()
     widths = _static_widths(target, draft, ragged_prompts, monkeypatch,
                             check=lambda: sdpa() or pytest.fail("switched outside the call"))
-    used = sorted({w for w, _ in widths})
+    used = sorted({w for w, _, _ in widths})
     total = widths[0][1]
     assert used[0] == 64 and used[-1] <= total and len(used) >= 3, (used, total)
     assert sdpa()
+    # built once per step as an additive mask (SDPA would convert a bool one in every layer)
+    assert {a for w, t, a in widths if w < t} == {torch.float32}
+
+
+def test_prefix_attention_casts_a_mask_of_another_dtype():
+    """The prefix function takes an additive mask of any float dtype (cast to the queries')
+    and gives SDPA's result with the same mask as bool."""
+    from transformers import AttentionInterface
+
+    from mmspec import attention
+
+    attention._register()
+    fn = AttentionInterface()[attention.NAME]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 3, 8, generator=g) for _ in range(3))
+    visible = torch.tensor([True, False, True, True, False, True])[None, None, None].expand(
+        1, 1, 3, 6)
+    module = torch.nn.Module()
+    module.is_causal, module.training = False, False
+    keys, values = torch.cat([k, k], 2), torch.cat([v, v], 2)
+    ref, _ = fn(module, q, keys, values, visible)
+    additive = (~visible).double() * torch.finfo(torch.float64).min
+    out, _ = fn(module, q, keys, values, additive)
+    torch.testing.assert_close(out, ref)
+    short, _ = fn(module, q, keys, values, additive[..., :4])     # the first 4 keys only
+    torch.testing.assert_close(short, fn(module, q, keys[:, :, :4], values[:, :, :4],
+                                         visible[..., :4])[0])
 
 
 def test_models_without_sdpa_attend_over_the_whole_static_cache(ragged_prompts, monkeypatch):
@@ -77,8 +104,8 @@ def test_models_without_sdpa_attend_over_the_whole_static_cache(ragged_prompts, 
     target.set_attn_implementation("eager")
     draft = tiny_llama(hidden=16, layers=1, seed=1)
     widths = _static_widths(target, draft, ragged_prompts, monkeypatch)
-    assert any(w == total for w, total in widths)                      # the eager target
-    assert any(w < total for w, total in widths)                       # the SDPA draft buckets
+    assert any(w == total for w, total, _ in widths)                   # the eager target
+    assert any(w < total for w, total, _ in widths)                    # the SDPA draft buckets
     assert target.config._attn_implementation == "eager"
 
 
@@ -715,6 +742,34 @@ def test_layer_cache_views_one_layer():
     assert cache.layers[0].keys[0, :, 0].eq(1).all() and cache.layers[0].keys[0, :, 1:].eq(0).all()
     enc = EncoderDecoderCache(DynamicCache(), DynamicCache())
     assert regions.layer_cache(enc, 0) is enc
+
+
+def test_static_rollback_moves_every_write_pointer_in_one_call(monkeypatch):
+    """``cache.crop`` on static layers moves their ``cumulative_length`` together (one
+    ``_foreach_sub_``, no per-layer crop call); a layer with a crop of its own (a sliding
+    window's) gets that crop; the next update writes at the rolled-back slot."""
+    from transformers import LlamaConfig, StaticCache
+    from transformers.cache_utils import StaticLayer
+
+    from mmspec.cache import crop
+
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                      num_attention_heads=2, num_key_value_heads=2, vocab_size=64,
+                      layer_types=["full_attention", "sliding_attention", "full_attention"],
+                      sliding_window=4)
+    cache = StaticCache(config=cfg, max_cache_len=8)
+    k = torch.ones(1, 2, 3, 16)
+    for i in range(3):
+        cache.update(k, k, i)
+    calls, own = [], StaticLayer.crop
+    monkeypatch.setattr(StaticLayer, "crop", lambda self, n: (calls.append(self), own(self, n)))
+    crop(cache, 2)
+    window = [layer for layer in cache.layers if type(layer) is not StaticLayer]
+    assert len(window) == 1 and calls == window          # its crop calls StaticLayer's
+    assert [int(layer.cumulative_length) for layer in cache.layers] == [1, 1, 1]
+    assert window[0].cumulative_length_int == 1
+    keys, _ = cache.update(2 * k[:, :, :1], k[:, :, :1], 0)
+    assert keys[0, :, 1].eq(2).all() and keys[0, :, 0].eq(1).all()
 
 
 def test_regional_wrappers_keep_no_model_alive():
