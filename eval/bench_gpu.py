@@ -490,9 +490,10 @@ def _side_by_side(rows) -> list[str]:
 
 def _steps_side_by_side(rows, peer) -> list[str]:
     """The speculative call's steps alone, each side timing its own compiled steps."""
-    out = ["", "Steps alone, ms (mmspec / gpt-fast), batch 1:", "",
-           "| eps | mmspec mode | K | target step | verification (K + 1 tokens) | draft step |",
-           "|---|---|---|---|---|---|"]
+    head = ["", "Steps alone, ms (mmspec / gpt-fast), batch 1:", "",
+            "| eps | mmspec mode | K | target step | verification (K + 1 tokens) | draft step |",
+            "|---|---|---|---|---|---|"]
+    out = list(head)
     for r in rows:
         g = peer.get(("gptfast-steps", r.get("eps")))
         if (g is None or r["kind"] != "mmspec-spec" or r.get("batch") != 1
@@ -501,7 +502,7 @@ def _steps_side_by_side(rows, peer) -> list[str]:
         cells = [f"{r[key]:.2f} / {g[key]:.2f}" for key in ("step_ms", "verify_ms",
                                                             "draft_step_ms")]
         out.append(f"| {r['eps']} | {r['mode']} | {r['k']} | " + " | ".join(cells) + " |")
-    return out if len(out) > 4 else []
+    return out if len(out) > len(head) else []
 
 
 def _f(v, nd=2):

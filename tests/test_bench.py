@@ -173,6 +173,7 @@ def test_gptfast_side_by_side_rows_and_bad_input(tmp_path):
             "| 1.11 | 90 |") in table
     assert "| 0.05 | captured | 4 | 4.00 / 4.50 | 5.20 / 5.00 | 0.40 / 0.35 |" in table
     assert "| 0.0 | captured" not in table.split("Steps alone")[1]   # no gpt-fast steps at 0
+    assert "Steps alone" not in "\n".join(_side_by_side(rows[:-1]))   # a call cut before them
     with pytest.raises(ValueError, match="accepted a gpt-fast checkout"):
         main(["--peer-gptfast", str(tmp_path), "--out", str(tmp_path)])
 
