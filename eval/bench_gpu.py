@@ -3,6 +3,8 @@
     python -m eval.bench_gpu --out out/bench_gpu                 # 7B Llama shape, bf16, H200
     python -m eval.bench_gpu --shape tiny --device cpu --no-hf-compile   # a smoke run on CPU
     python -m eval.bench_gpu --shape janus-pro-7b      # (or musicgen-large): other modalities
+    python -m eval.bench_gpu --peer-gptfast DIR        # gpt-fast side by side (its checkout)
+    python -m eval.bench_gpu --peer-rows FILE          # gpt-fast's rows from an earlier call
 
 Target: a Llama with random bf16 weights (7B shape: 32 layers, hidden 4096, vocab 32000);
 the cost of a step does not depend on the weights' values. Acceptance is controlled on
@@ -83,9 +85,10 @@ def open_log(out_dir: str):
     line to ``out_dir/bench.jsonl`` (so a run cut short keeps what it measured)."""
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "bench.jsonl")
-    rows = []
+    rows, start = [], time.perf_counter()
 
     def emit(row):
+        row = {**row, "elapsed_s": round(time.perf_counter() - start, 1)}
         rows.append(row)
         line = json.dumps(row)
         print(line, flush=True)
@@ -257,6 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also run gpt-fast from this checkout (pytorch-labs/gpt-fast, fetched "
                          "by you; eval/peer_gptfast.py) on the same shape and draft, batch 1 "
                          "(default: none)")
+    ap.add_argument("--peer-rows", default=None, metavar="FILE",
+                    help="gpt-fast's rows from an earlier `python -m eval.peer_gptfast` on the "
+                         "same machine (its JSON lines), for the side-by-side tables when both "
+                         "do not fit in one call (default: none)")
     ap.add_argument("--inductor-option", type=inductor_option, action="append", default=[],
                     metavar="KEY=VALUE",
                     help="set one of the decode steps' inductor options "
@@ -366,6 +373,8 @@ def main(argv=None):
     if args.peer_gptfast:
         for row in run_gptfast(args):
             emit(row)
+    for row in peer_rows(args.peer_rows):
+        emit(row)
     write_report(args.out, rows)
 
 
@@ -401,31 +410,69 @@ def hf_rows(args, target, draft, ids, eps, b, floor_ms, plain, emit) -> None:
 
 
 def check_peer(args) -> None:
-    """``--peer-gptfast`` refused before any work: the 7B shape only, a gpt-fast folder."""
-    if args.peer_gptfast is None:
+    """``--peer-gptfast`` and ``--peer-rows`` refused before any work: the 7B shape only, a
+    gpt-fast folder, a file of gpt-fast's rows, not both."""
+    if args.peer_gptfast is None and args.peer_rows is None:
         return
+    flag = "--peer-gptfast" if args.peer_gptfast is not None else "--peer-rows"
     if args.shape != "7b":
-        raise ValueError(f"--peer-gptfast: accepted with --shape 7b (gpt-fast's 7B config), "
+        raise ValueError(f"{flag}: accepted with --shape 7b (gpt-fast's 7B config), "
                          f"not {args.shape}")
+    if args.peer_rows is not None:
+        if args.peer_gptfast is not None:
+            raise ValueError("--peer-rows: accepted without --peer-gptfast (gpt-fast's rows "
+                             "come from one or the other)")
+        peer_rows(args.peer_rows)
+        return
     if not os.path.isfile(os.path.join(args.peer_gptfast, "generate.py")):
         raise ValueError(f"--peer-gptfast {args.peer_gptfast}: accepted a gpt-fast checkout "
                          "(a folder with generate.py and model.py)")
 
 
-def run_gptfast(args) -> list[dict]:
+def run_gptfast(args):
     """gpt-fast's rows (``eval.peer_gptfast`` in a child process: its imports set inductor
-    flags), on the same shape, draft, eps values, prompt and token counts, batch 1."""
-    import subprocess
+    flags), on the same shape, draft, eps values, prompt and token counts, batch 1; each
+    row yielded as the child prints it (a call cut short keeps the rows measured)."""
     import sys
 
     cmd = [sys.executable, "-m", "eval.peer_gptfast", args.peer_gptfast,
            "--eps", ",".join(str(e) for e in args.eps), "--new-tokens", str(args.new_tokens),
            "--prompt", str(args.prompt), "--repeats", "5"]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
-        raise ValueError(f"--peer-gptfast {args.peer_gptfast}: gpt-fast failed: {tail[0]}")
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    yield from streamed_rows(cmd, f"--peer-gptfast {args.peer_gptfast}: gpt-fast")
+
+
+def streamed_rows(cmd: list[str], what: str):
+    """The JSON lines ``cmd`` prints, each as it comes; a ValueError naming ``what`` and the
+    last line of its errors if it fails."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as err:
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True) as child:
+            for line in child.stdout:
+                if line.startswith("{"):
+                    yield json.loads(line)
+        if child.returncode != 0:
+            err.seek(0)
+            tail = err.read().strip().splitlines()[-1:] or ["no output"]
+            raise ValueError(f"{what} failed: {tail[0]}")
+
+
+def peer_rows(path: str | None) -> list[dict]:
+    """gpt-fast's rows from ``path`` (``eval.peer_gptfast``'s JSON lines; other lines are
+    skipped); none when ``path`` is None."""
+    if path is None:
+        return []
+    if not os.path.isfile(path):
+        raise ValueError(f"--peer-rows {path}: no such file; accepted the JSON lines of "
+                         "`python -m eval.peer_gptfast`")
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.startswith("{")]
+    rows = [r for r in rows if str(r.get("kind", "")).startswith("gptfast-")]
+    if not rows:
+        raise ValueError(f"--peer-rows {path}: no gpt-fast rows (kind gptfast-...); accepted "
+                         "the JSON lines of `python -m eval.peer_gptfast`")
+    return rows
 
 
 def write_report(out_dir, rows):

@@ -37,6 +37,39 @@ def test_bench_gpu_no_hf_runs_no_transformers_rows(tmp_path):
     lines = (tmp_path / "bench.jsonl").read_text().splitlines()
     kinds = {json.loads(line)["kind"] for line in lines}
     assert {"mmspec-plain", "mmspec-spec"} <= kinds and not any(k.startswith("hf-") for k in kinds)
+    elapsed = [json.loads(line)["elapsed_s"] for line in lines]     # where a call's time went
+    assert elapsed == sorted(elapsed) and elapsed[-1] > 0
+
+
+def test_gptfast_rows_stream_from_the_child_and_from_a_file(tmp_path):
+    """gpt-fast's rows arrive one by one (a failing child's earlier rows are kept before its
+    one-line error); ``--peer-rows`` reads an earlier call's, refused before any work when
+    the file holds none, with ``--peer-gptfast`` or off the 7B shape."""
+    import sys
+    from types import SimpleNamespace
+
+    from eval.bench_gpu import check_peer, peer_rows, streamed_rows
+
+    code = ("import sys; print('{\"kind\": \"gptfast-plain\", \"eps\": 0.0}', flush=True); "
+            "sys.stderr.write('boom\\n'); sys.exit(3)")
+    got = []
+    with pytest.raises(ValueError, match="gpt-fast failed: boom"):
+        for row in streamed_rows([sys.executable, "-c", code], "gpt-fast"):
+            got.append(row)
+    assert got == [{"kind": "gptfast-plain", "eps": 0.0}]
+    good, bad = tmp_path / "peer.jsonl", tmp_path / "none.jsonl"
+    good.write_text('warning\n{"kind": "gptfast-spec", "eps": 0.05}\n{"kind": "setup"}\n')
+    bad.write_text('{"kind": "mmspec-plain"}\n')
+    assert peer_rows(str(good)) == [{"kind": "gptfast-spec", "eps": 0.05}]
+    args = lambda **kw: SimpleNamespace(**{"shape": "7b", "peer_gptfast": None,  # noqa: E731
+                                           "peer_rows": None, **kw})
+    check_peer(args(peer_rows=str(good)))
+    for kw, msg in ((dict(peer_rows=str(bad)), "no gpt-fast rows"),
+                    (dict(peer_rows=str(tmp_path / "x")), "no such file"),
+                    (dict(peer_rows=str(good), peer_gptfast=str(tmp_path)), "without --peer"),
+                    (dict(peer_rows=str(good), shape="1b"), "accepted with --shape 7b")):
+        with pytest.raises(ValueError, match=msg):
+            check_peer(args(**kw))
 
 
 def test_bench_gpu_refuses_a_malformed_inductor_option_in_one_line():
