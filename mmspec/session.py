@@ -272,7 +272,7 @@ class CausalLMSession(Session):
         # step), so under prefix attention (which casts a mask of another dtype) the step
         # builds it once. SDPA over the whole cache keeps bool masks (it checks the dtype).
         self._additive = next(model.parameters()).dtype
-        self._sdpa_bool = text_sdpa
+        self._text_sdpa = text_sdpa
         self.cache = None
         self.seq: SequenceMask | StaticSequenceMask | None = None
         self.features: torch.Tensor | None = None     # ``keep_features``: the last forward's
@@ -465,8 +465,8 @@ class CausalLMSession(Session):
         """One step on the static cache, all on the device (what a captured step replays):
         the mask (``width`` slots wide) and positions from the sequence buffers, the forward,
         the buffers moved."""
-        narrow = width < self.static_len or self.compile == "regional"
-        bool_mask = self._sdpa_bool and not (narrow and self._bucketed)
+        narrow = width < self.static_len or self.compile == "regional"   # prefix attention
+        bool_mask = self._text_sdpa and not narrow
         mask, pos = self.seq.advance(valid, width, None if bool_mask else self._additive, tree)
         if self.compile == "regional":
             regions.dynamic_length(self.cache, mask)
