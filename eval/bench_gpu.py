@@ -5,6 +5,7 @@
     python -m eval.bench_gpu --shape janus-pro-7b      # (or musicgen-large): other modalities
     python -m eval.bench_gpu --peer-gptfast DIR        # gpt-fast side by side (its checkout)
     python -m eval.bench_gpu --peer-rows FILE          # gpt-fast's rows from an earlier call
+    python -m eval.bench_gpu --prompts 8               # each row over 8 prompts
 
 Target: a Llama with random bf16 weights (7B shape: 32 layers, hidden 4096, vocab 32000);
 the cost of a step does not depend on the weights' values. Acceptance is controlled on
@@ -37,6 +38,7 @@ import argparse
 import json
 import os
 import time
+from dataclasses import dataclass
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -197,6 +199,39 @@ def timed(fn, dev, repeats=2, warmup=0):
     return out, best
 
 
+@dataclass
+class Calls:
+    """One ``generate`` call per prompt: their outputs, counters summed over the calls."""
+
+    outs: list
+
+    @property
+    def steps(self) -> int:
+        return sum(o.stats.steps for o in self.outs)
+
+    @property
+    def tokens_per_step(self) -> float:
+        return (sum(o.stats.emitted for o in self.outs)
+                / max(1, sum(o.stats.row_steps for o in self.outs)))
+
+    @property
+    def acceptance_rate(self) -> float:
+        return (sum(o.stats.accepted for o in self.outs)
+                / max(1, sum(o.stats.drafted for o in self.outs)))
+
+    def same(self, other: "Calls") -> bool:
+        """Token for token the same sequences as ``other``'s, call by call."""
+        return all(torch.equal(a.sequences, b.sequences) for a, b in zip(self.outs, other.outs))
+
+
+def prompts(vocab: int, batch: int, length: int, count: int, dev) -> list[torch.Tensor]:
+    """``count`` random prompts [batch, length]; the i-th drawn with seed batch + 1000 i (the
+    first is every earlier run's prompt; ``eval.peer_gptfast`` draws the same at batch 1)."""
+    return [torch.randint(2, vocab, (batch, length), device=dev,
+                          generator=torch.Generator(device=dev).manual_seed(batch + 1000 * i))
+            for i in range(count)]
+
+
 def step_cost(model, batch, width, dev, compile: bool, prompt_len=128, reps=20) -> float:
     """Seconds of one decoding step of ``width`` tokens at ``batch`` rows (static cache)."""
     s = CausalLMSession(model, mmspec.SamplingParams(temperature=0), static_len=prompt_len + 64 + 4 * reps,
@@ -249,6 +284,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "inductor runs at batch 1, K=4 only (compilation per width)")
     ap.add_argument("--new-tokens", type=COUNT, default=128)
     ap.add_argument("--prompt", type=COUNT, default=128, help="prompt tokens")
+    ap.add_argument("--prompts", type=COUNT, default=1,
+                    help="random prompts per row, one generate call each: times and counts "
+                         "are over all of them, so trajectories that part on near-ties weigh "
+                         "less (transformers' rows use the first; default: 1)")
     ap.add_argument("--no-hf-compile", action="store_true",
                     help="skip transformers' own compiled generate")
     ap.add_argument("--no-hf", action="store_true",
@@ -300,17 +339,17 @@ def main(argv=None):
     emit(dict(kind="setup", device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
               shape=args.shape, weight_gb=wbytes / 1e9, copy_tb_s=bw / 1e12, floor_ms=floor_ms,
               transformers=__import__("transformers").__version__, torch=torch.__version__,
-              inductor_options=options))
+              inductor_options=options, prompts=args.prompts))
     n = args.new_tokens
     pipe = False if args.no_spec_pipeline else None
     ks = args.ks
     for eps in args.eps:
         set_eps(originals, eps)
         for b in args.batches:
-            ids = torch.randint(2, target.config.vocab_size, (b, args.prompt), device=dev,
-                                generator=torch.Generator(device=dev).manual_seed(b))
-            mask = torch.ones_like(ids)
-            gen = dict(attention_mask=mask, temperature=0, max_new_tokens=n, stop_token_ids=[])
+            ids = prompts(target.config.vocab_size, b, args.prompt, args.prompts, dev)
+            gen = dict(attention_mask=torch.ones_like(ids[0]), temperature=0, max_new_tokens=n,
+                       stop_token_ids=[])
+            calls = args.prompts                                  # generate calls per timing
             costs = {}
             modes = args.modes if dev.type == "cuda" else ["eager"]
             for mode in modes:
@@ -324,39 +363,40 @@ def main(argv=None):
                 run_ks = ks if b == 1 and mode != "inductor" else [4]
                 for k in run_ks:
                     costs[mode][f"t{k + 1}"] = step_cost(target, b, k + 1, dev, cap)
-                plain, t_plain = timed(lambda: mmspec.generate(target, None, ids, compile=cap,
-                                                               static_cache=True, **gen),
-                                       dev, 3, warmup=2)
-                # The decoding step alone: the call less its measured prompt pass.
-                decode_ms = 1e3 * (t_plain - costs[mode]["pt"]) / plain.stats.steps
-                emit(dict(kind="mmspec-plain", mode=mode, eps=eps, batch=b,
-                          ms_per_token=1e3 * t_plain / n, ms_per_step=1e3 * t_plain / plain.stats.steps,
-                          step_over_floor=(1e3 * t_plain / plain.stats.steps) / floor_ms,
+                plain, t_plain = timed(lambda: Calls([mmspec.generate(
+                    target, None, p, compile=cap, static_cache=True, **gen) for p in ids]),
+                    dev, 3, warmup=2)
+                # The decoding step alone: the calls less their measured prompt passes.
+                decode_ms = 1e3 * (t_plain - calls * costs[mode]["pt"]) / plain.steps
+                emit(dict(kind="mmspec-plain", mode=mode, eps=eps, batch=b, prompts=calls,
+                          ms_per_token=1e3 * t_plain / (n * calls),
+                          ms_per_step=1e3 * t_plain / plain.steps,
+                          step_over_floor=(1e3 * t_plain / plain.steps) / floor_ms,
                           decode_step_ms=decode_ms, decode_step_over_floor=decode_ms / floor_ms,
                           target_step_ms=1e3 * costs[mode]["t1"]))
                 for k in run_ks:
                     for dname, dmodel in (("2-layer", draft), ("self", target)):
                         if dname == "self" and (k != 4 or eps != 0.0):
                             continue
-                        out, t = timed(lambda: mmspec.generate(target, dmodel, ids, compile=cap,
-                                                               static_cache=True, pipeline=pipe,
-                                                               num_draft_tokens=k, **gen),
-                                       dev, 3, warmup=2)
-                        st = out.stats
+                        st, t = timed(lambda: Calls([mmspec.generate(
+                            target, dmodel, p, compile=cap, static_cache=True, pipeline=pipe,
+                            num_draft_tokens=k, **gen) for p in ids]), dev, 3, warmup=2)
                         d_cost = costs[mode]["d1"] if dname == "2-layer" else costs[mode]["t1"]
                         step = costs[mode][f"t{k + 1}"] + k * d_cost
                         bound = st.tokens_per_step * costs[mode]["t1"] / step
                         # The same with each call's prompt passes on both sides.
                         c = costs[mode]
                         p_d = c["pd"] if dname == "2-layer" else c["pt"]
-                        bound_call = ((c["pt"] + plain.stats.steps * c["t1"])
-                                      / (c["pt"] + p_d + st.steps * step))
+                        bound_call = ((calls * c["pt"] + plain.steps * c["t1"])
+                                      / (calls * (c["pt"] + p_d) + st.steps * step))
                         speed = t_plain / t
                         # Decoding alone: each call less its measured prompt passes.
-                        speed_decode = (t_plain - c["pt"]) / (t - c["pt"] - p_d)
+                        speed_decode = ((t_plain - calls * c["pt"])
+                                        / (t - calls * (c["pt"] + p_d)))
                         emit(dict(kind="mmspec-spec", mode=mode, eps=eps, batch=b, k=k, draft=dname,
-                                  acceptance=st.acceptance_rate, tokens_per_step=st.tokens_per_step,
-                                  ms_per_token=1e3 * t / n, speedup=speed, bound=bound,
+                                  prompts=calls, acceptance=st.acceptance_rate,
+                                  tokens_per_step=st.tokens_per_step,
+                                  ms_per_token=1e3 * t / (n * calls), speedup=speed, bound=bound,
                                   efficiency=speed / bound, bound_call=bound_call,
                                   efficiency_call=speed / bound_call,
                                   speedup_decode=speed_decode,
@@ -366,9 +406,9 @@ def main(argv=None):
                                   step_ms=1e3 * costs[mode]["t1"],
                                   verify_ms=1e3 * costs[mode][f"t{k + 1}"],
                                   draft_step_ms=1e3 * d_cost,
-                                  identical=bool(torch.equal(out.sequences, plain.sequences))))
+                                  identical=st.same(plain)))
             if not args.no_hf:
-                hf_rows(args, target, draft, ids, eps, b, floor_ms, plain, emit)
+                hf_rows(args, target, draft, ids[0], eps, b, floor_ms, plain.outs[0], emit)
             mmspec.release_graphs()     # the kept static caches of this batch size
     if args.peer_gptfast:
         for row in run_gptfast(args):
@@ -437,7 +477,7 @@ def run_gptfast(args):
 
     cmd = [sys.executable, "-m", "eval.peer_gptfast", args.peer_gptfast,
            "--eps", ",".join(str(e) for e in args.eps), "--new-tokens", str(args.new_tokens),
-           "--prompt", str(args.prompt), "--repeats", "5"]
+           "--prompt", str(args.prompt), "--prompts", str(args.prompts), "--repeats", "5"]
     yield from streamed_rows(cmd, f"--peer-gptfast {args.peer_gptfast}: gpt-fast")
 
 

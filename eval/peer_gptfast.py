@@ -7,20 +7,20 @@ generate.py sets inductor flags when imported). DIR is a checkout of pytorch-lab
 that the user fetched (nothing of it is part of mmspec); at 32971d3 its batch-1 speculative
 path needs the three one-line fixes listed in docs/benchmarks.md.
 
-The model, the draft and the prompt are ``eval.bench_gpu``'s: its 7B Llama (random bf16
+The model, the draft and the prompts are ``eval.bench_gpu``'s: its 7B Llama (random bf16
 weights, seed 0) is built and its weights moved into gpt-fast's ``Transformer`` at the "7B"
 config (32 layers, hidden 4096, vocabulary 32000; the query and key rows reordered from
 transformers' half-split rotary layout to gpt-fast's interleaved one, ``interleaved_rows``),
-so both sides compute the same function on the same 128 prompt ids and their greedy drafts
+so both sides compute the same function on the same prompt ids and their greedy drafts
 are accepted alike. The draft is the first two layers (embeddings, norm and head shared),
 the target's layers >= 2 writing into the residual stream scaled by eps. Both are compiled as
 gpt-fast's own ``main`` does (``decode_one_token`` and ``model_forward`` with mode
-"reduce-overhead", fullgraph). Greedy, batch 1, a 128-token prompt, 128 new tokens; prints
-JSON lines: ms per generated token of the whole call (the prompt pass included, as
-``bench_gpu``'s ``ms_per_token``), tokens per step, and the first call's seconds
-(compilation and capture); then, per eps, the compiled steps alone (``step_costs``: the
-target's one-token step, its K + 1 token verification, the draft's step), as ``bench_gpu``
-times its own.
+"reduce-overhead", fullgraph). Greedy, batch 1, ``--prompts`` 128-token prompts (one call
+each), 128 new tokens; prints JSON lines: ms per generated token of the calls (the prompt
+passes included, as ``bench_gpu``'s ``ms_per_token``), tokens per step, and the first
+round's seconds (compilation and capture); then, per eps, the compiled steps alone
+(``step_costs``: the target's one-token step, its K + 1 token verification, the draft's
+step), as ``bench_gpu`` times its own.
 """
 
 from __future__ import annotations
@@ -106,17 +106,18 @@ def set_eps(writes, originals, eps: float) -> None:
             w2.copy_(w20 * eps)
 
 
-def timed_calls(G, target, draft, prompt, n, k, repeats):
-    """(seconds of each call, the last call's stats)."""
-    times, stats = [], None
+def timed_calls(G, target, draft, prompts, n, k, repeats):
+    """(seconds of each round of one call per prompt, the last round's speculative steps)."""
+    times, steps = [], 0
     for _ in range(repeats):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        _, stats = G.generate(target, prompt, n, batch_size=1, interactive=False,
-                              draft_model=draft, speculate_k=k, temperature=0.0, top_k=None)
+        stats = [G.generate(target, p, n, batch_size=1, interactive=False, draft_model=draft,
+                            speculate_k=k, temperature=0.0, top_k=None)[1] for p in prompts]
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    return times, stats
+        steps = sum(sum(s["accept_counts"]) for s in stats)
+    return times, steps
 
 
 def step_costs(G, target, draft, k: int, pos: int, reps: int = 50) -> dict:
@@ -152,6 +153,8 @@ def main(argv=None) -> None:
     ap.add_argument("--k", type=int, default=4, help="drafts per step")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--prompts", type=int, default=1,
+                    help="random prompts per row (bench_gpu's --prompts: the same prompts)")
     ap.add_argument("--repeats", type=int, default=4, help="calls per row (the first compile)")
     args = ap.parse_args(argv)
     G, Transformer, ModelArgs = load(args.folder)
@@ -159,24 +162,26 @@ def main(argv=None) -> None:
     target, draft, writes, originals = build(Transformer, ModelArgs, dev)
     G.decode_one_token = torch.compile(G.decode_one_token, mode="reduce-overhead", fullgraph=True)
     G.model_forward = torch.compile(G.model_forward, mode="reduce-overhead", fullgraph=True)
-    # bench_gpu's prompt at batch 1
-    prompt = torch.randint(2, 32000, (1, args.prompt), device=dev,
-                           generator=torch.Generator(device=dev).manual_seed(1))[0].int()
-    n = args.new_tokens
+    from .bench_gpu import prompts as bench_prompts
+
+    # bench_gpu's prompts at batch 1
+    prompts = [p[0].int() for p in bench_prompts(32000, 1, args.prompt, args.prompts, dev)]
+    n, calls = args.new_tokens, len(prompts)
     for i, eps in enumerate(float(e) for e in args.eps.split(",")):
         set_eps(writes, originals, eps)
         for d in ((None, draft) if i == 0 else (draft,)):
-            times, st = timed_calls(G, target, d, prompt, n, args.k, args.repeats)
+            times, steps = timed_calls(G, target, d, prompts, n, args.k, args.repeats)
             # gpt-fast's prompt pass emits the first token, its steps the other n - 1 (mmspec's
             # steps emit all n after a prompt pass that emits none)
-            per_step = (n - 1) / sum(st["accept_counts"]) if d is not None else 1.0
+            per_step = (n - 1) * calls / steps if d is not None else 1.0
             print(json.dumps(dict(
                 kind="gptfast-" + ("spec" if d is not None else "plain"), eps=eps, batch=1,
-                k=args.k if d is not None else None, ms_per_token=1e3 * min(times[2:]) / n,
-                tokens_per_step=per_step, first_call_s=times[0])), flush=True)
+                k=args.k if d is not None else None, prompts=calls,
+                ms_per_token=1e3 * min(times[2:]) / (n * calls), tokens_per_step=per_step,
+                first_call_s=times[0])), flush=True)
         with torch.no_grad():
-            steps = step_costs(G, target, draft, args.k, args.prompt + n // 2)
-        print(json.dumps(dict(kind="gptfast-steps", eps=eps, batch=1, k=args.k, **steps)),
+            costs = step_costs(G, target, draft, args.k, args.prompt + n // 2)
+        print(json.dumps(dict(kind="gptfast-steps", eps=eps, batch=1, k=args.k, **costs)),
               flush=True)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 
 def test_bench_gpu_tiny_cpu_rows_are_identical_and_bounded(tmp_path, monkeypatch):
@@ -70,6 +71,28 @@ def test_gptfast_rows_stream_from_the_child_and_from_a_file(tmp_path):
                     (dict(peer_rows=str(good), shape="1b"), "accepted with --shape 7b")):
         with pytest.raises(ValueError, match=msg):
             check_peer(args(**kw))
+
+
+def test_bench_gpu_rows_over_several_prompts(tmp_path):
+    """``--prompts 3``: each row times one call per prompt (the first prompt is the one-prompt
+    run's), its tokens per step counted over all of them; speculative greedy equals plain
+    greedy on every prompt."""
+    from eval.bench_gpu import main, prompts
+
+    first = prompts(512, 1, 4, 3, torch.device("cpu"))
+    assert len(first) == 3 and torch.equal(first[0], prompts(512, 1, 4, 1, torch.device("cpu"))[0])
+    assert not torch.equal(first[0], first[1])
+    main(["--shape", "tiny", "--device", "cpu", "--no-hf", "--batches", "1", "--ks", "2",
+          "--eps", "0.0", "--new-tokens", "6", "--prompt", "4", "--prompts", "3",
+          "--out", str(tmp_path)])
+    rows = [json.loads(line) for line in (tmp_path / "bench.jsonl").read_text().splitlines()]
+    assert rows[0]["prompts"] == 3
+    spec = [r for r in rows if r["kind"] == "mmspec-spec"]
+    plain = [r for r in rows if r["kind"] == "mmspec-plain"]
+    assert spec and all(r["prompts"] == 3 and r["identical"] for r in spec)
+    # 6 tokens per call, 3 calls: plain decoding took 18 steps
+    assert plain[0]["ms_per_step"] == pytest.approx(plain[0]["ms_per_token"])
+    assert all(1.0 <= r["tokens_per_step"] <= 3.0 for r in spec)
 
 
 def test_bench_gpu_refuses_a_malformed_inductor_option_in_one_line():
