@@ -462,7 +462,11 @@ def check_peer(args) -> None:
         if args.peer_gptfast is not None:
             raise ValueError("--peer-rows: accepted without --peer-gptfast (gpt-fast's rows "
                              "come from one or the other)")
-        peer_rows(args.peer_rows)
+        counts = {r.get("prompts", 1) for r in peer_rows(args.peer_rows)}
+        if counts != {args.prompts}:
+            raise ValueError(f"--peer-rows {args.peer_rows}: gpt-fast's rows are over "
+                             f"{sorted(counts)} prompts; accepted rows over --prompts "
+                             f"{args.prompts} (the same prompts on both sides)")
         return
     if not os.path.isfile(os.path.join(args.peer_gptfast, "generate.py")):
         raise ValueError(f"--peer-gptfast {args.peer_gptfast}: accepted a gpt-fast checkout "

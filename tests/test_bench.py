@@ -63,9 +63,10 @@ def test_gptfast_rows_stream_from_the_child_and_from_a_file(tmp_path):
     bad.write_text('{"kind": "mmspec-plain"}\n')
     assert peer_rows(str(good)) == [{"kind": "gptfast-spec", "eps": 0.05}]
     args = lambda **kw: SimpleNamespace(**{"shape": "7b", "peer_gptfast": None,  # noqa: E731
-                                           "peer_rows": None, **kw})
+                                           "peer_rows": None, "prompts": 1, **kw})
     check_peer(args(peer_rows=str(good)))
     for kw, msg in ((dict(peer_rows=str(bad)), "no gpt-fast rows"),
+                    (dict(peer_rows=str(good), prompts=4), "over \\[1\\] prompts"),
                     (dict(peer_rows=str(tmp_path / "x")), "no such file"),
                     (dict(peer_rows=str(good), peer_gptfast=str(tmp_path)), "without --peer"),
                     (dict(peer_rows=str(good), shape="1b"), "accepted with --shape 7b")):
