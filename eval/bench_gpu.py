@@ -462,7 +462,8 @@ def check_peer(args) -> None:
         if args.peer_gptfast is not None:
             raise ValueError("--peer-rows: accepted without --peer-gptfast (gpt-fast's rows "
                              "come from one or the other)")
-        counts = {r.get("prompts", 1) for r in peer_rows(args.peer_rows)}
+        counts = {r.get("prompts", 1) for r in peer_rows(args.peer_rows)
+                  if r["kind"] != "gptfast-steps"}               # the steps alone: no prompt
         if counts != {args.prompts}:
             raise ValueError(f"--peer-rows {args.peer_rows}: gpt-fast's rows are over "
                              f"{sorted(counts)} prompts; accepted rows over --prompts "

@@ -59,12 +59,17 @@ def test_gptfast_rows_stream_from_the_child_and_from_a_file(tmp_path):
             got.append(row)
     assert got == [{"kind": "gptfast-plain", "eps": 0.0}]
     good, bad = tmp_path / "peer.jsonl", tmp_path / "none.jsonl"
-    good.write_text('warning\n{"kind": "gptfast-spec", "eps": 0.05}\n{"kind": "setup"}\n')
+    good.write_text('warning\n{"kind": "gptfast-spec", "eps": 0.05}\n{"kind": "setup"}\n'
+                    '{"kind": "gptfast-steps", "eps": 0.05}\n')
     bad.write_text('{"kind": "mmspec-plain"}\n')
-    assert peer_rows(str(good)) == [{"kind": "gptfast-spec", "eps": 0.05}]
+    assert peer_rows(str(good)) == [{"kind": "gptfast-spec", "eps": 0.05},
+                                    {"kind": "gptfast-steps", "eps": 0.05}]
     args = lambda **kw: SimpleNamespace(**{"shape": "7b", "peer_gptfast": None,  # noqa: E731
                                            "peer_rows": None, "prompts": 1, **kw})
     check_peer(args(peer_rows=str(good)))
+    four = tmp_path / "four.jsonl"                 # rows over 4 prompts, the steps alone none
+    four.write_text('{"kind": "gptfast-plain", "prompts": 4}\n{"kind": "gptfast-steps"}\n')
+    check_peer(args(peer_rows=str(four), prompts=4))
     for kw, msg in ((dict(peer_rows=str(bad)), "no gpt-fast rows"),
                     (dict(peer_rows=str(good), prompts=4), "over \\[1\\] prompts"),
                     (dict(peer_rows=str(tmp_path / "x")), "no such file"),
