@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import torch
 
 try:  # transformers >= 5
-    from transformers.cache_utils import Cache, DynamicCache, StaticCache
+    from transformers.cache_utils import Cache, DynamicCache, StaticCache, StaticLayer
 except ImportError:  # pragma: no cover
-    Cache = DynamicCache = StaticCache = None
+    Cache = DynamicCache = StaticCache = StaticLayer = None
 
 
 def cache_argument(model) -> str:
@@ -47,26 +47,21 @@ def crop(cache, remove: int) -> None:
     if remove == 0 or cache is None:
         return
     target = getattr(cache, "self_attention_cache", cache)  # EncoderDecoderCache
-    layers = getattr(target, "layers", None) or []
-    if recurrent_layers(cache):
-        # Recurrent states cannot drop slots: the session restores them (``StateSnapshot``);
-        # only the attention layers' slots are cropped here.
-        for layer in layers:
-            if _is_recurrent(layer) and hasattr(layer, "keys"):
-                raise TypeError(f"cannot roll back a {type(layer).__name__} cache layer (attention "
-                                "and recurrent states in one layer)")
-            if not _is_recurrent(layer):
-                layer.crop(-remove)
-        return
     if not isinstance(target, Cache):
         target.crop(-remove)                      # a cache of its own kind
         return
-    # Layer by layer, as Cache.crop; static layers' write pointers (``cumulative_length``,
+    # Layer by layer, as Cache.crop. Recurrent states cannot drop slots: the session
+    # restores them (``StateSnapshot``). Static layers' write pointers (``cumulative_length``,
     # all that StaticLayer.crop moves; transformers < 5.18 has no crop), one tensor per
-    # layer, moved together in one call (a launch per layer cost 0.3 ms of host time per
+    # layer, are moved together in one call (a launch per layer cost 0.3 ms of host time per
     # rollback on a 32-layer model).
     pointers = []
-    for layer in layers:
+    for layer in target.layers:
+        if _is_recurrent(layer):
+            if hasattr(layer, "keys"):
+                raise TypeError(f"cannot roll back a {type(layer).__name__} cache layer "
+                                "(attention and recurrent states in one layer)")
+            continue
         pointer = _write_pointer(layer)
         if pointer is not None:
             pointers.append(pointer)
@@ -80,10 +75,7 @@ def crop(cache, remove: int) -> None:
 
 def _write_pointer(layer) -> torch.Tensor | None:
     """A static layer's write pointer when a rollback moves only it, else None."""
-    from transformers.cache_utils import StaticLayer
-
-    moves_pointer = (type(layer).crop is StaticLayer.crop if hasattr(layer, "crop")
-                     else True)
+    moves_pointer = type(layer).crop is StaticLayer.crop if hasattr(layer, "crop") else True
     pointer = getattr(layer, "cumulative_length", None)
     return pointer if moves_pointer and isinstance(pointer, torch.Tensor) else None
 
