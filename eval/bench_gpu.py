@@ -559,8 +559,8 @@ def _side_by_side(rows) -> list[str]:
     for r in rows:
         if r.get("mode") not in ("captured", "graphs") or r.get("batch") != 1:
             continue
-        if r["kind"] == "mmspec-plain":
-            g = peer.get(("gptfast-plain", 0.0))
+        if r["kind"] == "mmspec-plain":      # gpt-fast times plain decoding at its first eps
+            g = peer.get(("gptfast-plain", r["eps"]))
             what = "plain"
         elif r["kind"] == "mmspec-spec" and r.get("k") == 4 and r.get("draft") == "2-layer":
             g = peer.get(("gptfast-spec", r["eps"]))

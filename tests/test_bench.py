@@ -235,6 +235,10 @@ def test_gptfast_side_by_side_rows_and_bad_input(tmp_path):
             "| 1.11 | 90 |") in table
     assert "| 0.05 | captured | 4 | 4.00 / 4.50 | 5.20 / 5.00 | 0.40 / 0.35 |" in table
     assert "| 0.0 | captured" not in table.split("Steps alone")[1]   # no gpt-fast steps at 0
+    later = dict(rows[0], eps=0.05, ms_per_token=4.5)          # plain paired at its own eps
+    table = "\n".join(_side_by_side([later] + rows[2:] + [dict(rows[2], eps=0.05,
+                                                                ms_per_token=5.625)]))
+    assert "| 0.05 | plain | `compile=True` | 4.50 | 5.62 | 0.80 |" in table
     assert "Steps alone" not in "\n".join(_side_by_side(rows[:-1]))   # a call cut before them
     with pytest.raises(ValueError, match="accepted a gpt-fast checkout"):
         main(["--peer-gptfast", str(tmp_path), "--out", str(tmp_path)])
