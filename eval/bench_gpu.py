@@ -308,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="set one of the decode steps' inductor options "
                          "(CausalLMSession.inductor_options; VALUE as JSON: true, false, 2), "
                          "e.g. triton.enable_pdl=false; repeatable (default: none)")
+    ap.add_argument("--no-prompt-graphs", action="store_true",
+                    help="prompt passes run uncaptured under the captured modes "
+                         "(CausalLMSession.capture_prompts_up_to = 0); default: captured")
     ap.add_argument("--out", default="out/bench_gpu", help="output folder")
     return describe(ap)
 
@@ -329,6 +332,8 @@ def main(argv=None):
     check_peer(args)
     options = {**CausalLMSession.inductor_options, **dict(args.inductor_option)}
     CausalLMSession.inductor_options = options
+    if args.no_prompt_graphs:
+        CausalLMSession.capture_prompts_up_to = 0
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     rows, emit = open_log(args.out)
@@ -339,7 +344,8 @@ def main(argv=None):
     emit(dict(kind="setup", device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
               shape=args.shape, weight_gb=wbytes / 1e9, copy_tb_s=bw / 1e12, floor_ms=floor_ms,
               transformers=__import__("transformers").__version__, torch=torch.__version__,
-              inductor_options=options, prompts=args.prompts))
+              inductor_options=options, prompts=args.prompts,
+              capture_prompts_up_to=CausalLMSession.capture_prompts_up_to))
     n = args.new_tokens
     pipe = False if args.no_spec_pipeline else None
     ks = args.ks

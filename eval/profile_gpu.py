@@ -21,7 +21,12 @@ eval.bench_gpu's models (random bf16 weights; the draft is the target's first tw
 - ``loop_syncs``: synchronising CUDA calls made inside the loop of a plain and of a
   speculative call (``torch.cuda.set_sync_debug_mode``), by the mmspec line that made them;
 - ``verify_ms`` / ``draft_ms`` / ``pt_ms`` / ``pd_ms``: a K + 1 wide target step, a one-token
-  draft step, the target's and the draft's prompt passes, each measured alone;
+  draft step, the target's and the draft's prompt passes (a reused cache's: captured under
+  the captured modes), each measured alone;
+- ``prompt_host_ms`` / ``prompt_kernel_ms`` / ``prompt_kernels``: one prompt pass of the
+  target as ``pt_ms`` times it, under torch.profiler: the host's time to issue it, its
+  kernels' device time and their count (a pass whose host time exceeds its device time is
+  bound by its launches);
 - ``spec_wall_ms`` / ``spec_kernel_ms`` / ``spec_model_ms``: one speculative call (K drafts)
   synchronised step by step (``pipeline=False``) unprofiled (the better of two), the summed
   device time of its kernels under torch.profiler, and its forward passes at the costs
@@ -53,7 +58,7 @@ from recipes.cli import COUNT, Names, Parser, describe, run
 
 def step_graph(session):
     """The CUDA graph of a session's one captured step (``warm_session``)."""
-    (graph, _, _), = session._static.graphs.values()
+    (graph, _, _), = (v for k, v in session._static.graphs.items() if k[0] == "step")
     return graph
 
 
@@ -65,6 +70,33 @@ def warm_session(model, dev, cap, prompt, width):
     s.step(prompt[:, :width])
     s.commit(0, torch.ones(1, 0, dtype=torch.bool, device=dev))   # captured, rolled back
     return s
+
+
+def prompt_profile(model, dev, cap, prompt) -> dict:
+    """One prompt pass on a reused static cache (``prefill_cost``'s: after a pass that
+    allocates it) under torch.profiler: the host's milliseconds to issue it, its kernels'
+    device milliseconds and count (on the CPU: its operations')."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = dev.type == "cuda"
+
+    with torch.inference_mode():
+        for _ in range(3):     # allocate, then compile the prompt's trace and capture
+            s = CausalLMSession(model, mmspec.SamplingParams(temperature=0),
+                                static_len=prompt.shape[1] + 64, compile=cap)
+            s.prefill(prompt, torch.ones_like(prompt))
+        sync(dev)
+        s = CausalLMSession(model, mmspec.SamplingParams(temperature=0),
+                            static_len=prompt.shape[1] + 64, compile=cap)
+        with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+            t0 = time.perf_counter()
+            s.prefill(prompt, torch.ones_like(prompt))
+            host = time.perf_counter() - t0
+            sync(dev)
+    busy = [(e.self_device_time_total if cuda else e.self_cpu_time_total, e.count)
+            for e in prof.key_averages()]
+    return dict(prompt_host_ms=1e3 * host, prompt_kernel_ms=sum(t for t, _ in busy) / 1e3,
+                prompt_kernels=sum(n for t, n in busy if t > 0))
 
 
 def _loop_syncs(fn) -> dict:
@@ -149,8 +181,10 @@ def profile_mode(target, draft, dev, mode: str, k: int = 4, new_tokens: int = 12
         spec = dict(gen, num_draft_tokens=k)
         c = dict(verify=step_cost(target, 1, k + 1, dev, cap, prompt_len, reps),
                  draft=step_cost(draft, 1, 1, dev, cap, prompt_len, reps),
-                 pt=prefill_cost(target, 1, dev, prompt_len), pd=prefill_cost(draft, 1, dev, prompt_len))
+                 pt=prefill_cost(target, 1, dev, prompt_len, compile=cap),
+                 pd=prefill_cost(draft, 1, dev, prompt_len, compile=cap))
         r.update({f"{key}_ms": 1e3 * v for key, v in c.items()})
+        r.update(prompt_profile(target, dev, cap, prompt))
         for tag, pipe in (("spec", False), ("spec_pipelined", True)):
             out, t = timed(lambda: mmspec.generate(target, draft, prompt, pipeline=pipe, **spec),
                            dev, warmup=2)

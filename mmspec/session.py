@@ -222,6 +222,17 @@ class CausalLMSession(Session):
                         "realize_opcount_threshold": 6}
     # Prompt passes: matrix products bound by compute, whose kernels tuning gains little.
     prompt_inductor_options: dict = {}
+    # Prompt passes of 2 to ``capture_prompts_up_to`` tokens replayed from a CUDA graph under
+    # captured steps, one graph per prompt shape, at most ``captured_prompts`` per static
+    # cache (later shapes run uncaptured): a 127-token pass of a 7B Llama launches about 590
+    # kernels, whose host time under ``compile=True`` (22 ms) was four times their device
+    # time (5 ms; docs/engine.md). A cache's first prompt pass, which allocates its slots,
+    # runs uncaptured. ``capture_prompts_up_to = 0`` turns it off.
+    capture_prompts_up_to = 512
+    captured_prompts = 8
+    # The ``position_ids`` hook's prompt positions read only ``persistent`` buffers, so a
+    # prompt pass can be captured (False: sessions whose prompt positions are per call).
+    prompt_graphs = True
     # Under "regional": each layer's sibling projections laid out back to back in one buffer
     # (same Parameters and values) and those reading one input (q/k/v, gate/up) run as one
     # product at more than one row (mmspec.grouping; a K = 4 verification step of a 7B Llama
@@ -445,8 +456,9 @@ class CausalLMSession(Session):
             # Attention over the slots in use (a bucket), where the model's attention allows.
             width = (bucket(self.seq.length + n, self.static_len) if self._bucketed
                      else self.static_len)
-            if self.compile and not prompt and not self._uncaptured:
-                out, pos = self._replay(inputs, valid, width, tree)
+            if self.compile and not self._uncaptured and (
+                    not prompt or self._captures_prompt(inputs, valid, width, model_kwargs)):
+                out, pos = self._replay(inputs, valid, width, tree, prompt)
             else:
                 with self._prompt_regions(n if prompt else 0):
                     out, pos = self._static_step(self.net, inputs, valid, width, prompt, tree,
@@ -476,24 +488,43 @@ class CausalLMSession(Session):
                      **self._extra, **model_kwargs)
         return out, pos
 
-    def _replay(self, inputs: dict, valid: torch.Tensor, width: int, tree: TreeMask | None):
-        """Run one decoding step through a CUDA graph captured for this input shape and
-        attention width (a tree's tables are inputs: one graph per node count)."""
+    def _graph_key(self, tensors: dict, width: int, prompt: bool = False) -> tuple:
+        return (("prompt" if prompt else "step", width, tuple(self._extra))
+                + tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(tensors.items())))
+
+    def _captures_prompt(self, inputs: dict, valid: torch.Tensor, width: int,
+                         model_kwargs: dict) -> bool:
+        """Is this prompt pass replayed from a graph (``capture_prompts_up_to``): its inputs
+        the ids or embeddings alone, no recurrent layers, a cache whose slots are allocated,
+        and its shape captured already or room for one more prompt graph."""
+        n = valid.shape[1]
+        if (not self.prompt_graphs or model_kwargs or self.recurrent
+                or not 2 <= n <= self.capture_prompts_up_to or not self._cache_ready()):
+            return False
+        graphs = self._static.graphs
+        return (self._graph_key({**inputs, "valid": valid}, width, True) in graphs
+                or sum(k[0] == "prompt" for k in graphs) < self.captured_prompts)
+
+    def _replay(self, inputs: dict, valid: torch.Tensor, width: int, tree: TreeMask | None,
+                prompt: bool = False):
+        """Run one decoding step (or a prompt pass) through a CUDA graph captured for this
+        input shape and attention width (a tree's tables are inputs: one graph per node
+        count)."""
         tensors = {**inputs, "valid": valid}
         if tree is not None:
             tensors.update(tree_ancestors=tree.ancestors, tree_offsets=tree.offsets)
-        key = (width, tuple(self._extra)) + tuple((k, tuple(v.shape), v.dtype)
-                                                  for k, v in sorted(tensors.items()))
+        key = self._graph_key(tensors, width, prompt)
         st = self._static
         if key not in st.graphs:
             static = {k: v.clone() for k, v in tensors.items()}
             static_inputs = {k: static[k] for k in inputs}
             static_tree = (None if tree is None else
                            TreeMask(static["tree_ancestors"], static["tree_offsets"]))
-            fn, fusing = self._fused()
+            n = valid.shape[1]
+            fn, fusing = (self.net, self._prompt_regions(n)) if prompt else self._fused()
             with fusing:
                 st.graphs[key] = self._capture(fn, static, static_inputs, static_tree, width,
-                                               valid.shape[1])
+                                               n, prompt)
         graph, static, out = st.graphs[key]
         for k, v in tensors.items():
             static[k].copy_(v)
@@ -506,13 +537,16 @@ class CausalLMSession(Session):
         the layers compiled with the prompt's length dynamic: one trace for every prompt and
         cache length. A new cache's first pass (it allocates the slots) and a pass of one
         token run eager."""
-        layers = getattr(self.cache, "layers", ())
-        ready = bool(layers) and all(getattr(x, "is_initialized", False) for x in layers)
-        if self.compile != "regional" or n < 2 or not ready:
+        if self.compile != "regional" or n < 2 or not self._cache_ready():
             return contextlib.nullcontext()
         self._lay_out()
         return regions.compiled(self.net, self.prompt_inductor_options, prompt=True,
                                 group=self.group_projections)
+
+    def _cache_ready(self) -> bool:
+        """The static cache's layers hold their slots (allocated by its first pass)."""
+        layers = getattr(self.cache, "layers", ())
+        return bool(layers) and all(getattr(x, "is_initialized", False) for x in layers)
 
     def _lay_out(self) -> None:
         """Each decoder layer's projections back to back (``regions.lay_out``), once per
@@ -540,8 +574,9 @@ class CausalLMSession(Session):
             st.fused = torch.compile(self.net, dynamic=False, options=dict(self.inductor_options))
         return st.fused, contextlib.nullcontext()
 
-    def _capture(self, fn, static: dict, static_inputs: dict, static_tree, width: int, n: int):
-        """One step captured: (graph, static, out)."""
+    def _capture(self, fn, static: dict, static_inputs: dict, static_tree, width: int, n: int,
+                 prompt: bool = False):
+        """One step (or prompt pass) captured: (graph, static, out)."""
         states = StateSnapshot.take(self._recurrent) if self._recurrent else None
 
         def undo():
@@ -551,7 +586,7 @@ class CausalLMSession(Session):
                 states.restore()
 
         graph, out = self._graph(lambda: self._static_step(fn, static_inputs, static["valid"],
-                                                           width, tree=static_tree), undo)
+                                                           width, prompt, static_tree), undo)
         return graph, static, out
 
     def _graph(self, run, undo, generator: torch.Generator | None = None):

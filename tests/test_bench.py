@@ -30,12 +30,16 @@ def test_bench_gpu_tiny_cpu_rows_are_identical_and_bounded(tmp_path, monkeypatch
     assert all(r["verify_ms"] > 0 and r["draft_step_ms"] > 0 for r in spec)
 
 
-def test_bench_gpu_no_hf_runs_no_transformers_rows(tmp_path):
+def test_bench_gpu_no_hf_runs_no_transformers_rows(tmp_path, monkeypatch):
     from eval.bench_gpu import main
+    from mmspec.session import CausalLMSession
 
+    monkeypatch.setattr(CausalLMSession, "capture_prompts_up_to", 512)    # restored after
     main(["--shape", "tiny", "--device", "cpu", "--no-hf", "--batches", "1", "--ks", "2",
-          "--eps", "0.0", "--new-tokens", "4", "--prompt", "4", "--out", str(tmp_path)])
+          "--eps", "0.0", "--new-tokens", "4", "--prompt", "4", "--no-prompt-graphs",
+          "--out", str(tmp_path)])
     lines = (tmp_path / "bench.jsonl").read_text().splitlines()
+    assert json.loads(lines[0])["capture_prompts_up_to"] == 0
     kinds = {json.loads(line)["kind"] for line in lines}
     assert {"mmspec-plain", "mmspec-spec"} <= kinds and not any(k.startswith("hf-") for k in kinds)
     elapsed = [json.loads(line)["elapsed_s"] for line in lines]     # where a call's time went
@@ -139,6 +143,7 @@ def test_profile_gpu_smoke_run_on_the_cpu():
     assert row["spec_acceptance"] == 1.0      # eps 0: layers past the draft's two write nothing
     assert row["spec_pipelined_acceptance"] == 1.0 and row["spec_model_ms"] > 0
     assert row["step_ms"] > 0 and row["step_sync_ms"] > 0 and row["spec_steps"] > 0
+    assert row["prompt_host_ms"] > 0 and row["prompt_kernels"] > 0
 
 
 def test_bench_adapters_tiny_cpu_rows_equal_plain_decoding(tmp_path):

@@ -170,7 +170,8 @@ def test_captured_steps_are_reused_by_the_next_call():
     second = mmspec.generate(t, d, b, compile=True, **kw)
     gc.collect()
     assert _STATIC[t][key] == [entry]
-    assert entry.graphs.keys() == graphs.keys()                       # nothing captured again
+    # no step captured again; the prompt pass is, once the cache's slots are allocated
+    assert {k for k in entry.graphs if k[0] != "prompt"} == graphs.keys()
     assert all(entry.graphs[k] is graphs[k] for k in graphs)
     assert torch.equal(first.sequences, mmspec.generate(t, d, a, **kw).sequences)
     assert torch.equal(second.sequences, mmspec.generate(t, d, b, **kw).sequences)
@@ -199,6 +200,48 @@ def test_compiled_prompt_passes_on_a_reused_cache():
         assert torch.equal(eager.sequences, fused.sequences)
         traced.append(counters["stats"]["unique_graphs"])
     assert traced[1] > traced[0] and traced[2] == traced[1]
+    mmspec.release_graphs()
+
+
+@pytest.mark.parametrize("fuse", ["graphs", True])
+def test_prompt_passes_are_captured_on_a_reused_cache(fuse, monkeypatch):
+    """Captured steps replay a reused cache's prompt passes from one graph per prompt shape
+    (the cache's first pass, which allocates its slots, runs uncaptured), at most
+    ``captured_prompts`` shapes per cache (later ones run uncaptured); tokens equal eager
+    plain greedy, padded rows included."""
+    import gc
+
+    from mmspec.session import _STATIC, CausalLMSession
+
+    dev = torch.device("cuda")
+    t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
+    kw = dict(temperature=0, max_new_tokens=12)
+    a = torch.tensor([[0, 0, 3, 4, 5], [2, 1, 2, 3, 4]], device=dev)
+    b = torch.tensor([[0, 9, 3, 1, 7], [2, 2, 5, 6, 1]], device=dev)
+    c = torch.tensor([[5, 6, 7, 8, 9, 1, 2, 3, 4]] * 2, device=dev)     # the same cache
+
+    def prompt_graphs():
+        gc.collect()
+        return {k: v[0] for entries in _STATIC[t].values() for e in entries
+                for k, v in e.graphs.items() if k[0] == "prompt"}
+
+    monkeypatch.setattr(CausalLMSession, "captured_prompts", 1)
+    mmspec.release_graphs()
+    seen = []
+    for ids in (a, b, a, c):
+        mask = (ids != 0).long()
+        out = mmspec.generate(t, None, ids, attention_mask=mask, compile=fuse, **kw)
+        assert torch.equal(out.sequences,
+                           mmspec.generate(t, None, ids, attention_mask=mask, **kw).sequences)
+        seen.append(prompt_graphs())
+    assert [len(g) for g in seen] == [0, 1, 1, 1]
+    assert seen[2] == seen[1]                            # replayed, not captured again
+    monkeypatch.setattr(CausalLMSession, "captured_prompts", 8)
+    mask = (c != 0).long()
+    out = mmspec.generate(t, None, c, attention_mask=mask, compile=fuse, **kw)
+    assert len(prompt_graphs()) == 2
+    assert torch.equal(out.sequences,
+                       mmspec.generate(t, None, c, attention_mask=mask, **kw).sequences)
     mmspec.release_graphs()
 
 

@@ -47,6 +47,7 @@ class MRopeSession(CausalLMSession):
     every later slot's from its 1-D position plus the row's ``rope_delta``."""
 
     row_buffers = ("_delta",)
+    prompt_graphs = False        # the prompt's 3-D positions are the call's (``_prompt_pos``)
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **model_kwargs):
         """As ``CausalLMSession.prefill``; ``model_kwargs`` carries the processor's outputs
