@@ -20,10 +20,11 @@ the model itself is left as it was. ``dynamic_length(cache, mask)`` marks the st
 length (and the mask's width) as a dynamic dimension, so one compilation per step width
 serves every cache length (every prompt length and budget).
 
-A prompt pass is not captured (its length changes from call to call) but runs the same
-regions compiled once more with the prompt's length dynamic (``compiled(..., prompt=True)``;
-``mark_prompt``): one trace serves every prompt length, and the pass launches a few fused
-kernels per layer instead of the eager model's hundreds of small ones. The prompt's regions
+A prompt pass runs the same regions compiled once more with the prompt's length dynamic
+(``compiled(..., prompt=True)``; ``mark_prompt``): one trace serves every prompt length, and
+the pass launches a few fused kernels per layer instead of the eager model's hundreds of
+small ones (a short pass on a reused cache is then captured per prompt shape:
+``CausalLMSession.capture_prompts_up_to``). The prompt's regions
 are traced through a function of their own (``_call``), so their graphs and the steps'
 (static widths, captured) are kept apart.
 """

@@ -222,12 +222,14 @@ class CausalLMSession(Session):
                         "realize_opcount_threshold": 6}
     # Prompt passes: matrix products bound by compute, whose kernels tuning gains little.
     prompt_inductor_options: dict = {}
-    # Prompt passes of 2 to ``capture_prompts_up_to`` tokens replayed from a CUDA graph under
-    # captured steps, one graph per prompt shape, at most ``captured_prompts`` per static
-    # cache (later shapes run uncaptured): a 127-token pass of a 7B Llama launches about 590
-    # kernels, whose host time under ``compile=True`` (22 ms) was four times their device
-    # time (5 ms; docs/engine.md). A cache's first prompt pass, which allocates its slots,
-    # runs uncaptured. ``capture_prompts_up_to = 0`` turns it off.
+    # Prompt passes of at most ``capture_prompts_up_to`` tokens in all (rows x length, at
+    # least 2 long) replayed from a CUDA graph under captured steps, one graph per prompt
+    # shape, at most ``captured_prompts`` per static cache (later shapes run uncaptured): a
+    # 127-token pass of a 7B Llama launches about 590 kernels, whose host time under
+    # ``compile=True`` (22 ms) was four times their device time (5 ms; docs/engine.md);
+    # longer passes are bound by the device. Each graph keeps its outputs (the logits of
+    # every prompt slot) with the cache. A cache's first prompt pass, which allocates its
+    # slots, runs uncaptured. ``capture_prompts_up_to = 0`` turns it off.
     capture_prompts_up_to = 512
     captured_prompts = 8
     # The ``position_ids`` hook's prompt positions read only ``persistent`` buffers, so a
@@ -497,9 +499,9 @@ class CausalLMSession(Session):
         """Is this prompt pass replayed from a graph (``capture_prompts_up_to``): its inputs
         the ids or embeddings alone, no recurrent layers, a cache whose slots are allocated,
         and its shape captured already or room for one more prompt graph."""
-        n = valid.shape[1]
-        if (not self.prompt_graphs or model_kwargs or self.recurrent
-                or not 2 <= n <= self.capture_prompts_up_to or not self._cache_ready()):
+        rows, n = valid.shape
+        if (not self.prompt_graphs or model_kwargs or self.recurrent or n < 2
+                or rows * n > self.capture_prompts_up_to or not self._cache_ready()):
             return False
         graphs = self._static.graphs
         return (self._graph_key({**inputs, "valid": valid}, width, True) in graphs

@@ -814,3 +814,32 @@ def test_token_span_tables_live_with_the_static_cache():
         gc.collect()
     assert ptrs[0] == ptrs[1]
     mmspec.release_graphs(m)
+
+
+def test_which_prompt_passes_are_captured(monkeypatch):
+    """``_captures_prompt``: a pass of 2 to ``capture_prompts_up_to`` tokens in all (rows x
+    length) on a cache whose slots a first pass allocated, its ids alone, the session's
+    prompt positions capturable, room for its shape among ``captured_prompts``."""
+    from mmspec.session import CausalLMSession
+
+    t = tiny_llama(vocab=32)
+    s = CausalLMSession(t, mmspec.SamplingParams(temperature=0), static_len=64)
+    ids = torch.randint(1, 32, (2, 5))
+    ones = torch.ones_like(ids)
+    inputs, valid = {"input_ids": ids[:, :4]}, ones[:, :4]
+    s.prefill(ids[:, :1], ones[:, :1])        # a one-token prompt: the slots stay unallocated
+    assert not s._captures_prompt(inputs, valid, 64, {})
+    s.prefill(ids, ones)                      # allocates them
+    assert s._captures_prompt(inputs, valid, 64, {})
+    assert not s._captures_prompt({"input_ids": ids[:, :1]}, valid[:, :1], 64, {})
+    assert not s._captures_prompt(inputs, valid, 64, {"pixel_values": ids})
+    monkeypatch.setattr(CausalLMSession, "capture_prompts_up_to", 7)       # 2 rows x 4 > 7
+    assert not s._captures_prompt(inputs, valid, 64, {})
+    monkeypatch.setattr(CausalLMSession, "capture_prompts_up_to", 8)
+    assert s._captures_prompt(inputs, valid, 64, {})
+    s._static.graphs[s._graph_key({**inputs, "valid": valid}, 64, True)] = None
+    monkeypatch.setattr(CausalLMSession, "captured_prompts", 1)
+    assert s._captures_prompt(inputs, valid, 64, {})                       # its own shape
+    assert not s._captures_prompt({"input_ids": ids[:, :3]}, valid[:, :3], 64, {})
+    monkeypatch.setattr(CausalLMSession, "prompt_graphs", False)
+    assert not s._captures_prompt(inputs, valid, 64, {})
