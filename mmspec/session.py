@@ -191,8 +191,9 @@ class CausalLMSession(Session):
                     static cache and a CUDA device): ``"regional"`` (or True) with each
                     decoder layer fused by torch.compile first (``mmspec.regions``),
                     ``"graphs"`` without compiling, ``"inductor"`` with the step fused whole
-                    by torch.compile. The prompt is not captured: eager, or under
-                    ``"regional"`` on a reused cache through the compiled layers.
+                    by torch.compile. The prompt pass: eager, or under ``"regional"`` on a
+                    reused cache through the compiled layers; a short one on a reused cache
+                    is captured too (``capture_prompts_up_to``).
     net:            the module called for each step, when it is a part of ``model`` (default:
                     ``model``).
     """
