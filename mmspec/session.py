@@ -338,7 +338,8 @@ class CausalLMSession(Session):
         """The ``position_ids`` the model takes for 1-D positions ``pos`` [R, n] (each row's
         count of real tokens before the slot; rolled back with the sequence mask). Default:
         ``pos``. Models with multi-axis rotary positions (Qwen-VL's M-RoPE) map them here;
-        a captured step calls this too, so what it reads must be ``persistent``."""
+        a captured step calls this too, and a captured prompt pass with ``prompt=True``, so
+        what it reads must be ``persistent`` (or the class sets ``prompt_graphs = False``)."""
         return pos
 
     def persistent(self, name: str, value: torch.Tensor) -> torch.Tensor:
