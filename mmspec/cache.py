@@ -75,7 +75,8 @@ def crop(cache, remove: int) -> None:
 
 def _write_pointer(layer) -> torch.Tensor | None:
     """A static layer's write pointer when a rollback moves only it, else None."""
-    moves_pointer = type(layer).crop is StaticLayer.crop if hasattr(layer, "crop") else True
+    own = getattr(type(layer), "crop", None)        # StaticLayer has none before 5.18
+    moves_pointer = own is None or own is getattr(StaticLayer, "crop", None)
     pointer = getattr(layer, "cumulative_length", None)
     return pointer if moves_pointer and isinstance(pointer, torch.Tensor) else None
 

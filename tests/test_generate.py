@@ -772,6 +772,28 @@ def test_static_rollback_moves_every_write_pointer_in_one_call(monkeypatch):
     assert keys[0, :, 1].eq(2).all() and keys[0, :, 0].eq(1).all()
 
 
+def test_rollback_without_static_crop(monkeypatch):
+    """transformers < 5.18, whose static layers have no crop: their write pointers move,
+    and a dynamic cache's layers keep their own crop."""
+    from transformers import DynamicCache, LlamaConfig, StaticCache
+    from transformers.cache_utils import StaticLayer
+
+    from mmspec.cache import crop
+
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2, vocab_size=64)
+    monkeypatch.delattr(StaticLayer, "crop")
+    static, dynamic = StaticCache(config=cfg, max_cache_len=8), DynamicCache(config=cfg)
+    k = torch.ones(1, 2, 3, 16)
+    for i in range(2):
+        static.update(k, k, i)
+        dynamic.update(k, k, i)
+    crop(static, 2)
+    crop(dynamic, 2)
+    assert [int(layer.cumulative_length) for layer in static.layers] == [1, 1]
+    assert dynamic.get_seq_length() == 1
+
+
 def test_regional_wrappers_keep_no_model_alive():
     """The compiled wrappers kept for a model (``regions._made``) do not keep it alive."""
     import gc
