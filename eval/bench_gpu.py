@@ -44,6 +44,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import mmspec
+from mmspec.loop import Loop
 from mmspec.session import CausalLMSession
 from recipes.cli import COUNT, Names, Number, Numbers, Parser, describe, run
 
@@ -311,6 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-prompt-graphs", action="store_true",
                     help="prompt passes run uncaptured under the captured modes "
                          "(CausalLMSession.capture_prompts_up_to = 0); default: captured")
+    ap.add_argument("--no-fused-settle", action="store_true",
+                    help="greedy steps' acceptance and bookkeeping run op by op under the "
+                         "captured modes (mmspec.loop.Loop.fuse = False); default: fused")
     ap.add_argument("--out", default="out/bench_gpu", help="output folder")
     return describe(ap)
 
@@ -334,6 +338,8 @@ def main(argv=None):
     CausalLMSession.inductor_options = options
     if args.no_prompt_graphs:
         CausalLMSession.capture_prompts_up_to = 0
+    if args.no_fused_settle:
+        Loop.fuse = False
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     rows, emit = open_log(args.out)
@@ -345,7 +351,8 @@ def main(argv=None):
               shape=args.shape, weight_gb=wbytes / 1e9, copy_tb_s=bw / 1e12, floor_ms=floor_ms,
               transformers=__import__("transformers").__version__, torch=torch.__version__,
               inductor_options=options, prompts=args.prompts,
-              capture_prompts_up_to=CausalLMSession.capture_prompts_up_to))
+              capture_prompts_up_to=CausalLMSession.capture_prompts_up_to,
+              fused_settle=Loop.fuse))
     n = args.new_tokens
     pipe = False if args.no_spec_pipeline else None
     ks = args.ks

@@ -9,8 +9,9 @@ Per step, all rows together:
 2. Verify:  ``target.step([last, drafts])`` -> processed p for K+1 positions (a tree step:
             each node sees its ancestors).
 3. Accept:  ``rule(drafts, q, p)`` (a tree: ``rule.verify_tree``) -> emitted tokens and
-            accepted counts per row; each row's
-            stop tokens and budget cut what counts, on the device (``Loop._account``).
+            accepted counts per row; each row's stop tokens and budget cut what counts, on
+            the device (``account``). Under captured engines a rule that ``fuses`` (greedy)
+            settles a chain step in one compiled function (``settler``).
 4. Commit:  the one deliberate host synchronisation (``HostValues``: counts, cuts, running
             flags, a finiteness flag and the tokens, in one transfer). The drafter rolls back
             at once; the target's rollback (``Commit``: keep ``1 + max_b n_b`` slots, holes for
@@ -31,6 +32,7 @@ keep one width).
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -130,13 +132,14 @@ class HostValues:
     tokens: list[list]
 
     @staticmethod
-    def pack(out: VerifyOutput, cut, running, bad, zeros) -> torch.Tensor:
-        """[B, len(_COLUMNS) + tokens]: the columns, then each row's emitted tokens."""
+    def pack(out: VerifyOutput, cut, running, bad) -> torch.Tensor:
+        """[B, len(_COLUMNS) + tokens]: the columns, then each row's emitted tokens
+        (``bad`` None: no flag)."""
+        b, zeros = cut.shape[0], torch.zeros_like(cut)
         fb = out.fallbacks.long() if out.fallbacks is not None else zeros
         props = out.residual_proposals if out.residual_proposals is not None else zeros
-        b = cut.shape[0]
-        head = torch.stack([out.num_accepted, cut, running.long(), bad.long().expand(b), fb,
-                            props], 1)
+        flag = zeros if bad is None else bad.long().expand(b)
+        head = torch.stack([out.num_accepted, cut, running.long(), flag, fb, props], 1)
         body = out.tokens.reshape(b, -1)
         if body.is_floating_point():   # vector tokens: counts travel exactly as float64
             head, body = head.double(), body.double()
@@ -201,8 +204,54 @@ def check_pipeline(drafter: Drafter, pipeline: bool | None) -> None:
                          f"engine, ModelDrafter(host_free=True)); got {type(drafter).__name__}")
 
 
+def settle(rule: Rule, stops: Stops, ragged: bool, draft_tokens, draft_probs, p, produced,
+           active, budget, stop_ids, generator=None):
+    """A chain step's device work after the target's forward: ``rule`` accepts, then
+    ``account``. Returns (VerifyOutput, the next Rows, emitted [B], the packed transfer)."""
+    out = rule(draft_tokens, draft_probs, p, generator, validate=False)
+    return account(stops, ragged, out, p, draft_probs, produced, active, budget, stop_ids)
+
+
+def account(stops: Stops, ragged: bool, out: VerifyOutput, p, draft_probs, produced, active,
+            budget, stop_ids):
+    """Rows that cannot keep holes commit to the common prefix; stops and the budget
+    (``budget`` and ``stop_ids``: device tensors) cut what counts; the rows move on; the
+    finiteness flag and the counts packed for the one transfer."""
+    if not ragged:
+        out = _common_prefix(out, active)
+    bad = nonfinite(p, draft_probs)            # None: densities validated themselves
+    emitted = out.num_emitted
+    done, first = (None, emitted) if not stops.ids else stops.cut(out.tokens, emitted, stop_ids)
+    cut = torch.where(active, torch.minimum(first, budget - produced), 0)
+    produced = produced + cut
+    ended = produced >= budget if done is None else done | (produced >= budget)
+    running = active & ~ended
+    host = HostValues.pack(out, cut, running, bad)
+    return out, Rows(out.last_tokens, produced, running), emitted, host
+
+
+_SETTLERS: dict = {}
+
+
+def settler(rule: Rule, stops: Stops, ragged: bool, fuse: bool):
+    """``settle`` for one rule, stop set and ragged flag. ``fuse`` (captured engines) and a
+    rule that declares ``fuses``: one torch.compile'd function, made once per process for
+    each (rule, stops, ragged) and traced once per shape, so the step's acceptance and
+    bookkeeping run as a few fused kernels instead of a kernel per operation."""
+    plain = functools.partial(settle, rule, stops, ragged)
+    if not (fuse and rule.fuses):
+        return plain
+    key = (rule, stops, ragged)
+    if key not in _SETTLERS:
+        _SETTLERS[key] = torch.compile(plain, dynamic=False, fullgraph=True)
+    return _SETTLERS[key]
+
+
 class Loop:
-    """One generation's loop state; the drivers below run it."""
+    """One generation's loop state; the drivers below run it. ``fuse``: under captured
+    engines, settle each chain step in one compiled function (``settler``)."""
+
+    fuse = True
 
     def __init__(self, target: Session, drafter: Drafter, rule: Rule, first_tokens, *,
                  max_new_tokens: int, stops: Stops, generator, stats: StepStats,
@@ -219,9 +268,9 @@ class Loop:
         # (pipelined), rows ended.
         self.produced, self.planned, self.finished = [0] * b, [0] * b, [False] * b
         self._stop_ids = torch.tensor(stops.ids, dtype=torch.long, device=dev)
-        self._zeros = torch.zeros(b, dtype=torch.long, device=dev)   # constants of every step
-        self._no_rows = torch.zeros(b, dtype=torch.bool, device=dev)
-        self._false = torch.zeros((), dtype=torch.bool, device=dev)
+        self._budget = torch.tensor(max_new_tokens, device=dev)
+        self._settle = settler(rule, stops, target.ragged,
+                               fuse=self.fuse and fixed_k and dev.type == "cuda")
         self._t_start = time.perf_counter()
 
     def _sync(self) -> None:
@@ -241,33 +290,21 @@ class Loop:
         self._apply_commit()           # the target's rollback, queued while the device drafts
         self._sync()
         t1 = time.perf_counter()
-        fed = torch.cat([rows.last[:, None], draft.tokens], 1)                 # [B, K+1, *event]
+        fed = (rows.last[:, None] if draft.tokens.shape[1] == 0                 # [B, K+1, *event]
+               else torch.cat([rows.last[:, None], draft.tokens], 1))
         valid = rows.active[:, None].expand(self.b, fed.shape[1])
         p = self.target.step(fed, valid, draft.tree)
         self._sync()
         t2 = time.perf_counter()
+        state = (rows.produced, rows.active, self._budget, self._stop_ids)
         if draft.tree is None:
-            out = self.rule(draft.tokens, draft.probs, p, self.generator, validate=False)
+            settled = self._settle(draft.tokens, draft.probs, p, *state, self.generator)
         else:
             out = self.rule.verify_tree(draft.tree, draft.tokens, draft.probs, p, self.generator)
-        if not self.target.ragged:
-            out = _common_prefix(out, rows.active)
-        bad = nonfinite(p, draft.probs)            # None: densities validated themselves
-        emitted = out.num_emitted
-        host = self._account(out, emitted, self._false if bad is None else bad)
+            settled = account(self.stops, self.target.ragged, out, p, draft.probs, *state)
+        out, self.rows, emitted, host = settled
         return Launched(out, p, draft.tokens.shape[1], emitted, rows.active, host,
                         (t0, t1, t2, time.perf_counter()))
-
-    def _account(self, out: VerifyOutput, emitted: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
-        """Stops and budgets cut what counts, the rows move on; the transfer, packed."""
-        rows = self.rows
-        done, first = ((self._no_rows, emitted) if not self.stops.ids
-                       else self.stops.cut(out.tokens, emitted, self._stop_ids))
-        cut = torch.where(rows.active, torch.minimum(first, self.budget - rows.produced), 0)
-        produced = rows.produced + cut
-        active = rows.active & ~(done | (produced >= self.budget))
-        self.rows = Rows(out.last_tokens, produced, active)
-        return HostValues.pack(out, cut, active, bad, self._zeros)
 
     def read(self, step: Launched) -> HostValues:
         t = time.perf_counter()

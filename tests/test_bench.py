@@ -34,12 +34,16 @@ def test_bench_gpu_no_hf_runs_no_transformers_rows(tmp_path, monkeypatch):
     from eval.bench_gpu import main
     from mmspec.session import CausalLMSession
 
+    from mmspec.loop import Loop
+
     monkeypatch.setattr(CausalLMSession, "capture_prompts_up_to", 512)    # restored after
+    monkeypatch.setattr(Loop, "fuse", True)
     main(["--shape", "tiny", "--device", "cpu", "--no-hf", "--batches", "1", "--ks", "2",
           "--eps", "0.0", "--new-tokens", "4", "--prompt", "4", "--no-prompt-graphs",
-          "--out", str(tmp_path)])
+          "--no-fused-settle", "--out", str(tmp_path)])
     lines = (tmp_path / "bench.jsonl").read_text().splitlines()
-    assert json.loads(lines[0])["capture_prompts_up_to"] == 0
+    setup = json.loads(lines[0])
+    assert setup["capture_prompts_up_to"] == 0 and setup["fused_settle"] is False
     kinds = {json.loads(line)["kind"] for line in lines}
     assert {"mmspec-plain", "mmspec-spec"} <= kinds and not any(k.startswith("hf-") for k in kinds)
     elapsed = [json.loads(line)["elapsed_s"] for line in lines]     # where a call's time went

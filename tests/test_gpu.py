@@ -328,6 +328,34 @@ def test_captured_speculative_decoding_is_pipelined_by_default():
     mmspec.release_graphs()
 
 
+def test_greedy_steps_settle_in_one_compiled_function(monkeypatch):
+    """Under captured steps a greedy call's acceptance, stops, budgets and transfer run as
+    one compiled function (``loop.settler``), made once per process; same tokens as eager,
+    rows ending on a stop token included, and as with ``Loop.fuse`` off."""
+    from mmspec.acceptance import Greedy
+    from mmspec.loop import _SETTLERS, Loop
+
+    dev = torch.device("cuda")
+    t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
+    d = tiny_llama(vocab=64, hidden=32, layers=1, seed=1).to(dev)
+    ids = torch.tensor([[0, 3, 4, 5], [2, 1, 2, 3], [0, 0, 7, 8]], device=dev)
+    mask = (ids != 0).long()
+    mask[1] = 1
+    plain = mmspec.generate(t, None, ids, attention_mask=mask, temperature=0, max_new_tokens=30)
+    stop = int(plain.sequences[0, 4 + 6])                 # row 0 stops after 7 new tokens
+    kw = dict(attention_mask=mask, temperature=0, max_new_tokens=30, stop_token_ids=[stop])
+    for k, draft in ((0, None), (3, d)):
+        want = mmspec.generate(t, draft, ids, num_draft_tokens=k, **kw)
+        fused = mmspec.generate(t, draft, ids, num_draft_tokens=k, compile=True, **kw)
+        assert torch.equal(fused.sequences, want.sequences), k
+        monkeypatch.setattr(Loop, "fuse", False)
+        unfused = mmspec.generate(t, draft, ids, num_draft_tokens=k, compile=True, **kw)
+        monkeypatch.setattr(Loop, "fuse", True)
+        assert torch.equal(unfused.sequences, want.sequences), k
+    assert any(isinstance(key[0], Greedy) for key in _SETTLERS)
+    mmspec.release_graphs()
+
+
 @pytest.mark.parametrize("kind", ["qwen2-vl", "qwen3-vl", "qwen3.5"])
 def test_captured_qwen_vl_equals_eager(kind):
     """Qwen-VL with compile=True: the eager tokens; a second call with other images (other

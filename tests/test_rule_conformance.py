@@ -144,6 +144,42 @@ def test_token_rule_call_samples_its_analytic_distribution(name):
         assert chi_square_pvalue(counts, want.numpy()) > 1e-4
 
 
+FUSED = sorted(n for n in TOKEN if RULES[n].cls.fuses)
+
+
+def test_greedy_declares_that_it_fuses():
+    assert "greedy" in FUSED
+
+
+@pytest.mark.parametrize("name", FUSED)
+@pytest.mark.parametrize("k", [0, 3])
+@pytest.mark.parametrize("ragged", [True, False])
+def test_a_fusing_rule_settles_a_step_in_one_trace(name, k, ragged):
+    """What ``loop.settler`` compiles under captured engines: the rule, the common prefix,
+    stops, budgets and the packed transfer trace with no graph break (``fullgraph``) and
+    give the eager results (backend ``aot_eager``: the trace, not a device's kernels)."""
+    import functools
+
+    from mmspec.loop import Stops, settle
+
+    p, _, emb = case(5)
+    rule, stops = build(name, emb), Stops((int(p.argmax()), V - 1))
+    b = 3
+    probs = p.float().expand(b, k + 1, V).clone()
+    probs[1] = probs[1].roll(1, -1)
+    x = probs.argmax(-1)[:, :k].clone()
+    if k:
+        x[2, 1:] = (x[2, 1:] + 1) % V                     # row 2 rejects at position 1
+    state = (torch.tensor([0, 2, 5]), torch.tensor([True, True, False]), torch.tensor(6),
+             torch.tensor(stops.ids), None)
+    eager = functools.partial(settle, rule, stops, ragged)
+    traced = torch.compile(eager, backend="aot_eager", dynamic=False, fullgraph=True)
+    want, got = eager(x, None, probs, *state), traced(x, None, probs, *state)
+    flat = [lambda r: r[0].tokens, lambda r: r[0].num_accepted, lambda r: r[1].last,
+            lambda r: r[1].produced, lambda r: r[1].active, lambda r: r[2], lambda r: r[3]]
+    assert all(torch.equal(f(got), f(want)) for f in flat)
+
+
 # -- frames -----------------------------------------------------------------------------------
 
 C, VF = 2, 4

@@ -44,6 +44,7 @@ class Rule:
     event: str = "token"
     exact_at: dict | None = None      # relaxed rules: the parameters where they equal Exact
     trees: bool = False               # verifies draft trees (``verify_tree``)
+    fuses: bool = False               # traceable whole by torch.compile (no generator draws)
 
     # -- built from a method's parameters (``mmspec.registry``) ----------------------------
     @classmethod

@@ -56,6 +56,7 @@ class Greedy(Rule):
     lossless = True
     name = "greedy"
     trees = True
+    fuses = True
 
     def verify_tree(self, tree, draft_tokens, draft_probs, target_probs, generator=None):
         return greedy_tree(tree, draft_tokens, draft_probs, target_probs, generator)
