@@ -73,6 +73,27 @@ def crop(cache, remove: int) -> None:
         torch._foreach_sub_(pointers, remove)
 
 
+def reset(cache) -> None:
+    """Empty a reused static cache in place, as ``Cache.reset`` (captured graphs keep its
+    tensors' addresses): the static layers' keys, values and write pointers zeroed in one
+    call (layer by layer, three launches per layer at the host's pace), any other layer by
+    its own ``reset``."""
+    if not isinstance(getattr(cache, "layers", None), list):
+        cache.reset()                    # a cache of its own kind (encoder-decoder ...)
+        return
+    zeros = []
+    for layer in cache.layers:
+        if type(layer).reset is not StaticLayer.reset:
+            layer.reset()
+            continue
+        zeros += [t for t in (getattr(layer, name, None) for name in
+                              ("keys", "values", "cumulative_length")) if torch.is_tensor(t)]
+        if isinstance(getattr(layer, "cumulative_length", None), int):
+            layer.cumulative_length = 0
+    if zeros:
+        torch._foreach_zero_(zeros)
+
+
 def _write_pointer(layer) -> torch.Tensor | None:
     """A static layer's write pointer when a rollback moves only it, else None."""
     own = getattr(type(layer), "crop", None)        # StaticLayer has none before 5.18

@@ -204,6 +204,13 @@ def check_pipeline(drafter: Drafter, pipeline: bool | None) -> None:
                          f"engine, ModelDrafter(host_free=True)); got {type(drafter).__name__}")
 
 
+def _to_device(ids: tuple[int, ...], dev: torch.device) -> torch.Tensor:
+    """A few host ids on ``dev`` without waiting for the device's queue (a copy from pageable
+    memory would: pinned, then queued)."""
+    t = torch.tensor(ids, dtype=torch.long)
+    return t.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" and ids else t.to(dev)
+
+
 def settle(rule: Rule, stops: Stops, ragged: bool, draft_tokens, draft_probs, p, produced,
            active, budget, stop_ids, generator=None):
     """A chain step's device work after the target's forward: ``rule`` accepts, then
@@ -267,8 +274,8 @@ class Loop:
         # Host copies per row: events produced, events the queued steps will have produced
         # (pipelined), rows ended.
         self.produced, self.planned, self.finished = [0] * b, [0] * b, [False] * b
-        self._stop_ids = torch.tensor(stops.ids, dtype=torch.long, device=dev)
-        self._budget = torch.tensor(max_new_tokens, device=dev)
+        self._stop_ids = _to_device(stops.ids, dev)
+        self._budget = torch.full((), max_new_tokens, dtype=torch.long, device=dev)
         self._settle = settler(rule, stops, target.ragged,
                                fuse=self.fuse and fixed_k and dev.type == "cuda")
         self._t_start = time.perf_counter()

@@ -33,7 +33,7 @@ import torch
 from . import distributions, regions
 from .attention import bucket, prefix, sdpa_configs
 from .cache import (DynamicCache, SequenceMask, StateSnapshot, StaticSequenceMask, TreeMask,
-                    cache_argument, crop, gather_tail, recurrent_layers, repeated_rows)
+                    cache_argument, crop, gather_tail, recurrent_layers, repeated_rows, reset)
 from .engine import compile_mode
 from .sampling import SamplingParams, guide
 
@@ -148,7 +148,7 @@ _STATIC: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def _take_static(net, key, make) -> _Static:
     free = _STATIC.setdefault(net, {}).setdefault(key, [])
     entry = free.pop() if free else make()
-    entry.cache.reset()          # zero in place: captured graphs keep their addresses
+    reset(entry.cache)           # zero in place: captured graphs keep their addresses
     return entry
 
 

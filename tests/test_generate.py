@@ -794,6 +794,32 @@ def test_rollback_without_static_crop(monkeypatch):
     assert dynamic.get_seq_length() == 1
 
 
+def test_reset_empties_a_static_cache_as_transformers_does():
+    """``cache.reset`` (one zeroing call for the static layers) leaves a used cache as
+    ``Cache.reset`` does; a sliding-window layer (a reset of its own) included."""
+    from transformers import MistralConfig, StaticCache
+    from transformers.cache_utils import StaticLayer
+
+    from mmspec.cache import reset
+
+    cfg = MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=2, num_key_value_heads=2, vocab_size=64,
+                        sliding_window=4)
+    cfg.layer_types = ["full_attention", "sliding_attention"]
+    ours, theirs = StaticCache(config=cfg, max_cache_len=8), StaticCache(config=cfg, max_cache_len=8)
+    assert [type(layer).reset is StaticLayer.reset for layer in ours.layers] == [True, False]
+    k = torch.randn(1, 2, 3, 16, generator=torch.Generator().manual_seed(0))
+    for cache in (ours, theirs):
+        for i in range(len(cache.layers)):
+            cache.update(k, k, i)
+    assert float(ours.layers[0].keys.abs().sum()) > 0
+    reset(ours)
+    theirs.reset()
+    for a, b in zip(ours.layers, theirs.layers):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        assert int(a.get_seq_length()) == int(b.get_seq_length()) == 0
+
+
 def test_regional_wrappers_keep_no_model_alive():
     """The compiled wrappers kept for a model (``regions._made``) do not keep it alive."""
     import gc
