@@ -75,9 +75,10 @@ def crop(cache, remove: int) -> None:
 
 def reset(cache) -> None:
     """Empty a reused static cache in place, as ``Cache.reset`` (captured graphs keep its
-    tensors' addresses): the static layers' keys, values and write pointers zeroed in one
-    call (layer by layer, three launches per layer at the host's pace), any other layer by
-    its own ``reset``."""
+    tensors' addresses): the static layers' keys and values zeroed in one call, their write
+    pointers in another (layer by layer it is three launches per layer at the host's pace;
+    one call over both dtypes falls back to the same), any other layer by its own
+    ``reset``."""
     if not isinstance(getattr(cache, "layers", None), list):
         cache.reset()                    # a cache of its own kind (encoder-decoder ...)
         return
@@ -90,8 +91,8 @@ def reset(cache) -> None:
                               ("keys", "values", "cumulative_length")) if torch.is_tensor(t)]
         if isinstance(getattr(layer, "cumulative_length", None), int):
             layer.cumulative_length = 0
-    if zeros:
-        torch._foreach_zero_(zeros)
+    for dtype in {t.dtype for t in zeros}:
+        torch._foreach_zero_([t for t in zeros if t.dtype == dtype])
 
 
 def _write_pointer(layer) -> torch.Tensor | None:
