@@ -18,6 +18,11 @@ eval.bench_gpu's models (random bf16 weights; the draft is the target's first tw
 - ``plain_ms_per_token`` / ``plain_sync_ms_per_token``: plain decoding of 128 tokens
   pipelined (the default) and synchronised step by step (``pipeline=False``), and whether
   their tokens are ``identical``;
+- ``plain_graph_ms`` / ``plain_between_us`` / ``plain_between_ms`` / ``plain_before_ms`` /
+  ``plain_after_ms``: one profiled plain call's device timeline (``call_timeline``): its
+  step graphs (median), the device time from one step graph's end to the next one's start
+  (median and sum), before the first graph (the call's checks, the cache's reset) and after
+  the last;
 - ``loop_syncs``: synchronising CUDA calls made inside the loop of a plain and of a
   speculative call (``torch.cuda.set_sync_debug_mode``), by the mmspec line that made them;
 - ``verify_ms`` / ``draft_ms`` / ``pt_ms`` / ``pd_ms``: a K + 1 wide target step, a one-token
@@ -119,6 +124,49 @@ def _loop_syncs(fn) -> dict:
     return dict(seen)
 
 
+def call_timeline(events: list[dict]) -> dict:
+    """A profiled call's kernels (torch.profiler's chrome-trace events) split at its CUDA graph
+    replays: every device event is attributed to the runtime call that queued it (by its
+    correlation id); the first replay is the prompt pass's when prompt passes are captured,
+    so the step graphs are the later ones. Empty when no graph was replayed."""
+    api = {e["args"]["correlation"]: e["name"] for e in events
+           if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    device = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+                    key=lambda e: e["ts"])
+    graphs: dict = {}
+    for e in device:
+        c = e.get("args", {}).get("correlation")
+        if api.get(c) == "cudaGraphLaunch":
+            span = graphs.setdefault(c, [e["ts"], e["ts"] + e["dur"]])
+            span[1] = max(span[1], e["ts"] + e["dur"])
+    spans = sorted(graphs.values())
+    if len(spans) < 3:
+        return {}
+    steps = sorted(b - a for a, b in spans[1:])
+    between = sorted(spans[i + 1][0] - spans[i][1] for i in range(1, len(spans) - 1))
+    end = max(e["ts"] + e["dur"] for e in device)
+    return dict(graph_ms=steps[len(steps) // 2] / 1e3, between_us=between[len(between) // 2],
+                between_ms=sum(between) / 1e3, before_ms=(spans[0][0] - device[0]["ts"]) / 1e3,
+                after_ms=(end - spans[-1][1]) / 1e3)
+
+
+def plain_timeline(target, prompt, gen: dict) -> dict:
+    """``call_timeline`` of one plain call (after the calls timed before it)."""
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        mmspec.generate(target, None, prompt, **gen)
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    return {f"plain_{k}": v for k, v in call_timeline(events).items()}
+
+
 def profile_mode(target, draft, dev, mode: str, k: int = 4, new_tokens: int = 128,
                  prompt_len: int = 128, reps: int = 30, trace: str | None = None) -> dict:
     cap = {**COMPILE, "inductor-untuned": "inductor"}[mode]
@@ -178,6 +226,8 @@ def profile_mode(target, draft, dev, mode: str, k: int = 4, new_tokens: int = 12
             r[key] = 1e3 * t / new_tokens
         r["identical"] = bool(torch.equal(outs["plain_ms_per_token"].sequences,
                                           outs["plain_sync_ms_per_token"].sequences))
+        if cuda and cap:
+            r.update(plain_timeline(target, prompt, gen))
         spec = dict(gen, num_draft_tokens=k)
         c = dict(verify=step_cost(target, 1, k + 1, dev, cap, prompt_len, reps),
                  draft=step_cost(draft, 1, 1, dev, cap, prompt_len, reps),

@@ -150,6 +150,31 @@ def test_profile_gpu_smoke_run_on_the_cpu():
     assert row["prompt_host_ms"] > 0 and row["prompt_kernels"] > 0
 
 
+def test_call_timeline_splits_a_call_at_its_graph_replays():
+    """Synthetic trace events: a check before the prompt's graph, then three step graphs with
+    an eager kernel and a copy between them; times in microseconds."""
+    from eval.profile_gpu import call_timeline
+
+    events, corr = [], iter(range(100))
+
+    def queued(api, ts, *kernels):
+        c = next(corr)
+        events.append(dict(cat="cuda_runtime", name=api, ts=ts - 1, dur=1,
+                           args=dict(correlation=c)))
+        events.extend(dict(cat=cat, name="k", ts=t, dur=d, args=dict(correlation=c))
+                      for cat, t, d in kernels)
+
+    queued("cudaLaunchKernel", 0, ("kernel", 0, 2))                    # the call's checks
+    queued("cudaGraphLaunch", 100, ("kernel", 100, 50), ("kernel", 150, 50))   # prompt pass
+    for start in (300, 420, 540):                                       # steps of 100 us
+        queued("cudaGraphLaunch", start, ("kernel", start, 60), ("kernel", start + 60, 40))
+        queued("cudaLaunchKernel", start + 105, ("kernel", start + 105, 3))
+        queued("cudaMemcpyAsync", start + 110, ("gpu_memcpy", start + 110, 2))
+    assert call_timeline(events) == dict(graph_ms=0.1, between_us=20, between_ms=0.04,
+                                         before_ms=0.1, after_ms=0.012)
+    assert call_timeline(events[:2]) == {}
+
+
 def test_bench_adapters_tiny_cpu_rows_equal_plain_decoding(tmp_path):
     """The adapters' benchmark on tiny shapes (float32 on the CPU), at batch 1 and 3: every
     speculative row gives plain decoding's tokens at its batch; at eps 0 the image draft and
