@@ -212,7 +212,7 @@ def _to_device(ids: tuple[int, ...], dev: torch.device) -> torch.Tensor:
 
 
 def settle(rule: Rule, stops: Stops, ragged: bool, draft_tokens, draft_probs, p, produced,
-           active, budget, stop_ids, generator=None):
+           active, budget, stop_ids, *, generator=None):
     """A chain step's device work after the target's forward: ``rule`` accepts, then
     ``account``. Returns (VerifyOutput, the next Rows, emitted [B], the packed transfer)."""
     out = rule(draft_tokens, draft_probs, p, generator, validate=False)
@@ -240,17 +240,18 @@ def account(stops: Stops, ragged: bool, out: VerifyOutput, p, draft_probs, produ
 _SETTLERS: dict = {}
 
 
-def settler(rule: Rule, stops: Stops, ragged: bool, fuse: bool):
-    """``settle`` for one rule, stop set and ragged flag. ``fuse`` (captured engines) and a
-    rule that declares ``fuses``: one torch.compile'd function, made once per process for
-    each (rule, stops, ragged) and traced once per shape, so the step's acceptance and
-    bookkeeping run as a few fused kernels instead of a kernel per operation."""
-    plain = functools.partial(settle, rule, stops, ragged)
+def settler(rule: Rule, stops: Stops, ragged: bool, generator, fuse: bool):
+    """``settle`` for one rule, stop set, ragged flag and generator. ``fuse`` (captured
+    engines) and a rule that declares ``fuses`` (it draws nothing: no generator): one
+    torch.compile'd function, made once per process for each (rule, stops, ragged) and
+    traced once per shape, so the step's acceptance and bookkeeping run as a few fused
+    kernels instead of a kernel per operation."""
     if not (fuse and rule.fuses):
-        return plain
+        return functools.partial(settle, rule, stops, ragged, generator=generator)
     key = (rule, stops, ragged)
     if key not in _SETTLERS:
-        _SETTLERS[key] = torch.compile(plain, dynamic=False, fullgraph=True)
+        _SETTLERS[key] = torch.compile(functools.partial(settle, rule, stops, ragged),
+                                       dynamic=False, fullgraph=True)
     return _SETTLERS[key]
 
 
@@ -276,7 +277,7 @@ class Loop:
         self.produced, self.planned, self.finished = [0] * b, [0] * b, [False] * b
         self._stop_ids = _to_device(stops.ids, dev)
         self._budget = torch.full((), max_new_tokens, dtype=torch.long, device=dev)
-        self._settle = settler(rule, stops, target.ragged,
+        self._settle = settler(rule, stops, target.ragged, generator,
                                fuse=self.fuse and fixed_k and dev.type == "cuda")
         self._t_start = time.perf_counter()
 
@@ -305,7 +306,7 @@ class Loop:
         t2 = time.perf_counter()
         state = (rows.produced, rows.active, self._budget, self._stop_ids)
         if draft.tree is None:
-            settled = self._settle(draft.tokens, draft.probs, p, *state, self.generator)
+            settled = self._settle(draft.tokens, draft.probs, p, *state)
         else:
             out = self.rule.verify_tree(draft.tree, draft.tokens, draft.probs, p, self.generator)
             settled = account(self.stops, self.target.ragged, out, p, draft.probs, *state)

@@ -343,7 +343,8 @@ def test_greedy_steps_settle_in_one_compiled_function(monkeypatch):
     mask[1] = 1
     plain = mmspec.generate(t, None, ids, attention_mask=mask, temperature=0, max_new_tokens=30)
     stop = int(plain.sequences[0, 4 + 6])                 # row 0 stops after 7 new tokens
-    kw = dict(attention_mask=mask, temperature=0, max_new_tokens=30, stop_token_ids=[stop])
+    kw = dict(attention_mask=mask, temperature=0, max_new_tokens=30, stop_token_ids=[stop],
+              seed=0)                           # a generator the fused function never sees
     for k, draft in ((0, None), (3, d)):
         want = mmspec.generate(t, draft, ids, num_draft_tokens=k, **kw)
         fused = mmspec.generate(t, draft, ids, num_draft_tokens=k, compile=True, **kw)

@@ -171,7 +171,7 @@ def test_a_fusing_rule_settles_a_step_in_one_trace(name, k, ragged):
     if k:
         x[2, 1:] = (x[2, 1:] + 1) % V                     # row 2 rejects at position 1
     state = (torch.tensor([0, 2, 5]), torch.tensor([True, True, False]), torch.tensor(6),
-             torch.tensor(stops.ids), None)
+             torch.tensor(stops.ids))
     eager = functools.partial(settle, rule, stops, ragged)
     traced = torch.compile(eager, backend="aot_eager", dynamic=False, fullgraph=True)
     want, got = eager(x, None, probs, *state), traced(x, None, probs, *state)
