@@ -806,7 +806,7 @@ def test_reset_empties_a_static_cache_as_transformers_does():
                         num_attention_heads=2, num_key_value_heads=2, vocab_size=64,
                         sliding_window=4)
     cfg.layer_types = ["full_attention", "sliding_attention"]
-    ours, theirs = StaticCache(config=cfg, max_cache_len=8), StaticCache(config=cfg, max_cache_len=8)
+    ours, theirs = (StaticCache(config=cfg, max_cache_len=8) for _ in range(2))
     assert [type(layer).reset is StaticLayer.reset for layer in ours.layers] == [True, False]
     k = torch.randn(1, 2, 3, 16, generator=torch.Generator().manual_seed(0))
     for cache in (ours, theirs):
