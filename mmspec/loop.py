@@ -250,6 +250,11 @@ def settler(rule: Rule, stops: Stops, ragged: bool, generator, fuse: bool):
         return functools.partial(settle, rule, stops, ragged, generator=generator)
     key = (rule, stops, ragged)
     if key not in _SETTLERS:
+        from torch import _dynamo
+
+        # Every key and shape is an entry on ``settle``'s code: room for them, as the
+        # sessions make for their fused steps (past the limit calls would run op by op).
+        _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
         _SETTLERS[key] = torch.compile(functools.partial(settle, rule, stops, ragged),
                                        dynamic=False, fullgraph=True)
     return _SETTLERS[key]

@@ -180,6 +180,25 @@ def test_a_fusing_rule_settles_a_step_in_one_trace(name, k, ragged):
     assert all(torch.equal(f(got), f(want)) for f in flat)
 
 
+def test_settler_compiles_a_fusing_rule_once_per_rule_stops_and_ragged():
+    """``loop.settler``: a fusing rule's compiled function is shared by every call with the
+    same rule, stops and ragged flag, and never sees the call's generator; other rules (and
+    ``fuse=False``) settle op by op with the call's generator."""
+    import functools
+
+    from mmspec.acceptance import Greedy
+    from mmspec.loop import Stops, settler
+
+    g = torch.Generator()
+    fused = settler(Greedy(), Stops((3,)), True, None, fuse=True)
+    assert not isinstance(fused, functools.partial)
+    assert settler(Greedy(), Stops((3,)), True, g, fuse=True) is fused
+    assert settler(Greedy(), Stops((4,)), True, None, fuse=True) is not fused
+    for rule, fuse in ((Exact(), True), (Greedy(), False)):
+        plain = settler(rule, Stops(), True, g, fuse=fuse)
+        assert isinstance(plain, functools.partial) and plain.keywords["generator"] is g
+
+
 # -- frames -----------------------------------------------------------------------------------
 
 C, VF = 2, 4
