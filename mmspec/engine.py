@@ -127,7 +127,7 @@ class Engine:
         default = self.mode in ("graphs", "regional") and not self.profile
         queue = draft_model and fits and (default if self.pipeline is None else self.pipeline)
         return Plan(self, max_new_tokens, num_draft_tokens, queue,
-                    num_draft_tokens > 0 and (queue or holes))
+                    num_draft_tokens > 0 and (queue or holes), positions is not None and fits)
 
 
 @dataclass(frozen=True)
@@ -137,6 +137,9 @@ class Plan:
     queue_drafts: a draft model's drafter keeps rejected slots as holes, so its steps can be
                   queued ahead (``ModelDrafter(host_free=True)``).
     holes:        every step keeps its K + 1 slots (static caches are sized for it).
+    overdraft:    a row near its end may draft past its budget, K positions at most (they
+                  fit the models' max_position_embeddings), so a step's K follows the row
+                  with the most budget left (``mmspec.loop.Loop.k_max``).
     """
 
     engine: Engine
@@ -144,6 +147,7 @@ class Plan:
     num_draft_tokens: int
     queue_drafts: bool
     holes: bool
+    overdraft: bool = False
 
     @property
     def fixed_k(self) -> bool:

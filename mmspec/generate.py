@@ -149,7 +149,9 @@ def _setup(target, draft, input_ids, attention_mask, rule, num_draft_tokens, max
     k = drafter.num_tokens if drafter is not None else (num_draft_tokens if draft is not None else 0)
     plan = engine.plan(max_new_tokens=max_new_tokens, num_draft_tokens=k,
                        draft_model=draft is not None and drafter is None,
-                       holes=drafter is not None and drafter.host_free)
+                       holes=drafter is not None and drafter.host_free,
+                       positions=input_ids.shape[1] + max_new_tokens + k,
+                       limits=[max_positions(m) for m in (target, draft) if m is not None])
     g = None if guidance is None else guidance.scale
     cache = plan.cache(input_ids.shape[1], input_ids.shape[0])
     tgt = CausalLMSession(target, sampling, g, **cache)

@@ -26,8 +26,9 @@ t + 1 before step t is read, so the device never waits for the host between step
 
 Rows stop at a stop token (``Stops``) or after ``max_new_tokens``; tokens emitted past either
 are dropped (a prefix of a valid run is still exact). ``k_max`` shrinks so that no step drafts
-past the smallest remaining budget of the running rows, unless ``fixed_k`` (captured steps
-keep one width).
+past the smallest remaining budget of the running rows (with ``overdraft``, the largest:
+where the models' positions have room for K more), unless ``fixed_k`` (captured steps keep
+one width).
 """
 
 from __future__ import annotations
@@ -268,10 +269,11 @@ class Loop:
 
     def __init__(self, target: Session, drafter: Drafter, rule: Rule, first_tokens, *,
                  max_new_tokens: int, stops: Stops, generator, stats: StepStats,
-                 profile: bool, fixed_k: bool):
+                 profile: bool, fixed_k: bool, overdraft: bool = False):
         self.target, self.drafter, self.rule = target, drafter, rule
         self.budget, self.stops, self.generator = max_new_tokens, stops, generator
         self.stats, self.profile, self.fixed_k = stats, profile, fixed_k
+        self.overdraft = overdraft
         b, dev = first_tokens.shape[0], first_tokens.device
         self.b, self.device = b, dev
         self.rows = Rows(first_tokens, torch.zeros(b, dtype=torch.long, device=dev),
@@ -291,9 +293,14 @@ class Loop:
             torch.cuda.synchronize(self.device)
 
     def k_max(self, produced: list[int], finished: list[bool]) -> int:
+        """Drafts a step may use: what the running row nearest its end can still emit after
+        its one recovered token; with ``overdraft``, what the row with the most budget left
+        can (rows nearer their end then draft past it and what they emit there is dropped:
+        one row's end does not shorten every other row's drafts)."""
         if self.fixed_k:
             return self.budget
-        return min(self.budget - n for n, f in zip(produced, finished) if not f) - 1
+        left = [self.budget - n for n, f in zip(produced, finished) if not f]
+        return (max(left) if self.overdraft else min(left)) - 1
 
     def launch(self, k_max: int) -> Launched:
         """Draft, verify, accept and the device-side bookkeeping of one step."""
@@ -368,7 +375,7 @@ class Loop:
         running = [not f for f in self.finished]
         if step.out.residual_proposals is not None:
             self.stats.record_residuals(host.proposals, host.fallbacks, running)
-        self.stats.record(host.accepted, step.k, running)
+        self.stats.record(host.accepted, step.k, running, host.cut)
         new = [toks if on else [] for toks, on in zip(host.tokens, running)]
         for i in (i for i, on in enumerate(running) if on):
             self.produced[i] += host.cut[i]
@@ -440,7 +447,7 @@ def _pipelined(loop: Loop) -> Iterator[StepEvent]:
 def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Tensor, *,
            max_new_tokens: int, stops: Stops | None = None,
            generator: torch.Generator | None = None, stats: StepStats | None = None,
-           profile: bool = False, fixed_k: bool = False,
+           profile: bool = False, fixed_k: bool = False, overdraft: bool = False,
            pipeline: bool | None = None) -> Iterator[StepEvent]:
     """Run the loop after both target and drafter have seen the prompt.
 
@@ -449,6 +456,9 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
     profile:      synchronise the device between phases so the per-phase seconds are exact
                   on CUDA (costs speed; CPU timings are always exact).
     fixed_k:      never shrink K near the end (captured steps keep one width).
+    overdraft:    K follows the running row with the most budget left, not the least (rows
+                  nearer their end draft past it, up to K positions: the caller checked that
+                  they fit the models' positions).
     pipeline:     queue step t + 1 before reading step t (host-free drafters only); None: on
                   for host-free drafters unless ``profile``. Same tokens either way.
     """
@@ -459,7 +469,7 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
     loop = Loop(target, drafter, rule, first_tokens, max_new_tokens=max_new_tokens,
                 stops=stops or Stops(), generator=generator,
                 stats=stats if stats is not None else StepStats(), profile=profile,
-                fixed_k=fixed_k)
+                fixed_k=fixed_k, overdraft=overdraft)
     return _pipelined(loop) if pipe else _synchronised(loop)
 
 

@@ -174,6 +174,10 @@ class Method:
         the adapter's Jacobi settings."""
         return self.drafter_class.width(self._drafter_params(), MethodContext(jacobi=jacobi or {}))
 
+    def reach(self, jacobi: Mapping | None = None) -> int:
+        """Positions a step's drafts run past the last token (a chain's K, a tree's depth)."""
+        return self.drafter_class.reach(self._drafter_params(), MethodContext(jacobi=jacobi or {}))
+
     def build_rule(self, context: MethodContext) -> Rule:
         cls = self.rule_class
         return cls.from_params({k: v for k, v in self.params.items() if k in cls.param_names()},

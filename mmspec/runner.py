@@ -60,6 +60,7 @@ class Run:
                              max_new_tokens=self.plan.max_new_tokens, stops=stops,
                              generator=self.generator, stats=self.stats,
                              profile=self.plan.engine.profile, fixed_k=self.plan.fixed_k,
+                             overdraft=self.plan.overdraft,
                              pipeline=self.plan.pipelines(self.drafter))
         return events if progress is None else _with_progress(events, self.plan.max_new_tokens,
                                                               progress)

@@ -10,8 +10,9 @@ Terms (per row of a batch, per step):
 - **bonus**: the token sampled from the target at position K+1 when all K drafts pass.
 - **emitted**: accepted tokens followed by exactly one recovered or bonus token, so
   ``emitted = num_accepted + 1`` per step.
-- **tokens per step**: mean emitted per step (= mean accepted length + 1); the
-  headline efficiency figure, with *step compression* = tokens / steps against the
+- **tokens per step**: mean emitted per step (= mean accepted length + 1), counting only
+  what a row keeps (its last step is cut at its budget or stop token); the headline
+  efficiency figure, with *step compression* = tokens / steps against the
   one-token-per-step plain decoding.
 - **lossless** / **relaxed**: declared by each rule (``rule.lossless``); lossless means the
   emitted tokens are distributed exactly as the processed target (after guidance,
@@ -101,8 +102,8 @@ class StepStats:
     steps:        target forwards (NFE of the target), prefill excluded.
     drafted:      draft tokens proposed, summed over rows and steps.
     accepted:     draft tokens accepted, summed over rows and steps.
-    emitted:      tokens emitted, summed over rows and steps (before max_new_tokens /
-                  stop-token truncation).
+    emitted:      tokens emitted and kept, summed over rows and steps (after max_new_tokens
+                  and stop-token truncation: a row's last step counts only what it kept).
     row_steps:    rows x steps that produced output (a row stops counting once finished).
     histogram:    histogram[n] = number of (row, step) pairs with n accepted drafts.
     accepted_by_position: accepted_by_position[i] = how often draft position i (0-based)
@@ -144,11 +145,14 @@ class StepStats:
 
     @property
     def tokens_per_step(self) -> float:
-        """Mean emitted tokens per row per target forward (= mean accepted length + 1)."""
+        """Mean kept tokens per row per target forward (= mean accepted length + 1 but for
+        the rows' last steps, cut at their budgets and stop tokens)."""
         return self.emitted / self.row_steps if self.row_steps else 0.0
 
-    def record(self, num_accepted: list[int], num_drafted: int, active: list[bool]) -> None:
-        """Add one step. ``num_accepted`` per row (host ints); inactive rows are skipped."""
+    def record(self, num_accepted: list[int], num_drafted: int, active: list[bool],
+               kept: list[int] | None = None) -> None:
+        """Add one step. ``num_accepted`` per row (host ints); ``kept``: the tokens each row
+        keeps (default: all it emitted, accepted + 1); inactive rows are skipped."""
         self.steps += 1
         if len(self.histogram) < num_drafted + 1:
             self.histogram.extend([0] * (num_drafted + 1 - len(self.histogram)))
@@ -173,7 +177,7 @@ class StepStats:
             self.row_steps += 1
             self.drafted += num_drafted
             self.accepted += n
-            self.emitted += n + 1
+            self.emitted += n + 1 if kept is None else kept[i]
             self.histogram[n] += 1
             for i in range(num_drafted):
                 self.drafted_by_position[i] += 1

@@ -28,6 +28,39 @@ def test_speculative_greedy_equals_plain_greedy(pair, ragged_prompts, k):
     assert plain.stats.steps == 24
 
 
+def test_k_follows_the_row_with_the_most_budget_left(ragged_prompts, monkeypatch):
+    """Rows advance at their own pace. Where the models' positions have room for K past the
+    budget, a step drafts what the row with the most budget left can use (rows nearer their
+    end draft past it, what they emit there dropped); where they have none, the row nearest
+    its end sets K. Plain greedy's tokens either way, and no more steps with the room."""
+    from mmspec.loop import Loop
+
+    ids, mask = ragged_prompts
+    n, k = 24, 4
+    seen, k_max = [], Loop.k_max
+
+    def spy(self, produced, finished):
+        left = [n - p for p, f in zip(produced, finished) if not f]
+        seen[-1].append((k_max(self, produced, finished), min(left) - 1, max(left) - 1))
+        return seen[-1][-1][0]
+
+    monkeypatch.setattr(Loop, "k_max", spy)
+    out = {}
+    for room in (True, False):
+        limit = ids.shape[1] + n + (k if room else 0)
+        target = tiny_llama(seed=0, max_positions=limit)
+        draft = tiny_llama(hidden=16, layers=1, seed=1, max_positions=limit)
+        plain = mmspec.generate(target, None, ids, attention_mask=mask, temperature=0,
+                                max_new_tokens=n)
+        seen.append([])
+        out[room] = mmspec.generate(target, draft, ids, attention_mask=mask, temperature=0,
+                                    max_new_tokens=n, num_draft_tokens=k)
+        assert torch.equal(out[room].sequences, plain.sequences)
+        assert any(lo != hi for _, lo, hi in seen[-1])         # the rows drifted apart
+        assert all(got == (hi if room else lo) for got, lo, hi in seen[-1])
+    assert out[True].stats.steps <= out[False].stats.steps
+
+
 def _static_widths(target, draft, ragged_prompts, monkeypatch, check=lambda: None) -> list:
     """Generate with a static and a dynamic cache (the same tokens asserted); the static
     steps' (mask width, cache slots), ``check`` run inside every step."""

@@ -55,6 +55,12 @@ class Drafter:
         return 0
 
     @classmethod
+    def reach(cls, params: Mapping, context) -> int:
+        """Positions a step's drafts run past the last token (default: ``width``, a chain's
+        K; a tree's nodes sit at the positions of their depths)."""
+        return cls.width(params, context)
+
+    @classmethod
     def from_params(cls, params: Mapping, context) -> "Drafter":
         """The drafter a method builds (``context``: ``mmspec.registry.MethodContext``)."""
         raise NotImplementedError(f"{cls.__name__} is not built from method parameters")

@@ -118,6 +118,11 @@ class TreeDrafter(Drafter):
         return max(sum(sizes) if a["nodes"] is None else a["nodes"], fed)
 
     @classmethod
+    def reach(cls, params, context=None) -> int:
+        """The tree's depth: its deepest node's position past the root."""
+        return check_count("tree_depth", cls._args(params)["depth"])
+
+    @classmethod
     def from_params(cls, params, context) -> "TreeDrafter":
         if context.draft_session is None:
             raise ValueError("method 'tree' drafts with a draft model: pass draft=...")

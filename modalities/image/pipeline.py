@@ -200,7 +200,9 @@ class TextToImage:
         # compile=True the steps are queued ahead (rejected drafts kept as holes).
         k = spec.num_draft_tokens(tgt.jacobi_defaults)
         plan = engine.plan(max_new_tokens=n, num_draft_tokens=k, draft_model=spec.uses_draft_model,
-                           positions=width + n + k, limits=[tgt.max_positions()])
+                           positions=width + n + spec.reach(tgt.jacobi_defaults),
+                           limits=[tgt.max_positions(), (
+                               self.draft.max_positions() if spec.uses_draft_model else None)])
         session = tgt.session(params, g, **plan.cache(width, len(rows)))
         dbatch = self.draft.prompt_batch(rows, neg_rows, g is not None) if spec.uses_draft_model else None
         context = MethodContext(

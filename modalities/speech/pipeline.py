@@ -136,7 +136,8 @@ class TextToSpeech:
         k, width = spec.num_draft_tokens(tgt.jacobi_defaults), batch["input_ids"].shape[1]
         limits = [tgt.max_positions(), self.draft.max_positions() if dbatch is not None else None]
         plan = engine.plan(max_new_tokens=tgt.steps(frames), num_draft_tokens=k,
-                           draft_model=spec.uses_draft_model, positions=width + frames + k,
+                           draft_model=spec.uses_draft_model,
+                           positions=width + tgt.steps(frames) + spec.reach(tgt.jacobi_defaults),
                            limits=limits)
         session = tgt.session(params, g, frames, **plan.cache(width, len(texts)))
         context = MethodContext(

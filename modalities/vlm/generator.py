@@ -388,8 +388,9 @@ class VisionLanguageGenerator:
         k = spec.num_draft_tokens()
         queueable = spec.uses_draft_model and self.draft_mode != "ensemble"
         plan = engine.plan(max_new_tokens=max_new_tokens, num_draft_tokens=k,
-                           draft_model=queueable, positions=width + max_new_tokens + k,
-                           limits=[limit, max_positions(self.draft) if queueable else None])
+                           draft_model=queueable, positions=width + max_new_tokens + spec.reach(),
+                           limits=[limit, (max_positions(self.draft) if spec.uses_draft_model
+                                           else None)])
         if drafter is None:
             drafter, rule, dbatch = self._method(spec, plan, params, batch, images, prompts,
                                                  captions)
