@@ -61,6 +61,23 @@ def test_k_follows_the_row_with_the_most_budget_left(ragged_prompts, monkeypatch
     assert out[True].stats.steps <= out[False].stats.steps
 
 
+def test_tokens_per_step_count_what_the_rows_keep(pair, ragged_prompts):
+    """The target drafting for itself accepts every draft: 9 tokens in the first step. Its
+    greedy rows stop at id 11 after 4 and 2 tokens and the third runs to its budget of 10,
+    so the rows keep 4, 2 and 9, then 1. Stats count the kept tokens."""
+    target, _ = pair
+    ids, mask = ragged_prompts
+    plain = mmspec.generate(target, None, ids, attention_mask=mask, temperature=0,
+                            max_new_tokens=10, stop_token_ids=[11])
+    out = mmspec.generate(target, target, ids, attention_mask=mask, temperature=0,
+                          max_new_tokens=10, num_draft_tokens=8, stop_token_ids=[11])
+    assert torch.equal(out.sequences, plain.sequences)
+    kept = [int((row != 0).sum()) for row in plain.sequences[:, ids.shape[1]:]]
+    assert kept == [4, 2, 10]
+    assert out.stats.accepted == 3 * 8 and out.stats.row_steps == 4
+    assert out.stats.emitted == sum(kept) and out.stats.tokens_per_step == 4.0
+
+
 def _static_widths(target, draft, ragged_prompts, monkeypatch, check=lambda: None) -> list:
     """Generate with a static and a dynamic cache (the same tokens asserted); the static
     steps' (mask width, cache slots), ``check`` run inside every step."""
