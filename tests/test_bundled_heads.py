@@ -14,17 +14,23 @@ MODELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 
 @pytest.mark.parametrize("params", [dict(tree_branch=1, tree_width=1, tree_depth=4), {}])
 def test_bundled_vlm_head_keeps_greedy_answers(params):
+    """Held-out scenes asked to be described: answers of about fifteen tokens (one-word
+    answers would bound every drafter to two kept tokens per step)."""
+    from modalities import shapes_world as sw
     from modalities.vlm import VisionLanguageGenerator
-    from recipes.demo import vlm_questions
+    from recipes.train.vlm import spaced
 
     gen = VisionLanguageGenerator.from_pretrained(os.path.join(MODELS, "shapes-vlm"),
                                                   head=os.path.join(MODELS, "shapes-vlm-head"))
-    qs = vlm_questions(6)
-    ims, msgs = [q[0] for q in qs], [q[1] for q in qs]
+    seeds = range(20_000_000, 20_000_006)
+    ims = [sw.sample(s)[1] for s in seeds]
+    msgs = [[{"role": "user", "content": [{"type": "image"},
+                                          {"type": "text", "text": spaced("describe the image.")}]}]
+            for _ in seeds]
     plain = gen.generate(ims, msgs, method="plain", temperature=0, max_new_tokens=24)
     head = gen.generate(ims, msgs, method="head", temperature=0, max_new_tokens=24, **params)
     assert head.token_ids == plain.token_ids
-    assert head.stats.tokens_per_step > 2.5          # measured 4.6 (chain) and 4.9 (tree)
+    assert head.stats.tokens_per_step > 2.5   # on 32 such scenes: chain 3.88, 8x4x8 tree 4.95
 
 
 def test_bundled_t2i_head_keeps_greedy_images():

@@ -25,7 +25,8 @@
    ``OUT/README.md`` is the model card.
 
 Data (``--data``): ``shapes`` (the procedural shapes world: captions, questions about
-rendered scenes, sentences), or a file: one prompt per line (t2i captions, tts texts, text
+rendered scenes (one in five "describe the image.", answered by a caption), sentences), or a
+file: one prompt per line (t2i captions, tts texts, text
 prompts), or ``image path<TAB>question`` per line (vlm).
 """
 
@@ -214,7 +215,8 @@ def shapes_items(modality: str, n: int, start: int) -> list:
         out = []
         for s in range(start, start + n):
             scene, img, _ = sw.sample(s)
-            q, _ = sw.questions(scene, random.Random(s))[s % 4 + 2]
+            # one scene in five is described (a caption), the others asked one-word questions
+            q, _ = sw.questions(scene, random.Random(s))[s % 5 + 1]
             out.append((img, [{"role": "user", "content": [{"type": "image"},
                                                             {"type": "text", "text": spaced(q)}]}]))
         return out
