@@ -150,9 +150,10 @@ class StepStats:
         return self.emitted / self.row_steps if self.row_steps else 0.0
 
     def record(self, num_accepted: list[int], num_drafted: int, active: list[bool],
-               kept: list[int] | None = None) -> None:
-        """Add one step. ``num_accepted`` per row (host ints); ``kept``: the tokens each row
-        keeps (default: all it emitted, accepted + 1); inactive rows are skipped."""
+               kept: list[int]) -> None:
+        """Add one step. ``num_accepted`` and ``kept`` (the tokens each row keeps: its
+        accepted drafts and one more, cut at its budget or stop token) per row, host ints;
+        inactive rows are skipped."""
         self.steps += 1
         if len(self.histogram) < num_drafted + 1:
             self.histogram.extend([0] * (num_drafted + 1 - len(self.histogram)))
@@ -177,7 +178,7 @@ class StepStats:
             self.row_steps += 1
             self.drafted += num_drafted
             self.accepted += n
-            self.emitted += n + 1 if kept is None else kept[i]
+            self.emitted += kept[i]
             self.histogram[n] += 1
             for i in range(num_drafted):
                 self.drafted_by_position[i] += 1

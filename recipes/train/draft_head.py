@@ -26,8 +26,8 @@
 
 Data (``--data``): ``shapes`` (the procedural shapes world: captions, questions about
 rendered scenes (one in five "describe the image.", answered by a caption), sentences), or a
-file: one prompt per line (t2i captions, tts texts, text
-prompts), or ``image path<TAB>question`` per line (vlm).
+file: one prompt per line (t2i captions, tts texts, text prompts), or ``image
+path<TAB>question`` per line (vlm).
 """
 
 from __future__ import annotations
