@@ -151,6 +151,15 @@ class TextToImage:
         neg = None if negative is None else [n for n in negative for _ in range(num_images_per_prompt)]
         return rows, neg
 
+    def _sampling(self, temperature, top_k, top_p) -> SamplingParams:
+        """The sampling parameters; ``top_k`` defaults to the pipeline's and is bounded by the
+        codebook."""
+        top_k = self.defaults.get("top_k") if top_k is None else top_k
+        if top_k is not None and top_k > self.target.vocab_size:
+            raise ValueError(f"top_k={top_k}: accepted at most the codebook size "
+                             f"{self.target.vocab_size}")
+        return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+
     @torch.inference_mode()
     def __call__(self, prompt=None, *, class_labels=None, num_images_per_prompt: int = 1,
                  guidance_scale: float | None = None, negative_prompt=None,
@@ -184,10 +193,7 @@ class TextToImage:
         rows, neg_rows = self._rows(prompt, class_labels, num_images_per_prompt, negative_prompt)
         g = guided(check_guidance_scale(self.defaults.get("guidance_scale") if guidance_scale
                                         is None else guidance_scale))
-        top_k = self.defaults.get("top_k") if top_k is None else top_k
-        if top_k is not None and top_k > tgt.vocab_size:
-            raise ValueError(f"top_k={top_k}: accepted at most the codebook size {tgt.vocab_size}")
-        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+        params = self._sampling(temperature, top_k, top_p)
         engine = Engine.from_switches(compile, static_cache, pipeline, profile,
                                       engine).check(tgt.model)
         spec = parse_method(method, method_params, has_draft=self.draft is not None,
