@@ -135,6 +135,10 @@ def test_the_recipe_refuses_bad_input_in_one_line(tmp_path, capsys):
                         "--target", "x", "--out", str(tmp_path), "--head-layers", "0"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "--head-layers" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "recipes.train.draft_head", "--modality", "tts",
+                        "--target", "x", "--out", str(tmp_path), "--data", "shapes-describe"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "--data shapes-describe: accepted with --modality vlm" in r.stderr
 
 
 def test_two_processes_collect_shares_and_train_one_head(tmp_path):

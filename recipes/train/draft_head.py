@@ -25,8 +25,8 @@
    ``OUT/README.md`` is the model card.
 
 Data (``--data``): ``shapes`` (the procedural shapes world: captions, questions about
-rendered scenes (one in five "describe the image.", answered by a caption), sentences), or a
-file: one prompt per line (t2i captions, tts texts, text prompts), or ``image
+rendered scenes (one in five "describe the image.", answered by a caption), sentences),
+``shapes-describe`` (vlm: every scene described; the measure of long answers), or a file: one prompt per line (t2i captions, tts texts, text prompts), or ``image
 path<TAB>question`` per line (vlm).
 """
 
@@ -200,7 +200,7 @@ class Source:
                                temperature=temperature, **params)
 
 
-def shapes_items(modality: str, n: int, start: int) -> list:
+def shapes_items(modality: str, n: int, start: int, describe_every: int = 5) -> list:
     from modalities import shapes_world as sw
 
     if modality == "t2i":
@@ -215,8 +215,9 @@ def shapes_items(modality: str, n: int, start: int) -> list:
         out = []
         for s in range(start, start + n):
             scene, img, _ = sw.sample(s)
-            # one scene in five is described (a caption), the others asked one-word questions
-            q, _ = sw.questions(scene, random.Random(s))[s % 5 + 1]
+            # one scene in describe_every is described (a caption), the others asked one-word
+            # questions
+            q, _ = sw.questions(scene, random.Random(s))[s % describe_every + 1]
             out.append((img, [{"role": "user", "content": [{"type": "image"},
                                                             {"type": "text", "text": spaced(q)}]}]))
         return out
@@ -270,8 +271,10 @@ def load_source(args) -> Source:
             tok.pad_token = tok.eos_token
         front = (tok, model, small)
     n, m = args.samples, args.eval
-    if args.data == "shapes":
-        items, held = shapes_items(args.modality, n, 0), shapes_items(args.modality, m, 20_000_000)
+    if args.data in ("shapes", "shapes-describe"):
+        every = 1 if args.data == "shapes-describe" else 5
+        items = shapes_items(args.modality, n, 0, every)
+        held = shapes_items(args.modality, m, 20_000_000, every)
     else:
         every = file_items(args.modality, args.data)
         if len(every) <= m:
@@ -669,8 +672,8 @@ def model_card(target: str, head, rows, trained: dict) -> str:
         "Use: `head=DraftHead.from_pretrained(this folder, target)` on the front door (or "
         f"`head=\"this folder\"`), {use}. Exact: the target's distribution is unchanged.", 96)
     measured = textwrap.fill(
-        f"Measured on {t['eval']} held-out prompts (temperature {t['temperature']}, seed "
-        f"{t['seed']}); {shapes}"
+        f"Measured on {t['eval']} held-out prompts (data `{t.get('measured_data', t['data'])}`, "
+        f"temperature {t['temperature']}, seed {t['seed']}); {shapes}"
         + (f"; the draft model `{t['draft']}` with the exact rule, K = {DRAFT_K}, on the same "
            "prompts" if t.get("draft") else "")
         + " (`python -m recipes.train.draft_head ... --measure-only` measures again):", 96,
@@ -696,7 +699,7 @@ def build_parser():
     ap.add_argument("--modality", required=True, choices=MODALITIES,
                     help="the target's front door")
     ap.add_argument("--target", required=True, help="the target: a folder or Hugging Face id")
-    ap.add_argument("--data", default="shapes", help="'shapes' or a prompts file")
+    ap.add_argument("--data", default="shapes", help="'shapes', 'shapes-describe' (vlm) or a prompts file")
     ap.add_argument("--draft", default=None,
                     help="a small draft model of the target (folder or id): measured beside "
                          f"the head on the same held-out prompts, exact rule, K = {DRAFT_K} "
@@ -748,6 +751,9 @@ def main(argv=None) -> None:
     if args.uncond_features and args.modality != "t2i":
         raise ValueError(f"--uncond-features: accepted with --modality t2i (a target sampled "
                          f"with guidance), not {args.modality}")
+    if args.data == "shapes-describe" and args.modality != "vlm":
+        raise ValueError(f"--data shapes-describe: accepted with --modality vlm, not "
+                         f"{args.modality}")
     torch.manual_seed(args.seed)
     accelerator = Accelerator(cpu=args.device == "cpu")
     if args.device == "cuda":
@@ -771,7 +777,7 @@ def main(argv=None) -> None:
             print(f"{r['method']:>10}: {r['tokens_per_step']:.2f} tokens/step, acceptance "
                   f"{r['acceptance']:.3f}, {r['steps']} steps")
         trained.update(eval=args.eval, seed=args.seed, temperature=args.temperature,
-                       draft=args.draft, tree=tree_name(args.tree))
+                       draft=args.draft, tree=tree_name(args.tree), measured_data=args.data)
         for name, value in (("training.json", trained), ("metrics.json", rows)):
             with open(os.path.join(args.out, name), "w") as f:
                 json.dump(value, f, indent=2)
