@@ -226,7 +226,11 @@ def test_hub_ids_are_not_taken_for_missing_folders(monkeypatch):
     from modalities.registry import load_pretrained
     from transformers import AutoConfig
 
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # the hub reads the variable once, at import: its constant too, so no request is tried
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     for hub_id in ("gpt2-nonexistent-here", "org/model-nonexistent-here"):
         with pytest.raises(ValueError, match=rf"{hub_id}: could not load AutoConfig"):
             load_pretrained(AutoConfig, hub_id)
