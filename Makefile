@@ -41,8 +41,10 @@ setup: $(STAMP) speech-deps browser-deps
 demo: setup
 	$(PY) -m recipes.demo
 
+# The tests spread over the cores (pytest-xdist, at most 4 workers; `-n 0` runs them in
+# one process).
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --maxprocesses 4
 
 bench: setup
 	$(PY) -m eval.bench_core

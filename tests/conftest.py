@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+
+if os.environ.get("PYTEST_XDIST_WORKER"):     # one thread per worker: the workers share the cores
+    torch.set_num_threads(1)
 
 
 def tiny_llama(vocab: int = 16, hidden: int = 32, layers: int = 2, heads: int = 2, seed: int = 0,
