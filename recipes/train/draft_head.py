@@ -26,8 +26,9 @@
 
 Data (``--data``): ``shapes`` (the procedural shapes world: captions, questions about
 rendered scenes (one in five "describe the image.", answered by a caption), sentences),
-``shapes-describe`` (vlm: every scene described; the measure of long answers), or a file: one prompt per line (t2i captions, tts texts, text prompts), or ``image
-path<TAB>question`` per line (vlm).
+``shapes-describe`` (vlm: every scene described; the measure of long answers), or a file:
+one prompt per line (t2i captions, tts texts, text prompts), or ``image path<TAB>question``
+per line (vlm).
 """
 
 from __future__ import annotations
@@ -699,7 +700,8 @@ def build_parser():
     ap.add_argument("--modality", required=True, choices=MODALITIES,
                     help="the target's front door")
     ap.add_argument("--target", required=True, help="the target: a folder or Hugging Face id")
-    ap.add_argument("--data", default="shapes", help="'shapes', 'shapes-describe' (vlm) or a prompts file")
+    ap.add_argument("--data", default="shapes",
+                    help="'shapes', 'shapes-describe' (vlm) or a prompts file")
     ap.add_argument("--draft", default=None,
                     help="a small draft model of the target (folder or id): measured beside "
                          f"the head on the same held-out prompts, exact rule, K = {DRAFT_K} "
