@@ -155,7 +155,7 @@ class Source:
     model: torch.nn.Module
     items: list
     held_out: list
-    max_new_tokens: int
+    max_new_tokens: int | None       # None: the target's own limit (tts: its frame limit)
 
     @property
     def frames(self) -> bool:
@@ -282,7 +282,10 @@ def load_source(args) -> Source:
             raise ValueError(f"--data {args.data}: {len(every)} prompts; accepted more than "
                              f"--eval={m} (the last --eval are held out)")
         items, held = every[:-m][:n], every[-m:]
-    return Source(args.modality, front, model, items, held, args.max_new_tokens)
+    limit = args.max_new_tokens
+    if limit is None and args.modality != "tts":
+        limit = 32
+    return Source(args.modality, front, model, items, held, limit)
 
 
 def collect(source: Source, config, args, accelerator) -> list[dict]:
@@ -672,9 +675,14 @@ def model_card(target: str, head, rows, trained: dict) -> str:
     usage = textwrap.fill(
         "Use: `head=DraftHead.from_pretrained(this folder, target)` on the front door (or "
         f"`head=\"this folder\"`), {use}. Exact: the target's distribution is unchanged.", 96)
+    unit = "frames" if cfg.codebooks else "tokens"
+    limit = t.get("max_new_tokens", "")
+    most = ("" if t["modality"] == "t2i" or limit == "" else
+            f"at most {limit} new {unit} each, " if limit is not None else
+            f"up to the target's own {unit} limit, ")
     measured = textwrap.fill(
         f"Measured on {t['eval']} held-out prompts (data `{t.get('measured_data', t['data'])}`, "
-        f"temperature {t['temperature']}, seed {t['seed']}); {shapes}"
+        f"{most}temperature {t['temperature']}, seed {t['seed']}); {shapes}"
         + (f"; the draft model `{t['draft']}` with the exact rule, K = {DRAFT_K}, on the same "
            "prompts" if t.get("draft") else "")
         + " (`python -m recipes.train.draft_head ... --measure-only` measures again):", 96,
@@ -709,8 +717,9 @@ def build_parser():
     ap.add_argument("--out", required=True, help="folder for the head, its data and card")
     ap.add_argument("--samples", type=COUNT, default=512, help="training prompts")
     ap.add_argument("--eval", type=COUNT, default=16, help="held-out prompts measured")
-    ap.add_argument("--max-new-tokens", type=COUNT, default=32,
-                    help="tokens (frames) generated per prompt (vlm, tts, text)")
+    ap.add_argument("--max-new-tokens", type=COUNT, default=None,
+                    help="tokens (frames) generated per prompt at most: vlm and text 32 "
+                         "unless given, tts the target's own frame limit")
     ap.add_argument("--temperature", type=Number(float, 0.0), default=1.0,
                     help="sampling temperature of the generations and the measurement")
     ap.add_argument("--collect-batch", type=COUNT, default=32, help="prompts per generate call")
@@ -779,7 +788,8 @@ def main(argv=None) -> None:
             print(f"{r['method']:>10}: {r['tokens_per_step']:.2f} tokens/step, acceptance "
                   f"{r['acceptance']:.3f}, {r['steps']} steps")
         trained.update(eval=args.eval, seed=args.seed, temperature=args.temperature,
-                       draft=args.draft, tree=tree_name(args.tree), measured_data=args.data)
+                       draft=args.draft, tree=tree_name(args.tree), measured_data=args.data,
+                       max_new_tokens=source.max_new_tokens)
         for name, value in (("training.json", trained), ("metrics.json", rows)):
             with open(os.path.join(args.out, name), "w") as f:
                 json.dump(value, f, indent=2)
