@@ -431,3 +431,27 @@ def test_a_head_of_several_layers_round_trips_and_gives_plain_greedy(tmp_path):
     assert torch.equal(out.sequences, plain.sequences)
     with pytest.raises(ValueError, match=r"num_layers=0: accepted an integer >= 1"):
         DraftHead.for_target(target, num_layers=0)
+
+
+def test_the_recipe_generates_speech_up_to_the_targets_frame_limit(tmp_path):
+    """A sentence cut at 32 frames drafts only its start: tts defaults to the target's own
+    frame limit (the card says so), vlm and text to 32 tokens."""
+    from recipes.cli import BUNDLED
+
+    def source(modality, target, *extra):
+        args = recipe.build_parser().parse_args(
+            ["--modality", modality, "--target", f"{BUNDLED}/{target}", "--out", str(tmp_path),
+             "--device", "cpu", "--eval", "1", "--samples", "1", *extra])
+        return recipe.load_source(args)
+
+    tts = source("tts", "shapes-tts")
+    assert tts.max_new_tokens is None
+    frames = tts.generate(tts.held_out, 0, 1.0).stats
+    assert frames.emitted > 32
+    assert source("tts", "shapes-tts", "--max-new-tokens", "8").max_new_tokens == 8
+    assert source("vlm", "shapes-vlm").max_new_tokens == 32
+    trained = dict(modality="tts", data="shapes", samples=1, temperature=1.0, steps=1, unroll=1,
+                   seconds=1.0, device="cpu", eval=1, seed=0, max_new_tokens=None)
+    head = mmspec.drafters.DraftHead.from_pretrained(f"{BUNDLED}/shapes-tts-head", tts.model)
+    card = recipe.model_card("t", head, [], trained)
+    assert "up to the target's own frame limit" in card

@@ -679,7 +679,7 @@ def model_card(target: str, head, rows, trained: dict) -> str:
     limit = t.get("max_new_tokens", "")
     most = ("" if t["modality"] == "t2i" or limit == "" else
             f"at most {limit} new {unit} each, " if limit is not None else
-            f"up to the target's own {unit} limit, ")
+            f"up to the target's own {unit[:-1]} limit, ")
     measured = textwrap.fill(
         f"Measured on {t['eval']} held-out prompts (data `{t.get('measured_data', t['data'])}`, "
         f"{most}temperature {t['temperature']}, seed {t['seed']}); {shapes}"
