@@ -676,10 +676,11 @@ def model_card(target: str, head, rows, trained: dict) -> str:
         "Use: `head=DraftHead.from_pretrained(this folder, target)` on the front door (or "
         f"`head=\"this folder\"`), {use}. Exact: the target's distribution is unchanged.", 96)
     unit = "frames" if cfg.codebooks else "tokens"
-    limit = t.get("max_new_tokens", "")
-    most = ("" if t["modality"] == "t2i" or limit == "" else
-            f"at most {limit} new {unit} each, " if limit is not None else
-            f"up to the target's own {unit[:-1]} limit, ")
+    most = ""                            # the generation limit (images have a fixed length)
+    if t["modality"] != "t2i" and "max_new_tokens" in t:
+        limit = t["max_new_tokens"]
+        most = (f"at most {limit} new {unit} each, " if limit is not None else
+                f"up to the target's own {unit[:-1]} limit, ")
     measured = textwrap.fill(
         f"Measured on {t['eval']} held-out prompts (data `{t.get('measured_data', t['data'])}`, "
         f"{most}temperature {t['temperature']}, seed {t['seed']}); {shapes}"
