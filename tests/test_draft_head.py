@@ -455,3 +455,23 @@ def test_the_recipe_generates_speech_up_to_the_targets_frame_limit(tmp_path):
     head = mmspec.drafters.DraftHead.from_pretrained(f"{BUNDLED}/shapes-tts-head", tts.model)
     card = recipe.model_card("t", head, [], trained)
     assert "up to the target's own frame limit" in card
+
+
+def test_a_card_names_what_its_describe_data_asked(tmp_path):
+    """A card says what its VLM training data asked (`shapes`: one scene in two described,
+    `shapes-describe`: every one); other modalities' cards do not speak of descriptions."""
+    from recipes.cli import BUNDLED
+
+    args = recipe.build_parser().parse_args(
+        ["--modality", "vlm", "--target", f"{BUNDLED}/shapes-vlm", "--out", str(tmp_path),
+         "--device", "cpu", "--eval", "1", "--samples", "1"])
+    source = recipe.load_source(args)
+    head = mmspec.drafters.DraftHead.from_pretrained(f"{BUNDLED}/shapes-vlm-head", source.model)
+    trained = dict(modality="vlm", data="shapes-describe", samples=1, temperature=0.0, steps=1,
+                   unroll=1, seconds=1.0, device="cpu", eval=1, seed=0, max_new_tokens=32)
+    card = " ".join(recipe.model_card("t", head, [], trained).split())
+    assert 'Every training scene was asked "describe the image."' in card
+    card = " ".join(recipe.model_card("t", head, [], dict(trained, data="shapes")).split())
+    assert 'One training scene in two was asked "describe the image."' in card
+    card = recipe.model_card("t", head, [], dict(trained, modality="t2i", data="shapes"))
+    assert "describe the image" not in card

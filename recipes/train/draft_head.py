@@ -25,7 +25,7 @@
    ``OUT/README.md`` is the model card.
 
 Data (``--data``): ``shapes`` (the procedural shapes world: captions, questions about
-rendered scenes (one in five "describe the image.", answered by a caption), sentences),
+rendered scenes (one in two "describe the image.", answered by a caption), sentences),
 ``shapes-describe`` (vlm: every scene described; the measure of long answers), or a file:
 one prompt per line (t2i captions, tts texts, text prompts), or ``image path<TAB>question``
 per line (vlm).
@@ -201,7 +201,7 @@ class Source:
                                temperature=temperature, **params)
 
 
-def shapes_items(modality: str, n: int, start: int, describe_every: int = 5) -> list:
+def shapes_items(modality: str, n: int, start: int, describe_every: int = 2) -> list:
     from modalities import shapes_world as sw
 
     if modality == "t2i":
@@ -216,9 +216,10 @@ def shapes_items(modality: str, n: int, start: int, describe_every: int = 5) -> 
         out = []
         for s in range(start, start + n):
             scene, img, _ = sw.sample(s)
-            # one scene in describe_every is described (a caption), the others asked one-word
-            # questions
-            q, _ = sw.questions(scene, random.Random(s))[s % describe_every + 1]
+            # one scene in describe_every is described (a caption), the others asked one of
+            # four one-word questions in turn
+            one_word = (s // describe_every) % 4 + 2
+            q, _ = sw.questions(scene, random.Random(s))[1 if s % describe_every == 0 else one_word]
             out.append((img, [{"role": "user", "content": [{"type": "image"},
                                                             {"type": "text", "text": spaced(q)}]}]))
         return out
@@ -273,7 +274,7 @@ def load_source(args) -> Source:
         front = (tok, model, small)
     n, m = args.samples, args.eval
     if args.data in ("shapes", "shapes-describe"):
-        every = 1 if args.data == "shapes-describe" else 5
+        every = 1 if args.data == "shapes-describe" else 2
         items = shapes_items(args.modality, n, 0, every)
         held = shapes_items(args.modality, m, 20_000_000, every)
     else:
@@ -634,6 +635,16 @@ def _vocab_line(cfg) -> str:
             "the most target probability mass in the training data; `draft_ids`).")
 
 
+# What a card says of its training data beyond its name, by (modality, data)
+DATA_NOTES = {
+    ("vlm", "shapes"): "One training scene in two was asked \"describe the image.\", the "
+                       "others one-word questions. ",
+    ("vlm", "shapes-describe"): "Every training scene was asked \"describe the image.\": a "
+                                "head drafts best the kind of answer it was trained on, so "
+                                "train it on prompts like those it will serve. ",
+}
+
+
 def model_card(target: str, head, rows, trained: dict) -> str:
     cfg = head.config
     table = "\n".join(f"| {r['method']} | {r['tokens_per_step']:.2f} | {r['acceptance']:.3f} | "
@@ -671,7 +682,7 @@ def model_card(target: str, head, rows, trained: dict) -> str:
         f"{kind} trained by `python -m recipes.train.draft_head` on the target's own "
         f"generations ({t['modality']}, data `{t['data']}`, {t['samples']} prompts, temperature "
         f"{t['temperature']}, {t['steps']} steps, unroll {t['unroll']}, {t['seconds']:.0f} s on "
-        f"{t['device']}). {_vocab_line(cfg)}", 96)
+        f"{t['device']}). {DATA_NOTES.get((t['modality'], t['data']), '')}{_vocab_line(cfg)}", 96)
     usage = textwrap.fill(
         "Use: `head=DraftHead.from_pretrained(this folder, target)` on the front door (or "
         f"`head=\"this folder\"`), {use}. Exact: the target's distribution is unchanged.", 96)
@@ -681,9 +692,10 @@ def model_card(target: str, head, rows, trained: dict) -> str:
         limit = t["max_new_tokens"]
         most = (f"at most {limit} new {unit} each, " if limit is not None else
                 f"up to the target's own {unit[:-1]} limit, ")
+    on = f", on {t['measured_on']}" if "measured_on" in t else ""
     measured = textwrap.fill(
         f"Measured on {t['eval']} held-out prompts (data `{t.get('measured_data', t['data'])}`, "
-        f"{most}temperature {t['temperature']}, seed {t['seed']}); {shapes}"
+        f"{most}temperature {t['temperature']}, seed {t['seed']}{on}); {shapes}"
         + (f"; the draft model `{t['draft']}` with the exact rule, K = {DRAFT_K}, on the same "
            "prompts" if t.get("draft") else "")
         + " (`python -m recipes.train.draft_head ... --measure-only` measures again):", 96,
@@ -790,7 +802,8 @@ def main(argv=None) -> None:
                   f"{r['acceptance']:.3f}, {r['steps']} steps")
         trained.update(eval=args.eval, seed=args.seed, temperature=args.temperature,
                        draft=args.draft, tree=tree_name(args.tree), measured_data=args.data,
-                       max_new_tokens=source.max_new_tokens)
+                       max_new_tokens=source.max_new_tokens,
+                       measured_on=_device_name(args.device))
         for name, value in (("training.json", trained), ("metrics.json", rows)):
             with open(os.path.join(args.out, name), "w") as f:
                 json.dump(value, f, indent=2)
