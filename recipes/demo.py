@@ -166,21 +166,10 @@ VLM_SETUPS = {   # family -> (target, [(row, draft, draft mode, method)])
 
 def vlm_questions(n: int = 24):
     """(image, chat messages, answer) for n held-out shapes-world questions, every other one
-    "describe the image."."""
-    import random
+    "describe the image." (the draft-head recipe's `shapes` items)."""
+    from recipes.train.draft_head import shapes_question
 
-    from modalities import shapes_world as sw
-    from recipes.train.vlm import spaced
-
-    qs = []
-    for s in range(20_000_000, 20_000_000 + n):
-        scene, img, _ = sw.sample(s)
-        # one scene in two described (long answers, where drafting pays), the others asked a
-        # one-word question
-        q, a = sw.questions(scene, random.Random(s))[1 if s % 2 == 0 else (s // 2) % 4 + 2]
-        qs.append((img, [{"role": "user", "content": [{"type": "image"},
-                                                      {"type": "text", "text": spaced(q)}]}], spaced(a)))
-    return qs
+    return [shapes_question(s) for s in range(20_000_000, 20_000_000 + n)]
 
 
 def vlm_demo(n: int = 24, seed: int = 0, family: str = "llava"):

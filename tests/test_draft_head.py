@@ -459,7 +459,8 @@ def test_the_recipe_generates_speech_up_to_the_targets_frame_limit(tmp_path):
 
 def test_a_card_names_what_its_describe_data_asked(tmp_path):
     """A card says what its VLM training data asked (`shapes`: one scene in two described,
-    `shapes-describe`: every one); other modalities' cards do not speak of descriptions."""
+    `shapes-describe`: every one) and where it was measured; other modalities' cards do not
+    speak of descriptions."""
     from recipes.cli import BUNDLED
 
     args = recipe.build_parser().parse_args(
@@ -471,6 +472,9 @@ def test_a_card_names_what_its_describe_data_asked(tmp_path):
                    unroll=1, seconds=1.0, device="cpu", eval=1, seed=0, max_new_tokens=32)
     card = " ".join(recipe.model_card("t", head, [], trained).split())
     assert 'Every training scene was asked "describe the image."' in card
+    assert "seed 0)" in card
+    card = " ".join(recipe.model_card("t", head, [], dict(trained, measured_on="CPU")).split())
+    assert "seed 0, on CPU)" in card
     card = " ".join(recipe.model_card("t", head, [], dict(trained, data="shapes")).split())
     assert 'One training scene in two was asked "describe the image."' in card
     card = recipe.model_card("t", head, [], dict(trained, modality="t2i", data="shapes"))

@@ -211,19 +211,22 @@ def shapes_items(modality: str, n: int, start: int, describe_every: int = 2) -> 
 
         return [sentence(random.Random(s)) for s in range(start, start + n)]
     if modality == "vlm":
-        from recipes.train.vlm import spaced
-
-        out = []
-        for s in range(start, start + n):
-            scene, img, _ = sw.sample(s)
-            # one scene in describe_every is described (a caption), the others asked one of
-            # four one-word questions in turn
-            one_word = (s // describe_every) % 4 + 2
-            q, _ = sw.questions(scene, random.Random(s))[1 if s % describe_every == 0 else one_word]
-            out.append((img, [{"role": "user", "content": [{"type": "image"},
-                                                            {"type": "text", "text": spaced(q)}]}]))
-        return out
+        return [shapes_question(s, describe_every)[:2] for s in range(start, start + n)]
     raise ValueError(f"--data shapes: accepted with --modality t2i, vlm or tts, not {modality}")
+
+
+def shapes_question(s: int, describe_every: int = 2) -> tuple:
+    """(image, chat messages, answer) of shapes-world scene ``s``: one scene in
+    ``describe_every`` asked "describe the image." (answered by its caption), the others one
+    of four one-word questions in turn."""
+    from modalities import shapes_world as sw
+    from recipes.train.vlm import spaced
+
+    scene, img, _ = sw.sample(s)
+    one_word = (s // describe_every) % 4 + 2
+    q, a = sw.questions(scene, random.Random(s))[1 if s % describe_every == 0 else one_word]
+    return img, [{"role": "user", "content": [{"type": "image"},
+                                              {"type": "text", "text": spaced(q)}]}], spaced(a)
 
 
 def file_items(modality: str, path: str) -> list:
