@@ -479,3 +479,25 @@ def test_a_card_names_what_its_describe_data_asked(tmp_path):
     assert 'One training scene in two was asked "describe the image."' in card
     card = recipe.model_card("t", head, [], dict(trained, modality="t2i", data="shapes"))
     assert "describe the image" not in card
+
+
+def test_shapes_vlm_items_describe_one_scene_in_two_and_vary_the_other_questions():
+    """The recipe's `shapes` VLM items (and the demo's): even scenes asked for a description
+    (answered by the scene's caption), odd ones each of the four one-word questions in turn;
+    `shapes-describe` asks every scene."""
+    from modalities import shapes_world as sw
+
+    start = 20_000_000
+    items = [recipe.shapes_question(s) for s in range(start, start + 16)]
+    texts = [msgs[0]["content"][1]["text"] for _, msgs, _ in items]
+    for s, (_, _, answer), text in zip(range(start, start + 16), items, texts):
+        described = text.startswith("describe")
+        assert described == (s % 2 == 0)
+        if described:
+            assert answer.replace(" ", "") == sw.caption(sw.sample(s)[0]).replace(" ", "")
+        else:                                    # a word, a count or a place ("top left")
+            assert len(answer.split()) <= 2
+    asked = {t.split()[0] + " " + t.split()[1] for t in texts[1::2]}
+    assert len(asked) >= 3                       # one-word questions of several kinds
+    every = [m[0]["content"][1]["text"] for _, m in recipe.shapes_items("vlm", 6, start, 1)]
+    assert all(t.startswith("describe") for t in every)
