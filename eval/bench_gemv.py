@@ -8,10 +8,11 @@ its best: each weight shape of the 7B Llama step (q/k/v fused, the output projec
 gate/up fused, down, the output head), bf16, times M rows, by three kernels: ``F.linear``
 (cuBLAS), ``torch.compile(F.linear)`` with coordinate-descent tuning (inductor's fused
 reduction, as ``compile=True`` lowers it; rows 1 only) and a plain Triton kernel (each
-program reduces BLOCK_N rows of the weight over K in BLOCK_K tiles; the best of 24 launch
-settings; M > 1 reads the weight once per row); for 2 to 16 rows also a skinny-matrix
-Triton kernel that reads the weight once for all rows (``_skinny_kernel``: tensor cores on
-the rows padded to 16, K split over up to four programs; the best of 24 settings). Each is
+program reduces BLOCK_N rows of the weight over its share of K in BLOCK_K tiles, K split
+over 1, 2 or 4 programs summed by atomic adds; the best of 54 launch settings; M > 1 reads
+the weight once per row); for up to 16 rows also a skinny-matrix Triton kernel that reads
+the weight once for all rows (``_skinny_kernel``: tensor cores on the rows padded to 16, K
+split over up to four programs; the best of 24 settings). Each is
 timed as 20 calls inside one CUDA graph, the best of 20 replays, so launches cost nothing.
 Prints JSON lines with the weight bytes read per second (GB/s); writes ``OUT/gemv.json``.
 """
@@ -29,8 +30,8 @@ from recipes.cli import COUNT, Numbers, Parser, describe, run
 SHAPES = {"qkv 4096->12288": (12288, 4096), "o 4096->4096": (4096, 4096),
           "gate_up 4096->22016": (22016, 4096), "down 11008->4096": (4096, 11008),
           "head 4096->32000": (32000, 4096)}
-CONFIGS = [(bn, bk, warps, stages) for bn in (8, 16, 32) for bk in (256, 512)
-           for warps in (4, 8) for stages in (1, 3)]
+CONFIGS = [(bn, bk, warps, 3, split) for bn in (8, 16, 32) for bk in (128, 256, 512)
+           for warps in (4, 8) for split in (1, 2, 4)]
 
 
 def _kernel():
@@ -39,27 +40,36 @@ def _kernel():
 
     @triton.jit
     def gemv(x_ptr, w_ptr, y_ptr, N, K: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr,
-             BLOCK_K: tl.constexpr):
+             BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
         pid = tl.program_id(0)
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
         nmask = rn < N
+        share: tl.constexpr = K // SPLIT
+        start = tl.program_id(1) * share
         for m in tl.static_range(M):
             acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-            for k0 in range(0, K, BLOCK_K):
+            for i in range(0, share, BLOCK_K):
+                k0 = start + i
                 w = tl.load(w_ptr + rn[:, None] * K + (k0 + rk)[None, :], mask=nmask[:, None],
                             other=0.0, eviction_policy="evict_first")
                 x = tl.load(x_ptr + m * K + k0 + rk)
                 acc += w.to(tl.float32) * x[None, :].to(tl.float32)
-            tl.store(y_ptr + m * N + rn, tl.sum(acc, 1).to(y_ptr.dtype.element_ty), mask=nmask)
+            if SPLIT == 1:
+                tl.store(y_ptr + m * N + rn, tl.sum(acc, 1).to(y_ptr.dtype.element_ty),
+                         mask=nmask)
+            else:
+                tl.atomic_add(y_ptr + m * N + rn, tl.sum(acc, 1), mask=nmask, sem="relaxed")
 
-    def call(x, w, block_n, block_k, warps, stages):
+    def call(x, w, block_n, block_k, warps, stages, split):
         m, k = x.shape
-        y = torch.empty(m, w.shape[0], device=x.device, dtype=x.dtype)
-        gemv[(triton.cdiv(w.shape[0], block_n),)](x, w, y, w.shape[0], k, m, BLOCK_N=block_n,
-                                                  BLOCK_K=block_k, num_warps=warps,
-                                                  num_stages=stages)
-        return y
+        n = w.shape[0]
+        y = (torch.empty if split == 1 else torch.zeros)(
+            m, n, device=x.device, dtype=x.dtype if split == 1 else torch.float32)
+        gemv[(triton.cdiv(n, block_n), split)](x, w, y, n, k, m, BLOCK_N=block_n,
+                                               BLOCK_K=block_k, SPLIT=split, num_warps=warps,
+                                               num_stages=stages)
+        return y if split == 1 else y.to(x.dtype)
 
     return call
 
@@ -165,7 +175,7 @@ def measure(m: int, name: str, n: int, k: int, gemv, skinny) -> dict:
     cfg = best_triton(gemv, x, w, ref)
     row["triton_gbs"] = gb / timed(lambda: gemv(x, w, *cfg)) if cfg else float("nan")
     row["triton_cfg"] = cfg
-    if m > 1 and m <= 16:
+    if m <= 16:
         cfg = best_triton(skinny, x, w, ref, SKINNY_CONFIGS)
         row["skinny_gbs"] = gb / timed(lambda: skinny(x, w, *cfg)) if cfg else float("nan")
         row["skinny_cfg"] = cfg
