@@ -458,9 +458,9 @@ def test_the_recipe_generates_speech_up_to_the_targets_frame_limit(tmp_path):
 
 
 def test_a_card_names_what_its_describe_data_asked(tmp_path):
-    """A card says what its VLM training data asked (`shapes`: one scene in two described,
-    `shapes-describe`: every one) and where it was measured; other modalities' cards do not
-    speak of descriptions."""
+    """A card says what its VLM training data asked, as recorded at training (`shapes`: one
+    scene in two described, `shapes-describe`: every one), and where it was measured; cards
+    without that record do not speak of descriptions."""
     from recipes.cli import BUNDLED
 
     args = recipe.build_parser().parse_args(
@@ -469,14 +469,17 @@ def test_a_card_names_what_its_describe_data_asked(tmp_path):
     source = recipe.load_source(args)
     head = mmspec.drafters.DraftHead.from_pretrained(f"{BUNDLED}/shapes-vlm-head", source.model)
     trained = dict(modality="vlm", data="shapes-describe", samples=1, temperature=0.0, steps=1,
-                   unroll=1, seconds=1.0, device="cpu", eval=1, seed=0, max_new_tokens=32)
+                   unroll=1, seconds=1.0, device="cpu", eval=1, seed=0, max_new_tokens=32,
+                   describe_every=1)
     card = " ".join(recipe.model_card("t", head, [], trained).split())
     assert 'Every training scene was asked "describe the image."' in card
     assert "seed 0)" in card
     card = " ".join(recipe.model_card("t", head, [], dict(trained, measured_on="CPU")).split())
     assert "seed 0, on CPU)" in card
-    card = " ".join(recipe.model_card("t", head, [], dict(trained, data="shapes")).split())
-    assert 'One training scene in two was asked "describe the image."' in card
+    card = " ".join(recipe.model_card("t", head, [], dict(trained, data="shapes",
+                                                           describe_every=2)).split())
+    assert 'One training scene in 2 was asked "describe the image."' in card
+    trained.pop("describe_every")                # a card of no shapes VLM data (t2i, a file)
     card = recipe.model_card("t", head, [], dict(trained, modality="t2i", data="shapes"))
     assert "describe the image" not in card
 
@@ -501,3 +504,22 @@ def test_shapes_vlm_items_describe_one_scene_in_two_and_vary_the_other_questions
     assert len(asked) >= 3                       # one-word questions of several kinds
     every = [m[0]["content"][1]["text"] for _, m in recipe.shapes_items("vlm", 6, start, 1)]
     assert all(t.startswith("describe") for t in every)
+
+
+def test_the_recipe_records_what_its_vlm_data_asked_and_where_it_measured(tmp_path):
+    """A VLM head trained on the shapes data records its description rate in training.json,
+    and its card states it and the measuring device."""
+    import json
+
+    from recipes.cli import BUNDLED
+
+    recipe.main(["--modality", "vlm", "--target", f"{BUNDLED}/shapes-vlm", "--out",
+                 str(tmp_path), "--data", "shapes-describe", "--samples", "2", "--collect-batch",
+                 "2", "--eval", "1", "--steps", "1", "--temperature", "0", "--tree", "2x1x1",
+                 "--device", "cpu"])
+    with open(tmp_path / "training.json") as f:
+        trained = json.load(f)
+    assert trained["describe_every"] == 1 and trained["measured_on"] == "CPU"
+    card = " ".join((tmp_path / "README.md").read_text().split())
+    assert 'Every training scene was asked "describe the image."' in card
+    assert ", on CPU)" in card

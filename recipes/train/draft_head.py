@@ -201,7 +201,12 @@ class Source:
                                temperature=temperature, **params)
 
 
-def shapes_items(modality: str, n: int, start: int, describe_every: int = 2) -> list:
+# The VLM shapes data: one scene in N asked "describe the image.", the others one-word questions
+DESCRIBE_EVERY = {"shapes": 2, "shapes-describe": 1}
+
+
+def shapes_items(modality: str, n: int, start: int,
+                 describe_every: int = DESCRIBE_EVERY["shapes"]) -> list:
     from modalities import shapes_world as sw
 
     if modality == "t2i":
@@ -215,7 +220,7 @@ def shapes_items(modality: str, n: int, start: int, describe_every: int = 2) -> 
     raise ValueError(f"--data shapes: accepted with --modality t2i, vlm or tts, not {modality}")
 
 
-def shapes_question(s: int, describe_every: int = 2) -> tuple:
+def shapes_question(s: int, describe_every: int = DESCRIBE_EVERY["shapes"]) -> tuple:
     """(image, chat messages, answer) of shapes-world scene ``s``: one scene in
     ``describe_every`` asked "describe the image." (answered by its caption), the others one
     of four one-word questions in turn."""
@@ -277,15 +282,14 @@ def load_source(args) -> Source:
         front = (tok, model, small)
     n, m = args.samples, args.eval
     if args.data in ("shapes", "shapes-describe"):
-        every = 1 if args.data == "shapes-describe" else 2
-        items = shapes_items(args.modality, n, 0, every)
-        held = shapes_items(args.modality, m, 20_000_000, every)
+        items = shapes_items(args.modality, n, 0, DESCRIBE_EVERY[args.data])
+        held = shapes_items(args.modality, m, 20_000_000, DESCRIBE_EVERY[args.data])
     else:
-        every = file_items(args.modality, args.data)
-        if len(every) <= m:
-            raise ValueError(f"--data {args.data}: {len(every)} prompts; accepted more than "
+        prompts = file_items(args.modality, args.data)
+        if len(prompts) <= m:
+            raise ValueError(f"--data {args.data}: {len(prompts)} prompts; accepted more than "
                              f"--eval={m} (the last --eval are held out)")
-        items, held = every[:-m][:n], every[-m:]
+        items, held = prompts[:-m][:n], prompts[-m:]
     limit = args.max_new_tokens
     if limit is None and args.modality != "tts":
         limit = 32
@@ -638,14 +642,17 @@ def _vocab_line(cfg) -> str:
             "the most target probability mass in the training data; `draft_ids`).")
 
 
-# What a card says of its training data beyond its name, by (modality, data)
-DATA_NOTES = {
-    ("vlm", "shapes"): "One training scene in two was asked \"describe the image.\", the "
-                       "others one-word questions. ",
-    ("vlm", "shapes-describe"): "Every training scene was asked \"describe the image.\": a "
-                                "head drafts best the kind of answer it was trained on, so "
-                                "train it on prompts like those it will serve. ",
-}
+def _data_note(t: dict) -> str:
+    """What a VLM head's shapes data asked, as recorded when it was trained."""
+    every = t.get("describe_every")
+    if every is None:
+        return ""
+    if every == 1:
+        return ("Every training scene was asked \"describe the image.\": a head drafts best "
+                "the kind of answer it was trained on, so train it on prompts like those it "
+                "will serve. ")
+    return (f"One training scene in {every} was asked \"describe the image.\", the others "
+            "one-word questions. ")
 
 
 def model_card(target: str, head, rows, trained: dict) -> str:
@@ -685,7 +692,7 @@ def model_card(target: str, head, rows, trained: dict) -> str:
         f"{kind} trained by `python -m recipes.train.draft_head` on the target's own "
         f"generations ({t['modality']}, data `{t['data']}`, {t['samples']} prompts, temperature "
         f"{t['temperature']}, {t['steps']} steps, unroll {t['unroll']}, {t['seconds']:.0f} s on "
-        f"{t['device']}). {DATA_NOTES.get((t['modality'], t['data']), '')}{_vocab_line(cfg)}", 96)
+        f"{t['device']}). {_data_note(t)}{_vocab_line(cfg)}", 96)
     usage = textwrap.fill(
         "Use: `head=DraftHead.from_pretrained(this folder, target)` on the front door (or "
         f"`head=\"this folder\"`), {use}. Exact: the target's distribution is unchanged.", 96)
@@ -797,6 +804,8 @@ def main(argv=None) -> None:
                        temperature=args.temperature, steps=args.steps, unroll=args.unroll,
                        seconds=clock.seconds(), eval=args.eval, seed=args.seed,
                        device=_device_name(args.device, accelerator.num_processes))
+        if args.modality == "vlm" and args.data in DESCRIBE_EVERY:
+            trained["describe_every"] = DESCRIBE_EVERY[args.data]
     if accelerator.is_main_process:
         head.eval()
         rows = measure(source, head, args)
