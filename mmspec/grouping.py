@@ -20,9 +20,11 @@ group already laid out, or holding a weight shared with another Parameter, is le
 ``group_linears(gm, example_inputs)``, a pass over a graph torch.compile traced, replaces each
 run by one product over the span of its weights (``as_strided`` from the first) split after;
 ``grouped(backend)`` is a torch.compile backend that runs the pass first. Calls on one row
-are left alone (inductor's reductions already read the run's weights in one kernel). A trace
-is shared by every layer that runs the same code, so the pass is only for models whose groups
-are all back to back (``back_to_back``; ``mmspec.regions`` checks it).
+are left to inductor's reductions, or with ``one_row`` (CUDA) go to ``gemv.row_product``: a
+run as one kernel over its span (an MLP's gate/up run with its ``silu(gate) * up``), any
+other call alone with the residual add after it. A trace is shared by every
+layer that runs the same code, so the pass is only for models whose groups are all back to
+back (``back_to_back``; ``mmspec.regions`` checks it).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from collections import defaultdict
 
 import torch
 from torch import fx, nn
+
+from . import gemv  # noqa: F401  (registers torch.ops.mmspec.row_product)
 
 LINEAR = (torch._C._nn.linear, nn.functional.linear)
 
@@ -110,12 +114,13 @@ def back_to_back(net: nn.Module) -> bool:
     return all(_laid_out(group) for module in net.modules() for group in _groups(module))
 
 
-def _rows_one(x: fx.Node) -> bool:
+def _rows(x: fx.Node) -> int | None:
+    """The rows of a linear call's input (its leading dimensions' product); None: unknown."""
     value = x.meta.get("example_value")
     if not isinstance(value, torch.Tensor):
-        return True                         # unknown: left alone
+        return None
     rows = math.prod(value.shape[:-1])
-    return isinstance(rows, int) and rows == 1
+    return rows if isinstance(rows, int) else None
 
 
 def _runs(calls: list[tuple], real: dict) -> list[list[tuple]]:
@@ -151,7 +156,9 @@ def _span(graph: fx.Graph, node: fx.Node, tensors: list[torch.Tensor]) -> fx.Nod
     return graph.call_function(torch.as_strided, (node, shape, stride))
 
 
-def _replace(graph: fx.Graph, x: fx.Node, run: list[tuple], real: dict) -> None:
+def _replace(graph: fx.Graph, x: fx.Node, run: list[tuple], real: dict, op) -> None:
+    """The calls of ``run`` on ``x`` as one call of ``op`` (``linear``'s arguments; for
+    ``gemv.row_product`` no residual, not gated) over their weights' span, split after."""
     order = {n: i for i, n in enumerate(graph.nodes)}
     first = min((c[0] for c in run), key=order.__getitem__)
     with graph.inserting_before(first):
@@ -159,7 +166,9 @@ def _replace(graph: fx.Graph, x: fx.Node, run: list[tuple], real: dict) -> None:
         bias = None
         if run[0][2] is not None:
             bias = _span(graph, run[0][2], [real[b] for _, _, b in run])
-        y = graph.call_function(torch._C._nn.linear, (x, weight, bias))
+        args = (x, weight, bias) if op is torch._C._nn.linear else (x, weight, bias, None,
+                                                                     False)
+        y = graph.call_function(op, args)
         parts = graph.call_function(torch.split, (y, [real[w].shape[0] for _, w, _ in run], -1))
         for i, (node, _, _) in enumerate(run):
             part = graph.call_function(operator.getitem, (parts, i))
@@ -177,43 +186,129 @@ def _linear_args(node: fx.Node):
     return x, w, b
 
 
-def group_linears(gm: fx.GraphModule, example_inputs) -> int:
+def group_linears(gm: fx.GraphModule, example_inputs, one_row: bool = False) -> int:
     """Replace each run of linear calls in ``gm`` (inputs of more than one row; weights and
     biases among its placeholders, ``example_inputs`` their tensors) by one product split
-    after. Returns the number of runs replaced."""
+    after; ``one_row``: one-row calls by ``gemv.row_product`` (``_row_products``). Returns
+    the number of calls made."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     real = {n: t for n, t in zip(placeholders, example_inputs) if _plain(t)}
     by_input: dict = defaultdict(list)
+    by_row: dict = defaultdict(list)
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in LINEAR:
             x, w, b = _linear_args(node)
-            if w in real and (b is None or b in real) and not _rows_one(x):
-                by_input[x].append((node, w, b))
+            rows = _rows(x)
+            if w in real and (b is None or b in real) and rows is not None:   # else left alone
+                (by_row if rows == 1 else by_input)[x].append((node, w, b))
     runs = [(x, run) for x, calls in by_input.items() for run in _runs(calls, real)]
     for x, run in runs:
-        _replace(gm.graph, x, run, real)
-    if runs:
+        _replace(gm.graph, x, run, real, torch._C._nn.linear)
+    made = len(runs) + (_row_products(gm.graph, by_row, real) if one_row else 0)
+    if made:
         gm.graph.lint()
         gm.recompile()
-    return len(runs)
+    return made
+
+
+def _row_products(graph: fx.Graph, by_row: dict, real: dict) -> int:
+    """One-row calls as ``gemv.row_product`` (``group_linears``): a run over its span, split
+    after, or gated when its outputs only feed ``silu(first) * second`` (an MLP's gate/up); a
+    single call with the residual add that alone reads it."""
+    op, made = torch.ops.mmspec.row_product.default, 0
+    for calls in by_row.values():
+        runs = _runs(calls, real)
+        joined = {c[0] for run in runs for c in run}
+        for run in runs + [[c] for c in calls if c[0] not in joined]:
+            x = _linear_args(run[0][0])[0]       # now (a replaced call may have been it)
+            if _gated(run):
+                _gate_up(graph, x, run, real, op)
+            elif len(run) > 1:
+                _replace(graph, x, run, real, op)
+            else:
+                _single(graph, x, run[0][0], real[run[0][1]], run[0][1], run[0][2], op)
+            made += 1
+    return made
+
+
+def _gated(run: list[tuple]) -> bool:
+    """The run's two outputs only feed ``silu(first) * second``."""
+    if len(run) != 2:
+        return False
+    gate, up = run[0][0], run[1][0]
+    silu, mul = next(iter(gate.users), None), next(iter(up.users), None)
+    return (len(gate.users) == len(up.users) == 1 and silu is not None
+            and silu.target is nn.functional.silu and len(silu.users) == 1
+            and next(iter(silu.users)) is mul and mul.target is operator.mul
+            and set(mul.args) == {silu, up})
+
+
+def _gate_up(graph: fx.Graph, x: fx.Node, run: list[tuple], real: dict, op) -> None:
+    """A gated run (``_gated``) as one gated call of ``op`` in place of its product."""
+    (gate, w, b), (up, _, _) = run
+    silu = next(iter(gate.users))
+    mul = next(iter(silu.users))
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    with graph.inserting_before(min(gate, up, key=order.__getitem__)):
+        weight = _span(graph, w, [real[c[1]] for c in run])
+        bias = None if b is None else _span(graph, b, [real[c[2]] for c in run])
+        y = graph.call_function(op, (x, weight, bias, None, True))
+    y.meta = dict(mul.meta)
+    mul.replace_all_uses_with(y)
+    for node in (mul, silu, gate, up):
+        graph.erase_node(node)
+
+
+def _single(graph: fx.Graph, x: fx.Node, node: fx.Node, weight: torch.Tensor, w: fx.Node,
+            b: fx.Node | None, op) -> None:
+    """One call as ``op``, with the add of a tensor like its output when that add alone reads
+    it (the residual)."""
+    add = next(iter(node.users), None)
+    residual = None
+    if (len(node.users) == 1 and add.target is operator.add and len(add.args) == 2
+            and node in add.args and add.args[0] is not add.args[1]):
+        other = add.args[1] if add.args[0] is node else add.args[0]
+        mine, theirs = node.meta.get("example_value"), getattr(other, "meta", {}).get(
+            "example_value")
+        if (isinstance(theirs, torch.Tensor) and isinstance(mine, torch.Tensor)
+                and theirs.shape == mine.shape and theirs.dtype == mine.dtype == weight.dtype):
+            residual = other
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    at = node if residual is None or order[residual] < order[node] else residual
+    with graph.inserting_after(at):
+        y = graph.call_function(op, (x, w, b, residual, False))
+    y.meta = dict((node if residual is None else add).meta)
+    (node if residual is None else add).replace_all_uses_with(y)
+    if residual is not None:
+        graph.erase_node(add)
+    graph.erase_node(node)
 
 
 _BACKENDS: dict = {}
 
 
-def grouped(backend):
-    """A torch.compile backend: ``group_linears``, then ``backend`` (a callable, or inductor
-    with its options: ``grouped({"coordinate_descent_tuning": True})``). One object per
-    backend and options, so every layer's region finds the traces the first one made."""
-    key = backend if callable(backend) else repr(sorted(backend.items()))
+def grouped(backend, one_row: bool = False):
+    """A torch.compile backend: ``group_linears`` (``one_row`` on CUDA inputs with Triton),
+    then ``backend`` (a callable, or inductor with its options: ``grouped({"coordinate_descent_
+    tuning": True})``). One object per backend and options, so every layer's region finds the
+    traces the first one made."""
+    key = (backend if callable(backend) else repr(sorted(backend.items())), one_row)
     if key not in _BACKENDS:
-        _BACKENDS[key] = _grouped(backend)
+        _BACKENDS[key] = _grouped(backend, one_row)
     return _BACKENDS[key]
 
 
-def _grouped(backend):
+def row_kernels(example_inputs) -> bool:
+    """The inputs are on CUDA and Triton is there (``gemv.row_product``'s kernel)."""
+    import importlib.util
+
+    return (any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
+            and importlib.util.find_spec("triton") is not None)
+
+
+def _grouped(backend, one_row: bool):
     def compile_fn(gm: fx.GraphModule, example_inputs):
-        group_linears(gm, example_inputs)
+        group_linears(gm, example_inputs, one_row and row_kernels(example_inputs))
         if callable(backend):
             return backend(gm, example_inputs)
         from torch._inductor.compile_fx import compile_fx

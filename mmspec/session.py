@@ -241,6 +241,10 @@ class CausalLMSession(Session):
     # product at more than one row (mmspec.grouping; a K = 4 verification step of a 7B Llama
     # on one H200 in docs/benchmarks.md).
     group_projections = True
+    # Under "regional" with grouped projections, on CUDA: one-row products (the q/k/v span,
+    # the gate/up span with silu(gate) * up, o and down with their residual adds, output
+    # heads) in ``mmspec.gemv``'s kernel instead of inductor's reductions (docs/engine.md).
+    row_kernels = True
     # Per-row tensors the hooks read during a forward (``position_ids``' rope deltas), repeated
     # with the cache's rows while a tree is fed as its paths (``_paths_step``).
     row_buffers: tuple[str, ...] = ()
@@ -567,7 +571,8 @@ class CausalLMSession(Session):
         if self.compile == "regional":
             self._lay_out()
             return self.net, regions.compiled(self.net, self.inductor_options,
-                                              group=self.group_projections)
+                                              group=self.group_projections,
+                                              one_row=self.row_kernels)
         if self.compile != "inductor":
             return self.net, contextlib.nullcontext()
         st = self._static

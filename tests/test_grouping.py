@@ -121,3 +121,102 @@ def test_layout_leaves_tensor_subclasses_alone():
     grouping.contiguous_projections(m)
     assert a.q_proj.weight.untyped_storage().data_ptr() == q
     assert grouping._back_to_back([a.k_proj.weight, a.v_proj.weight, a.o_proj.weight])
+
+
+def _row_counting(counts):
+    """The pass with ``one_row`` (on any device: the op's CPU path is ``F.linear``), then the
+    graph's linear calls and, per ``row_product`` call, (residual added, gated)."""
+    op = torch.ops.mmspec.row_product.default
+
+    def backend(gm, example_inputs):
+        grouping.group_linears(gm, example_inputs, one_row=True)
+        nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+        counts.append((sum(n.target in grouping.LINEAR for n in nodes),
+                       [(n.args[3] is not None, n.args[4]) for n in nodes if n.target is op]))
+        return gm.forward
+    return backend
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_one_row_pass_runs_row_products_with_their_residual_adds(kind):
+    """At one row, with ``one_row``: q/k/v one ``row_product``, o and down each one with the
+    residual add after it, gate/up one gated (its ``silu(gate) * up`` inside), the output
+    head one. The logits are those of the layers."""
+    m = _model(kind)
+    grouping.contiguous_projections(m)
+    ids = torch.tensor([[3]])
+    counts = []
+    with torch.no_grad():
+        ref = m(ids).logits
+        torch._dynamo.reset()
+        with regions.compiled(m, {}, backend=grouping.grouped(_row_counting(counts))):
+            got = m(ids).logits
+    assert counts[0] == (0, [(False, False), (True, False), (False, True), (True, False)])
+    assert counts[-1] == (0, [(False, False)])
+    assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5)
+    torch._dynamo.reset()
+
+
+class _MLP(torch.nn.Module):
+    def __init__(self, extra: bool):
+        super().__init__()
+        self.extra = extra
+        self.gate = torch.nn.Linear(8, 6, bias=False)
+        self.up = torch.nn.Linear(8, 6, bias=False)
+        self.out = torch.nn.Linear(6, 6)
+
+    def forward(self, x):
+        g = self.gate(x)
+        h = torch.nn.functional.silu(g) * self.up(x)
+        if self.extra:
+            h = h + g
+        return self.out(h) + torch.ones(6)         # an add that broadcasts: not a residual
+
+
+@pytest.mark.parametrize("extra", [False, True])
+def test_gate_up_is_gated_only_when_it_feeds_silu_times_up_alone(extra):
+    """A gate/up run whose outputs feed only ``silu(gate) * up`` is one gated
+    ``row_product``; a gate output read elsewhere makes it a plain one, split after. An add
+    that broadcasts is no residual."""
+    torch.manual_seed(0)
+    m = _MLP(extra)
+    grouping.contiguous_projections(m)
+    x = torch.randn(1, 1, 8)
+    counts = []
+    with torch.no_grad():
+        got = torch.compile(m, backend=_row_counting(counts))(x)
+        assert torch.allclose(got, m(x), atol=1e-6)
+    assert counts == [(0, [(False, not extra), (False, False)])]
+    torch._dynamo.reset()
+
+
+def test_row_product_kernel_matches_linear_under_the_triton_interpreter():
+    """``gemv``'s Triton kernel run by Triton's interpreter on the CPU (a child process:
+    the interpreter is chosen when Triton is imported): plain, with a bias, a residual,
+    gated, row and K tails; float32 against ``F.linear`` in float64."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from mmspec import gemv\n"
+        "torch.manual_seed(0)\n"
+        "for n, k, bias, res, gated in [(40, 300, False, False, False), (40, 256, True, True,"
+        " False), (7, 129, False, True, False), (34, 64, True, False, True),"
+        " (20, 130, False, True, True)]:\n"
+        "    x, w = torch.randn(1, 1, k), torch.randn(n, k)\n"
+        "    b = torch.randn(n) if bias else None\n"
+        "    m = n // 2 if gated else n\n"
+        "    r = torch.randn(1, 1, m) if res else None\n"
+        "    y = gemv.launch(x, w, b, r, gated, pdl=False)\n"
+        "    d = lambda t: None if t is None else t.double()\n"
+        "    ref = gemv._reference(x.double(), w.double(), d(b), d(r), gated)\n"
+        "    assert y.shape == ref.shape == (1, 1, m), (y.shape, m)\n"
+        "    err = (y.double() - ref).abs().max().item()\n"
+        "    assert err < 1e-4 * ref.abs().max().item(), (n, k, bias, res, gated, err)\n"
+        "print('ok')\n")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

@@ -1,0 +1,142 @@
+"""One-row matrix products of decode steps (``compile=True`` on CUDA): a Triton kernel.
+
+At one row a linear layer is a matrix-vector product, bound by reading its weight. Inductor
+lowers it to a reduction tuned by coordinate descent and fused with its neighbours; in a 7B
+Llama step the q/k/v reductions, fused with the value cache's write, read their weights at
+3.0-3.9 TB/s and the down projection's at 2.9-3.9, where the GPU copies at 4.25 and this
+kernel reads them at 4.0-4.15 (docs/benchmarks.md). It reads a span of back-to-back weights
+(``grouping``: q/k/v; an MLP's gate/up, gated) or one weight at one row, with the residual
+add that follows it.
+
+Terms:
+    x         the input [..., K], one row in all (the leading dimensions' product is 1).
+    w         the weight [N, K] (row-major), b its bias [N] or None.
+    residual  None, or a tensor like y added to it (a decoder layer's ``residual + out``).
+    y         [..., N] = x w^T + b (+ residual), rounded to x's dtype before the residual is
+              added, as the unfused layers round.
+    gated     w (and b) hold two halves, gate then up, [2H, K]: y [..., H] = silu(gate) * up
+              (an MLP's ``act(gate(x)) * up(x)``), each product and the silu rounded to x's
+              dtype first.
+
+Each program reduces BLOCK_N rows of w (of both halves when gated) over K in BLOCK_K tiles, accumulating in float32, and
+writes its rows of y: no atomics, the same bits on every call. Launch settings are tuned per
+(N, K) on the first call (``triton.autotune``; the best in a chain of distinct weights on one
+H200 read two or four rows per program, 1,024 columns per tile). On GPUs with programmatic
+dependent launch (Hopper and later) the kernel is launched with it, as inductor launches its
+own under ``triton.enable_pdl``: it waits for the kernel before it on entry and lets the next
+launch once its loads are done.
+
+``row_product(x, w, b, residual, gated)`` is the custom op ``torch.ops.mmspec.row_product`` (a fake
+implementation for tracing, the kernel on CUDA, ``F.linear`` elsewhere); ``grouping``'s graph
+pass puts it in place of one-row linear calls.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+               residual: torch.Tensor | None, gated: bool = False) -> torch.Tensor:
+    y = F.linear(x, w, b)
+    if gated:
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
+    return y if residual is None else y + residual
+
+
+@torch.library.custom_op("mmspec::row_product", mutates_args=())
+def row_product(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+                residual: torch.Tensor | None, gated: bool) -> torch.Tensor:
+    """y = x w^T + b (+ residual), or silu(gate) * up (module docstring)."""
+    if x.device.type != "cuda" or x.numel() != x.shape[-1]:
+        return _reference(x, w, b, residual, gated)
+    return launch(x, w, b, residual, gated)
+
+
+@row_product.register_fake
+def _(x, w, b, residual, gated):
+    return x.new_empty(*x.shape[:-1], w.shape[0] // 2 if gated else w.shape[0])
+
+
+def launch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+           residual: torch.Tensor | None, gated: bool = False,
+           pdl: bool | None = None) -> torch.Tensor:
+    """The kernel on one row (also on the CPU under ``TRITON_INTERPRET=1``, without PDL)."""
+    import triton
+
+    n, k = w.shape[0] // 2 if gated else w.shape[0], w.shape[1]
+    if pdl is None:
+        pdl = x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] >= 9
+    y = x.new_empty(*x.shape[:-1], n)
+    _kernel()[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](
+        x.contiguous(), w.contiguous(), y if b is None else b,
+        y if residual is None else residual.contiguous(), y, n, K=k, HAS_BIAS=b is not None,
+        HAS_RESIDUAL=residual is not None, GATED=gated, PDL=pdl, launch_pdl=pdl)
+    return y
+
+
+def configs(interpret: bool = False) -> list:
+    """Launch settings tuned among (BLOCK_N, BLOCK_K, warps); one under the interpreter."""
+    import triton
+
+    sizes = [(4, 128, 4)] if interpret else [
+        (2, 1024, 4), (4, 1024, 4), (2, 512, 4), (4, 128, 8), (8, 256, 4)]
+    return [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=warps, num_stages=2)
+            for n, k, warps in sizes]
+
+
+@functools.cache
+def _kernel():
+    import os
+
+    import triton
+    import triton.language as tl
+
+    @triton.autotune(configs=configs(os.environ.get("TRITON_INTERPRET") == "1"),
+                     key=["N", "K", "GATED"])
+    @triton.jit
+    def kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, N, K: tl.constexpr, HAS_BIAS: tl.constexpr,
+               HAS_RESIDUAL: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        rows = rn < N
+        w = w_ptr + rn[:, None].to(tl.int64) * K
+        w_up = w_ptr + (rn + N)[:, None].to(tl.int64) * K        # GATED: the up half
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        # 1. the reduction over K
+        acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+        acc_up = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + rk
+            ok = rows[:, None] & (kk < K)[None, :]
+            x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)[None, :]
+            acc += tl.load(w + kk[None, :], mask=ok, other=0.0,
+                           eviction_policy="evict_first").to(tl.float32) * x
+            if GATED:
+                acc_up += tl.load(w_up + kk[None, :], mask=ok, other=0.0,
+                                  eviction_policy="evict_first").to(tl.float32) * x
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+        # 2. bias, gating and residual (rounded as the unfused layers round), the store
+        dtype = y_ptr.dtype.element_ty
+        y = tl.sum(acc, 1)
+        if HAS_BIAS:
+            y += tl.load(b_ptr + rn, mask=rows, other=0.0).to(tl.float32)
+        if GATED:
+            up = tl.sum(acc_up, 1)
+            if HAS_BIAS:
+                up += tl.load(b_ptr + N + rn, mask=rows, other=0.0).to(tl.float32)
+            gate = y.to(dtype).to(tl.float32)
+            y = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32) * up.to(dtype).to(tl.float32)
+        if HAS_RESIDUAL:
+            y = y.to(y_ptr.dtype.element_ty).to(tl.float32)
+            y += tl.load(r_ptr + rn, mask=rows, other=0.0).to(tl.float32)
+        tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rows)
+
+    return kernel
