@@ -315,6 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-fused-settle", action="store_true",
                     help="greedy steps' acceptance and bookkeeping run op by op under the "
                          "captured modes (mmspec.loop.Loop.fuse = False); default: fused")
+    ap.add_argument("--no-row-kernels", action="store_true",
+                    help="one-row products under compile=True as inductor's reductions "
+                         "(CausalLMSession.row_kernels = False); default: mmspec.gemv's kernel")
     ap.add_argument("--out", default="out/bench_gpu", help="output folder")
     return describe(ap)
 
@@ -340,6 +343,8 @@ def main(argv=None):
         CausalLMSession.capture_prompts_up_to = 0
     if args.no_fused_settle:
         Loop.fuse = False
+    if args.no_row_kernels:
+        CausalLMSession.row_kernels = False
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     rows, emit = open_log(args.out)
@@ -352,7 +357,7 @@ def main(argv=None):
               transformers=__import__("transformers").__version__, torch=torch.__version__,
               inductor_options=options, prompts=args.prompts,
               capture_prompts_up_to=CausalLMSession.capture_prompts_up_to,
-              fused_settle=Loop.fuse))
+              fused_settle=Loop.fuse, row_kernels=CausalLMSession.row_kernels))
     n = args.new_tokens
     pipe = False if args.no_spec_pipeline else None
     ks = args.ks

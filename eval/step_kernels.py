@@ -10,10 +10,12 @@ runs in a fresh process with an empty inductor cache (``TORCHINDUCTOR_CACHE_DIR`
 temporary folder), the settings interleaved (A, B, A, B, ...): inductor's coordinate-descent
 tuning lands on different kernel configurations from one compilation to the next, so one
 compilation per setting says little. A setting is comma-separated ``KEY=VALUE`` inductor
-options (VALUE as JSON) laid over ``CausalLMSession.inductor_options``; an empty setting is
-the defaults. Under CUDA the step is captured (``compile=True``) and, at width 1, its graph
-replayed alone (``replay_ms``, 100 replays after 20; wider steps through the session's step
-and rollback, as ``eval.bench_gpu.step_cost``); on the CPU the eager step is timed.
+options (VALUE as JSON) laid over ``CausalLMSession.inductor_options``, or with KEY
+``session.NAME`` a class attribute of ``CausalLMSession`` (``session.row_kernels=false``);
+an empty setting is the defaults. Under CUDA the step is captured (``compile=True``) and, at
+width 1, its graph replayed alone (``replay_ms``, 100 replays after 20; wider steps through
+the session's step and rollback, as ``eval.bench_gpu.step_cost``); on the CPU the eager step
+is timed.
 One JSON line per compilation with the top ``--kernels`` kernels of one step (name, launches
 per step, microseconds per launch), then one line per setting: the step's min, median and
 max over its compilations.
@@ -37,9 +39,17 @@ from recipes.cli import COUNT, ROOT, Parser, describe, run
 
 def parse_setting(text: str) -> dict:
     """``"K1=V1,K2=V2"`` -> {K1: V1, K2: V2} (VALUE as JSON); ``""`` -> {}."""
+    from mmspec.session import CausalLMSession
+
     from .bench_gpu import inductor_option
 
-    return dict(inductor_option(part) for part in text.split(",") if part)
+    setting = dict(inductor_option(part) for part in text.split(",") if part)
+    for key in setting:
+        name = key.partition("session.")[2]
+        if key.startswith("session.") and not hasattr(CausalLMSession, name):
+            raise argparse.ArgumentTypeError(f"{key!r}: CausalLMSession has no attribute "
+                                             f"{name!r}")
+    return setting
 
 
 def _kernel_rows(prof, steps: int, top: int) -> list[dict]:
@@ -84,7 +94,11 @@ def measure(shape: str, device: str, setting: dict, top: int, width: int = 1) ->
 
     dev = torch.device(device)
     cuda = dev.type == "cuda"
-    CausalLMSession.inductor_options = {**CausalLMSession.inductor_options, **setting}
+    options = {k: v for k, v in setting.items() if not k.startswith("session.")}
+    CausalLMSession.inductor_options = {**CausalLMSession.inductor_options, **options}
+    for key, value in setting.items():
+        if key.startswith("session."):
+            setattr(CausalLMSession, key.partition("session.")[2], value)
     target, _, _ = build(shape, dev, torch.bfloat16 if cuda else torch.float32)
     prompt = torch.randint(2, target.config.vocab_size, (1, 128), device=dev,
                            generator=torch.Generator(device=dev).manual_seed(0))

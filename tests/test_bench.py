@@ -38,12 +38,14 @@ def test_bench_gpu_no_hf_runs_no_transformers_rows(tmp_path, monkeypatch):
 
     monkeypatch.setattr(CausalLMSession, "capture_prompts_up_to", 512)    # restored after
     monkeypatch.setattr(Loop, "fuse", True)
+    monkeypatch.setattr(CausalLMSession, "row_kernels", True)
     main(["--shape", "tiny", "--device", "cpu", "--no-hf", "--batches", "1", "--ks", "2",
           "--eps", "0.0", "--new-tokens", "4", "--prompt", "4", "--no-prompt-graphs",
-          "--no-fused-settle", "--out", str(tmp_path)])
+          "--no-fused-settle", "--no-row-kernels", "--out", str(tmp_path)])
     lines = (tmp_path / "bench.jsonl").read_text().splitlines()
     setup = json.loads(lines[0])
     assert setup["capture_prompts_up_to"] == 0 and setup["fused_settle"] is False
+    assert setup["row_kernels"] is False
     kinds = {json.loads(line)["kind"] for line in lines}
     assert {"mmspec-plain", "mmspec-spec"} <= kinds and not any(k.startswith("hf-") for k in kinds)
     elapsed = [json.loads(line)["elapsed_s"] for line in lines]     # where a call's time went
@@ -337,13 +339,15 @@ def test_step_kernels_smoke_run_interleaves_settings_and_summarises_them(capsys)
     from eval.step_kernels import main
 
     rows = main(["--shape", "tiny", "--device", "cpu", "--compilations", "1", "--kernels", "3",
-                 "--width", "5", "--setting", "", "--setting", "coordinate_descent_tuning=false"])
-    assert [r["setting"] for r in rows] == [{}, {"coordinate_descent_tuning": False}]
+                 "--width", "5", "--setting", "",
+                 "--setting", "coordinate_descent_tuning=false,session.row_kernels=false"])
+    second = {"coordinate_descent_tuning": False, "session.row_kernels": False}
+    assert [r["setting"] for r in rows] == [{}, second]
     assert [r["width"] for r in rows] == [5, 5]
     assert all(r["replay_ms"] > 0 and 0 < len(r["kernels"]) <= 3 for r in rows)
     lines = [json.loads(x) for x in capsys.readouterr().out.strip().splitlines()]
     summary = [x for x in lines if "median_ms" in x]
-    assert [s["setting"] for s in summary] == [{}, {"coordinate_descent_tuning": False}]
+    assert [s["setting"] for s in summary] == [{}, second]
     assert all(s["compilations"] == 1 and s["min_ms"] == s["median_ms"] == s["max_ms"]
                for s in summary)
 
@@ -353,3 +357,5 @@ def test_step_kernels_refuses_a_malformed_setting_before_any_work():
 
     with pytest.raises(ValueError, match="--setting: 'pdl': accepted KEY=VALUE"):
         main(["--device", "cpu", "--setting", "realize_opcount_threshold=6,pdl"])
+    with pytest.raises(ValueError, match="'session.fast': CausalLMSession has no attribute"):
+        main(["--device", "cpu", "--setting", "session.fast=true"])
