@@ -33,6 +33,7 @@ pass puts it in place of one-row linear calls.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -72,10 +73,13 @@ def launch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
     if pdl is None:
         pdl = x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] >= 9
     y = x.new_empty(*x.shape[:-1], n)
-    _kernel()[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](
-        x.contiguous(), w.contiguous(), y if b is None else b,
-        y if residual is None else residual.contiguous(), y, n, K=k, HAS_BIAS=b is not None,
-        HAS_RESIDUAL=residual is not None, GATED=gated, PDL=pdl, launch_pdl=pdl)
+    on = torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext()
+    with on:                              # Triton launches on the current device's stream
+        _kernel()[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](
+            x.contiguous(), w.contiguous(), y if b is None else b,
+            y if residual is None else residual.contiguous(), y, n, K=k,
+            HAS_BIAS=b is not None, HAS_RESIDUAL=residual is not None, GATED=gated, PDL=pdl,
+            launch_pdl=pdl)
     return y
 
 
