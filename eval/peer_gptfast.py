@@ -18,9 +18,9 @@ gpt-fast's own ``main`` does (``decode_one_token`` and ``model_forward`` with mo
 "reduce-overhead", fullgraph). Greedy, batch 1, ``--prompts`` 128-token prompts (one call
 each), 128 new tokens; prints JSON lines: ms per generated token of the calls (the prompt
 passes included, as ``bench_gpu``'s ``ms_per_token``), tokens per step, and the first
-round's seconds (compilation and capture); then, per eps, the compiled steps alone
-(``step_costs``: the target's one-token step, its K + 1 token verification, the draft's
-step), as ``bench_gpu`` times its own.
+round's seconds (compilation and capture); then, after the calls of every eps, per eps the
+compiled steps alone (``step_costs``: the target's one-token step, its K + 1 token
+verification, the draft's step), as ``bench_gpu`` times its own.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -120,28 +121,57 @@ def timed_calls(G, target, draft, prompts, n, k, repeats):
     return times, steps
 
 
+@dataclass
+class StepInputs:
+    """What gpt-fast's own loops pass its compiled steps, in the same dtypes, shapes and
+    layouts (torch.compile guards on them: other ones would compile the steps anew, a minute
+    or two each, and time other compilations than its calls ran): tokens int32 (its
+    sampler's), contiguous; the plain loop's position int32 [1]; the draft loop's int64 [1];
+    the verification's positions int64 [k + 1]."""
+
+    token: torch.Tensor
+    tokens: torch.Tensor
+    plain_pos: torch.Tensor
+    draft_pos: torch.Tensor
+    verify_pos: torch.Tensor
+
+    @classmethod
+    def at(cls, k: int, pos: int, dev) -> "StepInputs":
+        return cls(token=torch.ones(1, 1, dtype=torch.int, device=dev),
+                   tokens=torch.ones(1, k + 1, dtype=torch.int, device=dev),
+                   plain_pos=torch.tensor([pos], dtype=torch.int, device=dev),
+                   draft_pos=torch.tensor([pos], dtype=torch.int64, device=dev),
+                   verify_pos=torch.arange(pos, pos + k + 1, device=dev))
+
+
 def step_costs(G, target, draft, k: int, pos: int, reps: int = 50) -> dict:
     """Milliseconds of gpt-fast's compiled steps alone at cache position ``pos`` (the caches
     set up by a call): the target's one-token step, its ``k`` + 1 token verification
-    (``model_forward``, as ``speculative_decode`` calls it) and the draft's step."""
+    (``model_forward``, as ``speculative_decode`` calls it) and the draft's step, each called
+    as its loops call it (``StepInputs``; the one-token steps under the math attention its
+    ``decode_n_tokens`` selects)."""
+    from .bench_gpu import sync
+
     dev = target.output.weight.device
-    x = torch.ones(1, k + 1, dtype=torch.long, device=dev)   # as its calls pass them
-    one = torch.tensor([pos], device=dev)
-    wide = torch.arange(pos, pos + k + 1, device=dev)
-    calls = dict(step_ms=lambda: G.decode_one_token(target, x[:, :1], one, temperature=0.0,
-                                                    top_k=None),
-                 verify_ms=lambda: G.model_forward(target, x, wide),
-                 draft_step_ms=lambda: G.decode_one_token(draft, x[:, :1], one, temperature=0.0,
-                                                          top_k=None))
+    x = StepInputs.at(k, pos, dev)
+
+    def one_token(model, position):     # gpt-fast's own (deprecated) context, as its loop
+        with torch.backends.cuda.sdp_kernel(enable_flash=False, enable_mem_efficient=False,
+                                            enable_math=True):
+            return G.decode_one_token(model, x.token, position, temperature=0.0, top_k=None)
+
+    calls = dict(step_ms=lambda: one_token(target, x.plain_pos),
+                 verify_ms=lambda: G.model_forward(target, x.tokens, x.verify_pos),
+                 draft_step_ms=lambda: one_token(draft, x.draft_pos))
     out = {}
     for name, call in calls.items():
         for _ in range(5):
             call()
-        torch.cuda.synchronize()
+        sync(dev)
         t0 = time.perf_counter()
         for _ in range(reps):
             call()
-        torch.cuda.synchronize()
+        sync(dev)
         out[name] = 1e3 * (time.perf_counter() - t0) / reps
     return out
 
@@ -167,7 +197,8 @@ def main(argv=None) -> None:
     # bench_gpu's prompts at batch 1
     prompts = [p[0].int() for p in bench_prompts(32000, 1, args.prompt, args.prompts, dev)]
     n, calls = args.new_tokens, len(prompts)
-    for i, eps in enumerate(float(e) for e in args.eps.split(",")):
+    eps_values = [float(e) for e in args.eps.split(",")]
+    for i, eps in enumerate(eps_values):
         set_eps(writes, originals, eps)
         for d in ((None, draft) if i == 0 else (draft,)):
             times, steps = timed_calls(G, target, d, prompts, n, args.k, args.repeats)
@@ -179,6 +210,8 @@ def main(argv=None) -> None:
                 k=args.k if d is not None else None, prompts=calls,
                 ms_per_token=1e3 * min(times[2:]) / (n * calls), tokens_per_step=per_step,
                 first_call_s=times[0])), flush=True)
+    for eps in eps_values:                 # after every call's row: a cut call keeps them
+        set_eps(writes, originals, eps)
         with torch.no_grad():
             costs = step_costs(G, target, draft, args.k, args.prompt + n // 2)
         print(json.dumps(dict(kind="gptfast-steps", eps=eps, batch=1, k=args.k, **costs)),

@@ -359,3 +359,37 @@ def test_step_kernels_refuses_a_malformed_setting_before_any_work():
         main(["--device", "cpu", "--setting", "realize_opcount_threshold=6,pdl"])
     with pytest.raises(ValueError, match="'session.fast': CausalLMSession has no attribute"):
         main(["--device", "cpu", "--setting", "session.fast=true"])
+
+
+def test_gptfast_steps_alone_are_called_as_its_loops_call_them():
+    """``step_costs`` passes gpt-fast's compiled steps the dtypes and layouts its own loops
+    pass (int32 tokens; int32 plain and int64 draft positions; int64 verification positions),
+    the one-token steps under the math attention ``decode_n_tokens`` selects, so timing them
+    compiles nothing new."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from eval.peer_gptfast import step_costs
+
+    seen = []
+
+    def decode_one_token(model, x, pos, **kw):
+        seen.append(("one", model, x.dtype, tuple(x.shape), x.is_contiguous(), pos.dtype,
+                     tuple(pos.tolist()), torch.backends.cuda.math_sdp_enabled(),
+                     torch.backends.cuda.flash_sdp_enabled()))
+
+    def model_forward(model, x, pos):
+        seen.append(("wide", model, x.dtype, tuple(x.shape), x.is_contiguous(), pos.dtype,
+                     tuple(pos.tolist())))
+
+    G = SimpleNamespace(decode_one_token=decode_one_token, model_forward=model_forward)
+    target = torch.nn.Module()
+    target.output = torch.nn.Linear(1, 1)
+    costs = step_costs(G, target, "draft", k=4, pos=10, reps=2)
+    assert set(costs) == {"step_ms", "verify_ms", "draft_step_ms"}
+    assert set(seen) == {
+        ("one", target, torch.int32, (1, 1), True, torch.int32, (10,), True, False),
+        ("wide", target, torch.int32, (1, 5), True, torch.int64, (10, 11, 12, 13, 14)),
+        ("one", "draft", torch.int32, (1, 1), True, torch.int64, (10,), True, False)}
+    assert torch.backends.cuda.flash_sdp_enabled()           # the context is left after
