@@ -2,9 +2,10 @@
 
 At one row a linear layer is a matrix-vector product, bound by reading its weight. Inductor
 lowers it to a reduction tuned by coordinate descent and fused with its neighbours; in a 7B
-Llama step the q/k/v reductions, fused with the value cache's write, read their weights at
-3.0-3.9 TB/s and the down projection's at 2.9-3.9, where the GPU copies at 4.25 and this
-kernel reads them at 4.0-4.15 (docs/benchmarks.md). It reads a span of back-to-back weights
+Llama step on an H200 (copy rate 4.25 TB/s) the q/k/v reductions, fused with the value
+cache's write, read their weights at 3.0-3.9 TB/s and the down projection's at 2.9-4.0,
+depending on the compilation's tuning; in a chain of distinct weights this kernel reads them
+at 4.16 and 3.96 (docs/benchmarks.md). It reads a span of back-to-back weights
 (``grouping``: q/k/v; an MLP's gate/up, gated) or one weight at one row, with the residual
 add that follows it.
 
@@ -18,17 +19,18 @@ Terms:
               (an MLP's ``act(gate(x)) * up(x)``), each product and the silu rounded to x's
               dtype first.
 
-Each program reduces BLOCK_N rows of w (of both halves when gated) over K in BLOCK_K tiles, accumulating in float32, and
-writes its rows of y: no atomics, the same bits on every call. Launch settings are tuned per
-(N, K) on the first call (``triton.autotune``; the best in a chain of distinct weights on one
-H200 read two or four rows per program, 1,024 columns per tile). On GPUs with programmatic
+Each program reduces BLOCK_N rows of w (of both halves when gated) over K in BLOCK_K tiles,
+accumulating in float32, and writes its rows of y: no atomics, the same bits on every call.
+Launch settings are tuned per (N, K, gated) on the first call (``triton.autotune``; the best
+in a chain of distinct weights on one H200 read two or four rows per program, 1,024 columns
+per tile). On GPUs with programmatic
 dependent launch (Hopper and later) the kernel is launched with it, as inductor launches its
 own under ``triton.enable_pdl``: it waits for the kernel before it on entry and lets the next
 launch once its loads are done.
 
-``row_product(x, w, b, residual, gated)`` is the custom op ``torch.ops.mmspec.row_product`` (a fake
-implementation for tracing, the kernel on CUDA, ``F.linear`` elsewhere); ``grouping``'s graph
-pass puts it in place of one-row linear calls.
+``row_product(x, w, b, residual, gated)`` is the custom op ``torch.ops.mmspec.row_product``
+(a fake implementation for tracing, the kernel on CUDA, ``F.linear`` elsewhere);
+``grouping``'s graph pass puts it in place of one-row linear calls.
 """
 
 from __future__ import annotations
@@ -139,8 +141,8 @@ def _kernel():
             gate = y.to(dtype).to(tl.float32)
             y = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32) * up.to(dtype).to(tl.float32)
         if HAS_RESIDUAL:
-            y = y.to(y_ptr.dtype.element_ty).to(tl.float32)
-            y += tl.load(r_ptr + rn, mask=rows, other=0.0).to(tl.float32)
-        tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rows)
+            y = y.to(dtype).to(tl.float32) + tl.load(r_ptr + rn, mask=rows,
+                                                     other=0.0).to(tl.float32)
+        tl.store(y_ptr + rn, y.to(dtype), mask=rows)
 
     return kernel
