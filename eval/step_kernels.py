@@ -44,12 +44,17 @@ def parse_setting(text: str) -> dict:
     from .bench_gpu import inductor_option
 
     setting = dict(inductor_option(part) for part in text.split(",") if part)
-    for key in setting:
-        name = key.partition("session.")[2]
-        if key.startswith("session.") and not hasattr(CausalLMSession, name):
-            raise argparse.ArgumentTypeError(f"{key!r}: CausalLMSession has no attribute "
-                                             f"{name!r}")
+    for name in session_attributes(setting):
+        if not hasattr(CausalLMSession, name):
+            raise argparse.ArgumentTypeError(f"'session.{name}': CausalLMSession has no "
+                                             f"attribute {name!r}")
     return setting
+
+
+def session_attributes(setting: dict) -> dict:
+    """The ``session.NAME`` entries of a setting, by NAME (the rest are inductor options)."""
+    return {k.removeprefix("session."): v for k, v in setting.items()
+            if k.startswith("session.")}
 
 
 def _kernel_rows(prof, steps: int, top: int) -> list[dict]:
@@ -94,11 +99,11 @@ def measure(shape: str, device: str, setting: dict, top: int, width: int = 1) ->
 
     dev = torch.device(device)
     cuda = dev.type == "cuda"
+    attributes = session_attributes(setting)
     options = {k: v for k, v in setting.items() if not k.startswith("session.")}
     CausalLMSession.inductor_options = {**CausalLMSession.inductor_options, **options}
-    for key, value in setting.items():
-        if key.startswith("session."):
-            setattr(CausalLMSession, key.partition("session.")[2], value)
+    for name, value in attributes.items():
+        setattr(CausalLMSession, name, value)
     target, _, _ = build(shape, dev, torch.bfloat16 if cuda else torch.float32)
     prompt = torch.randint(2, target.config.vocab_size, (1, 128), device=dev,
                            generator=torch.Generator(device=dev).manual_seed(0))

@@ -4,8 +4,9 @@ At one row a linear layer is a matrix-vector product, bound by reading its weigh
 lowers it to a reduction tuned by coordinate descent and fused with its neighbours; in a 7B
 Llama step on an H200 (copy rate 4.25 TB/s) the q/k/v reductions, fused with the value
 cache's write, read their weights at 3.0-3.9 TB/s and the down projection's at 2.9-4.0,
-depending on the compilation's tuning; in a chain of distinct weights this kernel reads them
-at 4.16 and 3.96 (docs/benchmarks.md). It reads a span of back-to-back weights
+depending on the compilation's tuning. With this kernel a layer's four products read 3.86
+TB/s in all and the step alone takes 3.85 ms against 3.87-4.25 (``python -m
+eval.step_kernels``; docs/benchmarks.md). It reads a span of back-to-back weights
 (``grouping``: q/k/v; an MLP's gate/up, gated) or one weight at one row, with the residual
 add that follows it.
 

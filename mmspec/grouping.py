@@ -298,7 +298,7 @@ def grouped(backend, one_row: bool = False):
     return _BACKENDS[key]
 
 
-def row_kernels(example_inputs) -> bool:
+def _kernels_available(example_inputs) -> bool:
     """The inputs are on CUDA and Triton is there (``gemv.row_product``'s kernel)."""
     import importlib.util
 
@@ -308,7 +308,7 @@ def row_kernels(example_inputs) -> bool:
 
 def _grouped(backend, one_row: bool):
     def compile_fn(gm: fx.GraphModule, example_inputs):
-        group_linears(gm, example_inputs, one_row and row_kernels(example_inputs))
+        group_linears(gm, example_inputs, one_row and _kernels_available(example_inputs))
         if callable(backend):
             return backend(gm, example_inputs)
         from torch._inductor.compile_fx import compile_fx
