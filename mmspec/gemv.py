@@ -19,6 +19,12 @@ Terms:
     gated     w (and b) hold two halves, gate then up, [2H, K]: y [..., H] = silu(gate) * up
               (an MLP's ``act(gate(x)) * up(x)``), each product and the silu rounded to x's
               dtype first.
+    norm      None, or an RMSNorm's weight [K] (and ``eps``): the product is of ``rms_norm(x,
+              norm, eps)``: each program reduces ``norm * x`` and x's squares alongside (it
+              reads all of x anyway) and scales its sums by rsqrt(mean square + eps) at the
+              end. The normed x is not rounded to its dtype before the product, as the
+              unfused RMSNorm rounds it: in bf16 the last bits differ from the unfused
+              layers' (as inductor's fusions make them differ). The step has no norm kernel.
 
 Each program reduces BLOCK_N rows of w (of both halves when gated) over K in BLOCK_K tiles,
 accumulating in float32, and writes its rows of y: no atomics, the same bits on every call.
@@ -29,9 +35,9 @@ dependent launch (Hopper and later) the kernel is launched with it, as inductor 
 own under ``triton.enable_pdl``: it waits for the kernel before it on entry and lets the next
 launch once its loads are done.
 
-``row_product(x, w, b, residual, gated)`` is the custom op ``torch.ops.mmspec.row_product``
-(a fake implementation for tracing, the kernel on CUDA, ``F.linear`` elsewhere);
-``grouping``'s graph pass puts it in place of one-row linear calls.
+``row_product(x, w, b, residual, gated, norm, eps)`` is the custom op
+``torch.ops.mmspec.row_product`` (a fake implementation for tracing, the kernel on CUDA,
+``F.linear`` elsewhere); ``grouping``'s graph pass puts it in place of one-row linear calls.
 """
 
 from __future__ import annotations
@@ -43,9 +49,17 @@ import torch
 import torch.nn.functional as F
 
 
+def rms_norm(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Transformers' RMSNorm (Llama, Qwen2, Mistral ...): ``weight * (h * rsqrt(mean(h^2) +
+    eps)).to(h.dtype)``, the statistics in float32."""
+    h32 = h.float()
+    return weight * (h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + eps)).to(h.dtype)
+
+
 def _reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
-               residual: torch.Tensor | None, gated: bool = False) -> torch.Tensor:
-    y = F.linear(x, w, b)
+               residual: torch.Tensor | None, gated: bool = False,
+               norm: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
+    y = F.linear(x if norm is None else rms_norm(x, norm, eps), w, b)
     if gated:
         gate, up = y.chunk(2, dim=-1)
         y = F.silu(gate) * up
@@ -54,21 +68,23 @@ def _reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
 
 @torch.library.custom_op("mmspec::row_product", mutates_args=())
 def row_product(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
-                residual: torch.Tensor | None, gated: bool) -> torch.Tensor:
-    """y = x w^T + b (+ residual), or silu(gate) * up (module docstring)."""
+                residual: torch.Tensor | None, gated: bool, norm: torch.Tensor | None = None,
+                eps: float = 0.0) -> torch.Tensor:
+    """y = x w^T + b (+ residual), or silu(gate) * up; x RMS-normed first when ``norm`` is
+    given (module docstring)."""
     if x.device.type != "cuda" or x.numel() != x.shape[-1]:
-        return _reference(x, w, b, residual, gated)
-    return launch(x, w, b, residual, gated)
+        return _reference(x, w, b, residual, gated, norm, eps)
+    return launch(x, w, b, residual, gated, norm=norm, eps=eps)
 
 
 @row_product.register_fake
-def _(x, w, b, residual, gated):
+def _(x, w, b, residual, gated, norm=None, eps=0.0):
     return x.new_empty(*x.shape[:-1], w.shape[0] // 2 if gated else w.shape[0])
 
 
 def launch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
-           residual: torch.Tensor | None, gated: bool = False,
-           pdl: bool | None = None) -> torch.Tensor:
+           residual: torch.Tensor | None, gated: bool = False, pdl: bool | None = None,
+           norm: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
     """The kernel on one row (also on the CPU under ``TRITON_INTERPRET=1``, without PDL)."""
     import triton
 
@@ -80,9 +96,9 @@ def launch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
     with on:                              # Triton launches on the current device's stream
         _kernel()[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](
             x.contiguous(), w.contiguous(), y if b is None else b,
-            y if residual is None else residual.contiguous(), y, n, K=k,
-            HAS_BIAS=b is not None, HAS_RESIDUAL=residual is not None, GATED=gated, PDL=pdl,
-            launch_pdl=pdl)
+            y if residual is None else residual.contiguous(), y if norm is None else norm, y,
+            n, eps, K=k, HAS_BIAS=b is not None, HAS_RESIDUAL=residual is not None,
+            GATED=gated, NORM=norm is not None, PDL=pdl, launch_pdl=pdl)
     return y
 
 
@@ -104,25 +120,32 @@ def _kernel():
     import triton.language as tl
 
     @triton.autotune(configs=configs(os.environ.get("TRITON_INTERPRET") == "1"),
-                     key=["N", "K", "GATED"])
+                     key=["N", "K", "GATED", "NORM"])
     @triton.jit
-    def kernel(x_ptr, w_ptr, b_ptr, r_ptr, y_ptr, N, K: tl.constexpr, HAS_BIAS: tl.constexpr,
-               HAS_RESIDUAL: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    def kernel(x_ptr, w_ptr, b_ptr, r_ptr, n_ptr, y_ptr, N, eps, K: tl.constexpr,
+               HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, GATED: tl.constexpr,
+               NORM: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr):
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
         rows = rn < N
         w = w_ptr + rn[:, None].to(tl.int64) * K
         w_up = w_ptr + (rn + N)[:, None].to(tl.int64) * K        # GATED: the up half
+        dtype = y_ptr.dtype.element_ty
         if PDL:
             tl.extra.cuda.gdc_wait()
-        # 1. the reduction over K
+        # 1. the reduction over K (NORM: of norm * x, and x's squares alongside)
         acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
         acc_up = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+        squares = tl.zeros((BLOCK_K,), tl.float32)
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + rk
             ok = rows[:, None] & (kk < K)[None, :]
-            x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)[None, :]
+            x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+            if NORM:
+                squares += x * x
+                x *= tl.load(n_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+            x = x[None, :]
             acc += tl.load(w + kk[None, :], mask=ok, other=0.0,
                            eviction_policy="evict_first").to(tl.float32) * x
             if GATED:
@@ -130,13 +153,13 @@ def _kernel():
                                   eviction_policy="evict_first").to(tl.float32) * x
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
-        # 2. bias, gating and residual (rounded as the unfused layers round), the store
-        dtype = y_ptr.dtype.element_ty
-        y = tl.sum(acc, 1)
+        # 2. the norm's scale, bias, gating and residual (rounded as the unfused layers round)
+        scale = tl.math.rsqrt(tl.sum(squares, 0) / K + eps) if NORM else 1.0
+        y = tl.sum(acc, 1) * scale
         if HAS_BIAS:
             y += tl.load(b_ptr + rn, mask=rows, other=0.0).to(tl.float32)
         if GATED:
-            up = tl.sum(acc_up, 1)
+            up = tl.sum(acc_up, 1) * scale
             if HAS_BIAS:
                 up += tl.load(b_ptr + N + rn, mask=rows, other=0.0).to(tl.float32)
             gate = y.to(dtype).to(tl.float32)

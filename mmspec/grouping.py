@@ -20,9 +20,10 @@ group already laid out, or holding a weight shared with another Parameter, is le
 ``group_linears(gm, example_inputs)``, a pass over a graph torch.compile traced, replaces each
 run by one product over the span of its weights (``as_strided`` from the first) split after;
 ``grouped(backend)`` is a torch.compile backend that runs the pass first. Calls on one row
-are left to inductor's reductions, or with ``one_row`` (CUDA) go to ``gemv.row_product``: a
-run as one kernel over its span (an MLP's gate/up run with its ``silu(gate) * up``), any
-other call alone with the residual add after it. A trace is shared by every
+are left to inductor's reductions, or with ``rows`` (``RowKernels``; CUDA) go to
+``gemv.row_product``: a run as one kernel over its span (an MLP's gate/up run with its
+``silu(gate) * up``), any other call alone with the residual add after it; an RMSNorm whose
+output only such a call reads goes into the call (``RowKernels.norms``). A trace is shared by every
 layer that runs the same code, so the pass is only for models whose groups are all back to
 back (``back_to_back``; ``mmspec.regions`` checks it).
 """
@@ -32,6 +33,7 @@ from __future__ import annotations
 import math
 import operator
 from collections import defaultdict
+from dataclasses import dataclass
 
 import torch
 from torch import fx, nn
@@ -156,9 +158,10 @@ def _span(graph: fx.Graph, node: fx.Node, tensors: list[torch.Tensor]) -> fx.Nod
     return graph.call_function(torch.as_strided, (node, shape, stride))
 
 
-def _replace(graph: fx.Graph, x: fx.Node, run: list[tuple], real: dict, op) -> None:
+def _replace(graph: fx.Graph, x: fx.Node, run: list[tuple], real: dict, op) -> fx.Node:
     """The calls of ``run`` on ``x`` as one call of ``op`` (``linear``'s arguments; for
-    ``gemv.row_product`` no residual, not gated) over their weights' span, split after."""
+    ``gemv.row_product`` no residual, not gated) over their weights' span, split after;
+    returns that call."""
     order = {n: i for i, n in enumerate(graph.nodes)}
     first = min((c[0] for c in run), key=order.__getitem__)
     with graph.inserting_before(first):
@@ -176,6 +179,7 @@ def _replace(graph: fx.Graph, x: fx.Node, run: list[tuple], real: dict, op) -> N
             node.replace_all_uses_with(part)
     for node, _, _ in run:
         graph.erase_node(node)
+    return y
 
 
 def _linear_args(node: fx.Node):
@@ -186,10 +190,18 @@ def _linear_args(node: fx.Node):
     return x, w, b
 
 
-def group_linears(gm: fx.GraphModule, example_inputs, one_row: bool = False) -> int:
+@dataclass(frozen=True)
+class RowKernels:
+    """One-row calls through ``gemv.row_product`` (``group_linears``); ``norms``: with the
+    RMSNorm before a call in the call (each program of the kernel reads all of x)."""
+
+    norms: bool = True
+
+
+def group_linears(gm: fx.GraphModule, example_inputs, rows: RowKernels | None = None) -> int:
     """Replace each run of linear calls in ``gm`` (inputs of more than one row; weights and
     biases among its placeholders, ``example_inputs`` their tensors) by one product split
-    after; ``one_row``: one-row calls by ``gemv.row_product`` (``_row_products``). Returns
+    after; with ``rows``, one-row calls by ``gemv.row_product`` (``_row_products``). Returns
     the number of calls made."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     real = {n: t for n, t in zip(placeholders, example_inputs) if _plain(t)}
@@ -198,37 +210,97 @@ def group_linears(gm: fx.GraphModule, example_inputs, one_row: bool = False) -> 
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in LINEAR:
             x, w, b = _linear_args(node)
-            rows = _rows(x)
-            if w in real and (b is None or b in real) and rows is not None:   # else left alone
-                (by_row if rows == 1 else by_input)[x].append((node, w, b))
+            n = _rows(x)
+            if w in real and (b is None or b in real) and n is not None:      # else left alone
+                (by_row if n == 1 else by_input)[x].append((node, w, b))
     runs = [(x, run) for x, calls in by_input.items() for run in _runs(calls, real)]
     for x, run in runs:
         _replace(gm.graph, x, run, real, torch._C._nn.linear)
-    made = len(runs) + (_row_products(gm.graph, by_row, real) if one_row else 0)
+    made = len(runs) + (0 if rows is None else _row_products(gm.graph, by_row, real, rows.norms))
     if made:
         gm.graph.lint()
         gm.recompile()
     return made
 
 
-def _row_products(graph: fx.Graph, by_row: dict, real: dict) -> int:
+def _row_products(graph: fx.Graph, by_row: dict, real: dict, norms: bool) -> int:
     """One-row calls as ``gemv.row_product`` (``group_linears``): a run over its span, split
     after, or gated when its outputs only feed ``silu(first) * second`` (an MLP's gate/up); a
-    single call with the residual add that alone reads it."""
+    single call with the residual add that alone reads it. With ``norms``, a run whose input
+    is an RMSNorm's output that only it reads takes the norm's input and weight instead
+    (``_rms_norm``)."""
     op, made = torch.ops.mmspec.row_product.default, 0
     for calls in by_row.values():
         runs = _runs(calls, real)
         joined = {c[0] for run in runs for c in run}
         for run in runs + [[c] for c in calls if c[0] not in joined]:
             x = _linear_args(run[0][0])[0]       # now (a replaced call may have been it)
+            norm = _rms_norm(x, real) if norms and set(x.users) == {c[0] for c in run} else None
             if _gated(run):
-                _gate_up(graph, x, run, real, op)
+                y = _gate_up(graph, x, run, real, op)
             elif len(run) > 1:
-                _replace(graph, x, run, real, op)
+                y = _replace(graph, x, run, real, op)
             else:
-                _single(graph, x, run[0][0], real[run[0][1]], run[0][1], run[0][2], op)
+                y = _single(graph, x, run[0][0], real[run[0][1]], run[0][1], run[0][2], op)
+            if norm is not None:
+                _take_norm(graph, y, x, norm)
             made += 1
     return made
+
+
+@dataclass(frozen=True)
+class _Norm:
+    """An RMSNorm in a traced graph (``_rms_norm``): its input, weight, epsilon and nodes."""
+
+    h: fx.Node
+    weight: fx.Node
+    eps: float
+    nodes: tuple[fx.Node, ...]          # output first
+
+
+def _call(node, target, n_args: int) -> bool:
+    return (isinstance(node, fx.Node) and node.op in ("call_function", "call_method")
+            and node.target in target and len(node.args) == n_args)
+
+
+def _rms_norm(x: fx.Node, real: dict) -> _Norm | None:
+    """``weight * (h32 * rsqrt(mean(h32 ** 2, -1, keepdim=True) + eps)).to(h.dtype)`` with
+    ``h32 = h.to(float32)`` (transformers' RMSNorm) ending in ``x``, its weight a 1-D
+    Parameter of h's dtype; None for anything else (Gemma's ``1 + weight``, a norm that keeps
+    its dtype ...)."""
+    if not _call(x, (operator.mul,), 2):
+        return None
+    weight, cast = x.args if x.args[0] in real else x.args[::-1]
+    if weight not in real or not _call(cast, ("to",), 2):
+        return None
+    scaled = cast.args[0]
+    if not _call(scaled, (operator.mul,), 2) or not _call(scaled.args[1], (torch.rsqrt,), 1):
+        return None
+    h32, rsqrt = scaled.args
+    add = rsqrt.args[0]
+    if not (_call(add, (operator.add,), 2) and isinstance(add.args[1], float)
+            and _call(h32, ("to",), 2) and h32.args[1] is torch.float32):
+        return None
+    mean = add.args[0]
+    square = mean.args[0] if _call(mean, ("mean",), 2) else None
+    if not (mean.args[1] == -1 and mean.kwargs == {"keepdim": True}
+            and _call(square, ("pow",), 2) and square.args == (h32, 2)):
+        return None
+    h, w = h32.args[0], real[weight]
+    value = h.meta.get("example_value") if isinstance(h, fx.Node) else None
+    if not (isinstance(value, torch.Tensor) and cast.args[1] is value.dtype == w.dtype
+            and w.dim() == 1 and w.shape[0] == value.shape[-1]):
+        return None
+    return _Norm(h, weight, add.args[1], (x, cast, scaled, rsqrt, add, mean, square, h32))
+
+
+def _take_norm(graph: fx.Graph, y: fx.Node, x: fx.Node, norm: _Norm) -> None:
+    """``y`` (a ``row_product`` of ``x``) reads the norm's input and weight instead; the norm's
+    nodes nothing reads any more are erased."""
+    y.args = (norm.h, *y.args[1:5], norm.weight, norm.eps)
+    for node in norm.nodes:
+        if not node.users:
+            graph.erase_node(node)
 
 
 def _gated(run: list[tuple]) -> bool:
@@ -243,7 +315,7 @@ def _gated(run: list[tuple]) -> bool:
             and set(mul.args) == {silu, up})
 
 
-def _gate_up(graph: fx.Graph, x: fx.Node, run: list[tuple], real: dict, op) -> None:
+def _gate_up(graph: fx.Graph, x: fx.Node, run: list[tuple], real: dict, op) -> fx.Node:
     """A gated run (``_gated``) as one gated call of ``op`` in place of its product."""
     (gate, w, b), (up, _, _) = run
     silu = next(iter(gate.users))
@@ -257,10 +329,11 @@ def _gate_up(graph: fx.Graph, x: fx.Node, run: list[tuple], real: dict, op) -> N
     mul.replace_all_uses_with(y)
     for node in (mul, silu, gate, up):
         graph.erase_node(node)
+    return y
 
 
 def _single(graph: fx.Graph, x: fx.Node, node: fx.Node, weight: torch.Tensor, w: fx.Node,
-            b: fx.Node | None, op) -> None:
+            b: fx.Node | None, op) -> fx.Node:
     """One call as ``op``, with the add of a tensor like its output when that add alone reads
     it (the residual)."""
     add = next(iter(node.users), None)
@@ -282,19 +355,20 @@ def _single(graph: fx.Graph, x: fx.Node, node: fx.Node, weight: torch.Tensor, w:
     if residual is not None:
         graph.erase_node(add)
     graph.erase_node(node)
+    return y
 
 
 _BACKENDS: dict = {}
 
 
-def grouped(backend, one_row: bool = False):
-    """A torch.compile backend: ``group_linears`` (``one_row`` on CUDA inputs with Triton),
-    then ``backend`` (a callable, or inductor with its options: ``grouped({"coordinate_descent_
+def grouped(backend, rows: RowKernels | None = None):
+    """A torch.compile backend: ``group_linears`` (``rows`` on CUDA inputs with Triton), then
+    ``backend`` (a callable, or inductor with its options: ``grouped({"coordinate_descent_
     tuning": True})``). One object per backend and options, so every layer's region finds the
     traces the first one made."""
-    key = (backend if callable(backend) else repr(sorted(backend.items())), one_row)
+    key = (backend if callable(backend) else repr(sorted(backend.items())), rows)
     if key not in _BACKENDS:
-        _BACKENDS[key] = _grouped(backend, one_row)
+        _BACKENDS[key] = _grouped(backend, rows)
     return _BACKENDS[key]
 
 
@@ -306,9 +380,9 @@ def _kernels_available(example_inputs) -> bool:
             and importlib.util.find_spec("triton") is not None)
 
 
-def _grouped(backend, one_row: bool):
+def _grouped(backend, rows: RowKernels | None):
     def compile_fn(gm: fx.GraphModule, example_inputs):
-        group_linears(gm, example_inputs, one_row and _kernels_available(example_inputs))
+        group_linears(gm, example_inputs, rows if _kernels_available(example_inputs) else None)
         if callable(backend):
             return backend(gm, example_inputs)
         from torch._inductor.compile_fx import compile_fx

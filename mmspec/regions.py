@@ -13,7 +13,7 @@ projections outside the layers are compiled the same way.
 Under inductor, on a model whose decoder layers' sibling projections all lie back to back
 (``lay_out``, which the sessions call first: ``grouping.contiguous_projections``), the layers'
 linear calls on one input (q/k/v, gate/up) run as one product (``grouping.grouped``); with
-``one_row``, one-row calls on CUDA run ``gemv``'s kernel.
+``rows`` (``grouping.RowKernels``), one-row calls on CUDA run ``gemv``'s kernel.
 
 ``compiled(net, options)`` swaps the compiled layers in while a step is warmed up and captured
 as a CUDA graph, and puts the user's modules back after: the graph replays the fused kernels,
@@ -132,12 +132,13 @@ class _Region(nn.Module):
     the sequence (its inputs' second dimension) is dynamic."""
 
     def __init__(self, layer: nn.Module, index: int | None, options: dict, backend: str,
-                 prompt: bool = False, group: bool = False, one_row: bool = False):
+                 prompt: bool = False, group: bool = False,
+                 rows: grouping.RowKernels | None = None):
         super().__init__()
         self.index, self.prompt = index, prompt
         kw = dict(options=dict(options)) if backend == "inductor" and not group else {}
         if backend == "inductor" and group:   # linear layers reading one input: one product
-            backend = grouping.grouped(options, one_row)
+            backend = grouping.grouped(options, rows)
         fn = functools.partial(_call, layer) if prompt else layer
         self.compiled = torch.compile(fn, dynamic=False, backend=backend, **kw)
 
@@ -167,9 +168,9 @@ def _cache_index(layers: nn.ModuleList, i: int) -> int | None:
 
 
 def _wrapped(parent: nn.Module, name: str, module: nn.Module, options: dict,
-             backend, prompt: bool, group: bool, one_row: bool) -> nn.Module:
+             backend, prompt: bool, group: bool, rows) -> nn.Module:
     index = _cache_index(parent, int(name)) if isinstance(parent, nn.ModuleList) else None
-    return _Region(module, index, options, backend, prompt, group, one_row)
+    return _Region(module, index, options, backend, prompt, group, rows)
 
 
 @dataclass
@@ -214,31 +215,31 @@ def forget_layout(net: nn.Module | None = None) -> None:
 
 
 def _made(net: nn.Module, options: dict, backend, prompt: bool, group: bool,
-          one_row: bool) -> _Made:
+          rows) -> _Made:
     """The wrappers of ``net``'s regions, made once per model and setting (and again when its
     modules were replaced): making them calls torch.compile per region, which costs more
     than a prompt pass; the traced code itself is kept by torch.compile on the modules' code
     objects."""
     key = (backend if isinstance(backend, str) else id(backend), repr(sorted(options.items())),
-           prompt, group, one_row)
+           prompt, group, rows)
     made = _MADE.setdefault(net, {})
     entry = made.get(key)
     if entry is None or not entry.current():
         pairs = regions(net)
         originals = [getattr(parent, name) for parent, name in pairs]
         entry = made[key] = _Made([(weakref.ref(p), n) for p, n in pairs], originals, [
-            _wrapped(parent, name, module, options, backend, prompt, group, one_row)
+            _wrapped(parent, name, module, options, backend, prompt, group, rows)
             for (parent, name), module in zip(pairs, originals)])
     return entry
 
 
 @contextlib.contextmanager
 def compiled(net: nn.Module, options: dict, backend="inductor", prompt: bool = False,
-             group: bool = True, one_row: bool = False):
+             group: bool = True, rows: grouping.RowKernels | None = None):
     """Run ``net`` with its regions compiled (``options``: inductor's; ``backend``: a
     torch.compile backend; ``prompt``: for prompt passes, of any length; ``group``: under
     inductor, linear calls on one input whose weights lie back to back as one product, on a
-    model ``lay_out`` found all back to back; ``one_row``: with ``group``, one-row calls on
+    model ``lay_out`` found all back to back; ``rows``: with ``group``, one-row calls on
     CUDA through ``gemv.row_product``); the original modules are back after. A failure
     of torch.compile is raised as a RuntimeError that names ``compile='graphs'``."""
     from torch import _dynamo
@@ -248,7 +249,7 @@ def compiled(net: nn.Module, options: dict, backend="inductor", prompt: bool = F
     _dynamo.config.accumulated_cache_size_limit = max(
         _dynamo.config.accumulated_cache_size_limit, 4096)
     group = group and backend == "inductor" and _LAID_OUT.get(net, False)
-    made = _made(net, options, backend, prompt, group, group and one_row)
+    made = _made(net, options, backend, prompt, group, rows if group else None)
     pairs = made.pairs
     try:
         for (parent, name), wrapper in zip(pairs, made.wrappers):

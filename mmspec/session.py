@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import distributions, regions
+from . import distributions, grouping, regions
 from .attention import bucket, prefix, sdpa_configs
 from .cache import (DynamicCache, SequenceMask, StateSnapshot, StaticSequenceMask, TreeMask,
                     cache_argument, crop, gather_tail, recurrent_layers, repeated_rows, reset)
@@ -243,8 +243,10 @@ class CausalLMSession(Session):
     group_projections = True
     # Under "regional" with grouped projections, on CUDA: one-row products (the q/k/v span,
     # the gate/up span with silu(gate) * up, o and down with their residual adds, output
-    # heads) in ``mmspec.gemv``'s kernel instead of inductor's reductions (docs/engine.md).
+    # heads) in ``mmspec.gemv``'s kernel instead of inductor's reductions (docs/engine.md);
+    # ``row_norms``: the RMSNorm before q/k/v and before gate/up inside that kernel.
     row_kernels = True
+    row_norms = True
     # Per-row tensors the hooks read during a forward (``position_ids``' rope deltas), repeated
     # with the cache's rows while a tree is fed as its paths (``_paths_step``).
     row_buffers: tuple[str, ...] = ()
@@ -563,6 +565,9 @@ class CausalLMSession(Session):
         if self.group_projections and regions.lay_out(self.net):
             _STATIC.clear()
 
+    def _row_kernels(self) -> grouping.RowKernels | None:
+        return grouping.RowKernels(norms=self.row_norms) if self.row_kernels else None
+
     def _fused(self):
         """(the module a captured step calls, the context it is captured in): the network
         under ``"graphs"``, the network fused whole under ``"inductor"`` (made once per
@@ -572,7 +577,7 @@ class CausalLMSession(Session):
             self._lay_out()
             return self.net, regions.compiled(self.net, self.inductor_options,
                                               group=self.group_projections,
-                                              one_row=self.row_kernels)
+                                              rows=self._row_kernels())
         if self.compile != "inductor":
             return self.net, contextlib.nullcontext()
         st = self._static

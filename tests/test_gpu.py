@@ -153,45 +153,50 @@ def test_fused_capture_equals_eager(fuse):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_row_product_kernel_matches_linear(dtype):
-    """``gemv``'s kernel on the 7B Llama's one-row shapes (q/k/v span, gated gate/up, o and
-    down with a residual, the output head; a bias; row and K tails) against ``F.linear`` in
-    float64, within the dtype's rounding; the same bits on a second call (no atomics)."""
+    """``gemv``'s kernel on the 7B Llama's one-row shapes (q/k/v span and gated gate/up, each
+    with and without the RMSNorm before it; o and down with a residual, the output head; a
+    bias; row and K tails) against ``F.linear`` in float64, within the dtype's rounding; the
+    same bits on a second call (no atomics)."""
     from mmspec import gemv
 
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
-    for n, k, bias, res, gated in [(12288, 4096, False, False, False),
-                                   (22016, 4096, False, False, True),
-                                   (4096, 4096, False, True, False),
-                                   (4096, 11008, False, True, False),
-                                   (32000, 4096, True, False, False),
-                                   (1000, 1000, True, True, True)]:
-        x = torch.randn(1, 1, k, device=dev, generator=g).to(dtype)
+    for n, k, bias, res, gated, norm in [(12288, 4096, False, False, False, False),
+                                         (12288, 4096, False, False, False, True),
+                                         (22016, 4096, False, False, True, False),
+                                         (22016, 4096, False, False, True, True),
+                                         (4096, 4096, False, True, False, False),
+                                         (4096, 11008, False, True, False, False),
+                                         (32000, 4096, True, False, False, False),
+                                         (1000, 1000, True, True, True, True)]:
+        x = (3 * torch.randn(1, 1, k, device=dev, generator=g)).to(dtype)
         w = (torch.randn(n, k, device=dev, generator=g) / k ** 0.5).to(dtype)
         b = torch.randn(n, device=dev, generator=g).to(dtype) if bias else None
         m = n // 2 if gated else n
         r = torch.randn(1, 1, m, device=dev, generator=g).to(dtype) if res else None
-        y = torch.ops.mmspec.row_product(x, w, b, r, gated)
+        nw = (torch.rand(k, device=dev, generator=g) + 0.5).to(dtype) if norm else None
+        args = (x, w, b, r, gated, nw, 1e-5)
+        y = torch.ops.mmspec.row_product(*args)
         d = lambda t: None if t is None else t.double()           # noqa: E731
-        ref = gemv._reference(x.double(), w.double(), d(b), d(r), gated)
+        ref = gemv._reference(x.double(), w.double(), d(b), d(r), gated, d(nw), 1e-5)
         tol = 1e-5 if dtype == torch.float32 else 2e-2
         assert y.dtype == dtype and y.shape == ref.shape
-        assert (y.double() - ref).abs().max().item() <= tol * ref.abs().max().item(), (n, k)
-        assert torch.equal(y, torch.ops.mmspec.row_product(x, w, b, r, gated))
+        err = (y.double() - ref).abs().max().item()
+        assert err <= tol * ref.abs().max().item(), (n, k, norm, err)
+        assert torch.equal(y, torch.ops.mmspec.row_product(*args))
 
 
 @pytest.mark.parametrize("k", [0, 4])
 def test_one_row_steps_run_the_row_kernel_and_give_plain_greedy(k, monkeypatch):
-    """At batch 1 ``compile=True`` runs q/k/v, the gated MLP, o and down (with their residual
-    adds) and the output head through ``gemv``'s kernel: the tokens are eager plain greedy's
-    (float32), speculative or not."""
+    """At batch 1 ``compile=True`` runs q/k/v and the gated MLP (each with the RMSNorm before
+    it), o and down (with their residual adds) and the output head through ``gemv``'s
+    kernel: the tokens are eager plain greedy's (float32), speculative or not."""
     from mmspec import gemv
 
     calls = []
     launch = gemv.launch
-    monkeypatch.setattr(gemv, "launch",
-                        lambda *a, **kw: calls.append((a[3] is not None, a[4]))
-                        or launch(*a, **kw))
+    monkeypatch.setattr(gemv, "launch", lambda *a, **kw: calls.append(
+        (a[3] is not None, a[4], kw.get("norm") is not None)) or launch(*a, **kw))
     torch._dynamo.reset()
     dev = torch.device("cuda")
     t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
@@ -201,7 +206,8 @@ def test_one_row_steps_run_the_row_kernel_and_give_plain_greedy(k, monkeypatch):
     plain = mmspec.generate(t, None, ids, **kw)
     fused = mmspec.generate(t, d, ids, compile=True, num_draft_tokens=k, **kw)
     assert torch.equal(plain.sequences, fused.sequences)
-    assert {(False, False), (False, True), (True, False)} <= set(calls)
+    assert {(False, False, True), (False, True, True), (True, False, False),
+            (False, False, False)} <= set(calls)
     torch._dynamo.reset()
 
 

@@ -123,36 +123,45 @@ def test_layout_leaves_tensor_subclasses_alone():
     assert grouping._back_to_back([a.k_proj.weight, a.v_proj.weight, a.o_proj.weight])
 
 
-def _row_counting(counts):
-    """The pass with ``one_row`` (on any device: the op's CPU path is ``F.linear``), then the
-    graph's linear calls and, per ``row_product`` call, (residual added, gated)."""
+def _row_counting(counts, norms=False):
+    """The pass with ``rows`` (on any device: the op's CPU path is ``F.linear``), then the
+    graph's linear calls, per ``row_product`` call (residual added, gated), the eps of the
+    calls that take an RMSNorm (0 for the others) and the graph's ``torch.rsqrt`` calls."""
     op = torch.ops.mmspec.row_product.default
+    rows = grouping.RowKernels(norms=norms)
 
     def backend(gm, example_inputs):
-        grouping.group_linears(gm, example_inputs, one_row=True)
+        grouping.group_linears(gm, example_inputs, rows)
         nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+        calls = [n.args for n in nodes if n.target is op]
         counts.append((sum(n.target in grouping.LINEAR for n in nodes),
-                       [(n.args[3] is not None, n.args[4]) for n in nodes if n.target is op]))
+                       [(a[3] is not None, a[4]) for a in calls],
+                       [a[6] if len(a) > 5 else 0 for a in calls],
+                       sum(n.target is torch.rsqrt for n in nodes)))
         return gm.forward
     return backend
 
 
+@pytest.mark.parametrize("norms", [False, True])
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_one_row_pass_runs_row_products_with_their_residual_adds(kind):
-    """At one row, with ``one_row``: q/k/v one ``row_product``, o and down each one with the
+def test_one_row_pass_runs_row_products_with_their_residual_adds(kind, norms):
+    """At one row, with ``rows``: q/k/v one ``row_product``, o and down each one with the
     residual add after it, gate/up one gated (its ``silu(gate) * up`` inside), the output
-    head one. The logits are those of the layers."""
+    head one; with ``norms`` the input and post-attention RMSNorms inside the q/k/v and
+    gate/up calls (no rsqrt left in the layer). The logits are those of the layers."""
     m = _model(kind)
     grouping.contiguous_projections(m)
     ids = torch.tensor([[3]])
     counts = []
+    eps = m.config.rms_norm_eps if norms else 0
     with torch.no_grad():
         ref = m(ids).logits
         torch._dynamo.reset()
-        with regions.compiled(m, {}, backend=grouping.grouped(_row_counting(counts))):
+        with regions.compiled(m, {}, backend=grouping.grouped(_row_counting(counts, norms))):
             got = m(ids).logits
-    assert counts[0] == (0, [(False, False), (True, False), (False, True), (True, False)])
-    assert counts[-1] == (0, [(False, False)])
+    assert counts[0] == (0, [(False, False), (True, False), (False, True), (True, False)],
+                         [eps, 0, eps, 0], 0 if norms else 2)
+    assert counts[-1] == (0, [(False, False)], [0], 0)
     assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5)
     torch._dynamo.reset()
 
@@ -186,14 +195,49 @@ def test_gate_up_is_gated_only_when_it_feeds_silu_times_up_alone(extra):
     with torch.no_grad():
         got = torch.compile(m, backend=_row_counting(counts))(x)
         assert torch.allclose(got, m(x), atol=1e-6)
-    assert counts == [(0, [(False, not extra), (False, False)])]
+    assert counts == [(0, [(False, not extra), (False, False)], [0, 0], 0)]
+    torch._dynamo.reset()
+
+
+class _Normed(torch.nn.Module):
+    """transformers' RMSNorm, then a projection; ``variant``: "gemma" scales by 1 + weight,
+    "read" reads the normed states besides the projection."""
+
+    def __init__(self, variant: str):
+        super().__init__()
+        self.variant = variant
+        self.weight = torch.nn.Parameter(torch.rand(8) + 0.5)
+        self.proj = torch.nn.Linear(8, 6, bias=False)
+
+    def forward(self, h):
+        h32 = h.to(torch.float32)
+        x = h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + 1e-6)
+        x = (1 + self.weight if self.variant == "gemma" else self.weight) * x.to(h.dtype)
+        y = self.proj(x)
+        return y + x[..., :6] if self.variant == "read" else y
+
+
+@pytest.mark.parametrize("variant", ["llama", "gemma", "read"])
+def test_rms_norm_goes_into_the_row_product_only_as_transformers_writes_it(variant):
+    """With ``RowKernels(norms=True)`` an RMSNorm whose output only the one-row product reads
+    becomes the product's (its input, weight and eps); a ``1 + weight`` norm or one whose
+    output is read elsewhere stays in the graph. The output is the module's."""
+    torch.manual_seed(0)
+    m = _Normed(variant)
+    x = 3 * torch.randn(1, 1, 8)
+    counts = []
+    with torch.no_grad():
+        got = torch.compile(m, backend=_row_counting(counts, norms=True))(x)
+        assert torch.allclose(got, m(x), atol=1e-6)
+    fused, read = variant == "llama", variant == "read"       # read: added as a residual
+    assert counts == [(0, [(read, False)], [1e-6 if fused else 0], 0 if fused else 1)]
     torch._dynamo.reset()
 
 
 def test_row_product_kernel_matches_linear_under_the_triton_interpreter():
     """``gemv``'s Triton kernel run by Triton's interpreter on the CPU (a child process:
     the interpreter is chosen when Triton is imported): plain, with a bias, a residual,
-    gated, row and K tails; float32 against ``F.linear`` in float64."""
+    gated, its input RMS-normed, row and K tails; float32 against ``F.linear`` in float64."""
     import os
     import subprocess
     import sys
@@ -202,19 +246,20 @@ def test_row_product_kernel_matches_linear_under_the_triton_interpreter():
         "import torch\n"
         "from mmspec import gemv\n"
         "torch.manual_seed(0)\n"
-        "for n, k, bias, res, gated in [(40, 300, False, False, False), (40, 256, True, True,"
-        " False), (7, 129, False, True, False), (34, 64, True, False, True),"
-        " (20, 130, False, True, True)]:\n"
-        "    x, w = torch.randn(1, 1, k), torch.randn(n, k)\n"
+        "for n, k, bias, res, gated, norm in [(40, 300, False, False, False, False),"
+        " (40, 256, True, True, False, False), (7, 129, False, True, False, True),"
+        " (34, 64, True, False, True, False), (20, 130, False, True, True, True)]:\n"
+        "    x, w = 3 * torch.randn(1, 1, k), torch.randn(n, k)\n"
         "    b = torch.randn(n) if bias else None\n"
         "    m = n // 2 if gated else n\n"
         "    r = torch.randn(1, 1, m) if res else None\n"
-        "    y = gemv.launch(x, w, b, r, gated, pdl=False)\n"
+        "    nw = torch.rand(k) + 0.5 if norm else None\n"
+        "    y = gemv.launch(x, w, b, r, gated, pdl=False, norm=nw, eps=1e-5)\n"
         "    d = lambda t: None if t is None else t.double()\n"
-        "    ref = gemv._reference(x.double(), w.double(), d(b), d(r), gated)\n"
+        "    ref = gemv._reference(x.double(), w.double(), d(b), d(r), gated, d(nw), 1e-5)\n"
         "    assert y.shape == ref.shape == (1, 1, m), (y.shape, m)\n"
         "    err = (y.double() - ref).abs().max().item()\n"
-        "    assert err < 1e-4 * ref.abs().max().item(), (n, k, bias, res, gated, err)\n"
+        "    assert err < 1e-4 * ref.abs().max().item(), (n, k, bias, res, gated, norm, err)\n"
         "print('ok')\n")
     env = dict(os.environ, TRITON_INTERPRET="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
