@@ -22,7 +22,8 @@ eval.bench_gpu's models (random bf16 weights; the draft is the target's first tw
   ``plain_after_ms``: one profiled plain call's device timeline (``call_timeline``): its
   step graphs (median), the device time from one step graph's end to the next one's start
   (median and sum), before the first graph (the call's checks, the cache's reset) and after
-  the last;
+  the last; ``plain_between_kernels``: the kernels and copies launched between the step
+  graphs, by name (launches per step, microseconds each);
 - ``loop_syncs``: synchronising CUDA calls made inside the loop of a plain and of a
   speculative call (``torch.cuda.set_sync_debug_mode``), by the mmspec line that made them;
 - ``verify_ms`` / ``draft_ms`` / ``pt_ms`` / ``pd_ms``: a K + 1 wide target step, a one-token
@@ -147,7 +148,23 @@ def call_timeline(events: list[dict]) -> dict:
     end = max(e["ts"] + e["dur"] for e in device)
     return dict(graph_ms=steps[len(steps) // 2] / 1e3, between_us=between[len(between) // 2],
                 between_ms=sum(between) / 1e3, before_ms=(spans[0][0] - device[0]["ts"]) / 1e3,
-                after_ms=(end - spans[-1][1]) / 1e3)
+                after_ms=(end - spans[-1][1]) / 1e3,
+                between_kernels=_between_kernels(device, api, spans, len(between)))
+
+
+def _between_kernels(device: list[dict], api: dict, spans: list, gaps: int) -> list[dict]:
+    """The device events queued outside the graphs between the first step graph and the last
+    one, by name (most device time first): launches per step and microseconds each."""
+    first, last = spans[1][0], spans[-1][0]
+    rows: dict = {}
+    for e in device:
+        if (first < e["ts"] < last
+                and api.get(e.get("args", {}).get("correlation")) != "cudaGraphLaunch"):
+            r = rows.setdefault(e["name"][:100], [0, 0.0])
+            r[0] += 1
+            r[1] += e["dur"]
+    return [dict(name=n, per_step=c / gaps, us=t / c)
+            for n, (c, t) in sorted(rows.items(), key=lambda kv: -kv[1][1])]
 
 
 def plain_timeline(target, prompt, gen: dict) -> dict:

@@ -163,17 +163,21 @@ def test_call_timeline_splits_a_call_at_its_graph_replays():
         c = next(corr)
         events.append(dict(cat="cuda_runtime", name=api, ts=ts - 1, dur=1,
                            args=dict(correlation=c)))
-        events.extend(dict(cat=cat, name="k", ts=t, dur=d, args=dict(correlation=c))
-                      for cat, t, d in kernels)
+        events.extend(dict(cat=cat, name=name, ts=t, dur=d, args=dict(correlation=c))
+                      for cat, t, d, name in kernels)
 
-    queued("cudaLaunchKernel", 0, ("kernel", 0, 2))                    # the call's checks
-    queued("cudaGraphLaunch", 100, ("kernel", 100, 50), ("kernel", 150, 50))   # prompt pass
+    queued("cudaLaunchKernel", 0, ("kernel", 0, 2, "check"))             # the call's checks
+    queued("cudaGraphLaunch", 100, ("kernel", 100, 50, "k"), ("kernel", 150, 50, "k"))  # prompt
     for start in (300, 420, 540):                                       # steps of 100 us
-        queued("cudaGraphLaunch", start, ("kernel", start, 60), ("kernel", start + 60, 40))
-        queued("cudaLaunchKernel", start + 105, ("kernel", start + 105, 3))
-        queued("cudaMemcpyAsync", start + 110, ("gpu_memcpy", start + 110, 2))
+        queued("cudaGraphLaunch", start, ("kernel", start, 60, "k"),
+               ("kernel", start + 60, 40, "k"))
+        queued("cudaLaunchKernel", start + 105, ("kernel", start + 105, 3, "settle"))
+        queued("cudaMemcpyAsync", start + 110, ("gpu_memcpy", start + 110, 2, "copy"))
+    between = [dict(name="settle", per_step=1.0, us=3.0), dict(name="copy", per_step=1.0,
+                                                               us=2.0)]
     assert call_timeline(events) == dict(graph_ms=0.1, between_us=20, between_ms=0.04,
-                                         before_ms=0.1, after_ms=0.012)
+                                         before_ms=0.1, after_ms=0.012,
+                                         between_kernels=between)
     assert call_timeline(events[:2]) == {}
 
 
