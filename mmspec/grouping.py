@@ -23,9 +23,9 @@ run by one product over the span of its weights (``as_strided`` from the first) 
 are left to inductor's reductions, or with ``rows`` (``RowKernels``; CUDA) go to
 ``gemv.row_product``: a run as one kernel over its span (an MLP's gate/up run with its
 ``silu(gate) * up``), any other call alone with the residual add after it; an RMSNorm whose
-output only such a call reads goes into the call (``RowKernels.norms``). A trace is shared by every
-layer that runs the same code, so the pass is only for models whose groups are all back to
-back (``back_to_back``; ``mmspec.regions`` checks it).
+output only such a call reads goes into the call (``RowKernels.norms``). A trace is shared
+by every layer that runs the same code, so the pass is only for models whose groups are all
+back to back (``back_to_back``; ``mmspec.regions`` checks it).
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ def _row_products(graph: fx.Graph, by_row: dict, real: dict, norms: bool) -> int
             else:
                 y = _single(graph, x, run[0][0], real[run[0][1]], run[0][1], run[0][2], op)
             if norm is not None:
-                _take_norm(graph, y, x, norm)
+                _take_norm(graph, y, norm)
             made += 1
     return made
 
@@ -282,9 +282,11 @@ def _rms_norm(x: fx.Node, real: dict) -> _Norm | None:
             and _call(h32, ("to",), 2) and h32.args[1] is torch.float32):
         return None
     mean = add.args[0]
-    square = mean.args[0] if _call(mean, ("mean",), 2) else None
-    if not (mean.args[1] == -1 and mean.kwargs == {"keepdim": True}
-            and _call(square, ("pow",), 2) and square.args == (h32, 2)):
+    if not (_call(mean, ("mean",), 2) and mean.args[1] == -1
+            and mean.kwargs == {"keepdim": True}):
+        return None
+    square = mean.args[0]
+    if not (_call(square, ("pow",), 2) and square.args == (h32, 2)):
         return None
     h, w = h32.args[0], real[weight]
     value = h.meta.get("example_value") if isinstance(h, fx.Node) else None
@@ -294,9 +296,9 @@ def _rms_norm(x: fx.Node, real: dict) -> _Norm | None:
     return _Norm(h, weight, add.args[1], (x, cast, scaled, rsqrt, add, mean, square, h32))
 
 
-def _take_norm(graph: fx.Graph, y: fx.Node, x: fx.Node, norm: _Norm) -> None:
-    """``y`` (a ``row_product`` of ``x``) reads the norm's input and weight instead; the norm's
-    nodes nothing reads any more are erased."""
+def _take_norm(graph: fx.Graph, y: fx.Node, norm: _Norm) -> None:
+    """``y`` (a ``row_product`` of the norm's output) reads the norm's input and weight
+    instead; the norm's nodes nothing reads any more are erased."""
     y.args = (norm.h, *y.args[1:5], norm.weight, norm.eps)
     for node in norm.nodes:
         if not node.users:

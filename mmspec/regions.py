@@ -168,7 +168,8 @@ def _cache_index(layers: nn.ModuleList, i: int) -> int | None:
 
 
 def _wrapped(parent: nn.Module, name: str, module: nn.Module, options: dict,
-             backend, prompt: bool, group: bool, rows) -> nn.Module:
+             backend, prompt: bool, group: bool,
+             rows: grouping.RowKernels | None) -> nn.Module:
     index = _cache_index(parent, int(name)) if isinstance(parent, nn.ModuleList) else None
     return _Region(module, index, options, backend, prompt, group, rows)
 
@@ -215,7 +216,7 @@ def forget_layout(net: nn.Module | None = None) -> None:
 
 
 def _made(net: nn.Module, options: dict, backend, prompt: bool, group: bool,
-          rows) -> _Made:
+          rows: grouping.RowKernels | None) -> _Made:
     """The wrappers of ``net``'s regions, made once per model and setting (and again when its
     modules were replaced): making them calls torch.compile per region, which costs more
     than a prompt pass; the traced code itself is kept by torch.compile on the modules' code
