@@ -318,6 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-row-kernels", action="store_true",
                     help="one-row products under compile=True as inductor's reductions "
                          "(CausalLMSession.row_kernels = False); default: mmspec.gemv's kernel")
+    ap.add_argument("--no-row-norms", action="store_true",
+                    help="the RMSNorms before one-row products as kernels of their own "
+                         "(CausalLMSession.row_norms = False); default: inside mmspec.gemv's")
     ap.add_argument("--out", default="out/bench_gpu", help="output folder")
     return describe(ap)
 
@@ -345,6 +348,8 @@ def main(argv=None):
         Loop.fuse = False
     if args.no_row_kernels:
         CausalLMSession.row_kernels = False
+    if args.no_row_norms:
+        CausalLMSession.row_norms = False
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     rows, emit = open_log(args.out)
@@ -357,7 +362,8 @@ def main(argv=None):
               transformers=__import__("transformers").__version__, torch=torch.__version__,
               inductor_options=options, prompts=args.prompts,
               capture_prompts_up_to=CausalLMSession.capture_prompts_up_to,
-              fused_settle=Loop.fuse, row_kernels=CausalLMSession.row_kernels))
+              fused_settle=Loop.fuse, row_kernels=CausalLMSession.row_kernels,
+              row_norms=CausalLMSession.row_norms))
     n = args.new_tokens
     pipe = False if args.no_spec_pipeline else None
     ks = args.ks
