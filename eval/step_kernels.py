@@ -44,17 +44,22 @@ def parse_setting(text: str) -> dict:
     from .bench_gpu import inductor_option
 
     setting = dict(inductor_option(part) for part in text.split(",") if part)
-    for name in session_attributes(setting):
+    for name in split_setting(setting)[1]:
         if not hasattr(CausalLMSession, name):
             raise argparse.ArgumentTypeError(f"'session.{name}': CausalLMSession has no "
                                              f"attribute {name!r}")
     return setting
 
 
-def session_attributes(setting: dict) -> dict:
-    """The ``session.NAME`` entries of a setting, by NAME (the rest are inductor options)."""
-    return {k.removeprefix("session."): v for k, v in setting.items()
-            if k.startswith("session.")}
+def split_setting(setting: dict) -> tuple[dict, dict]:
+    """(its inductor options, its ``session.NAME`` entries by NAME) of a setting."""
+    options, attributes = {}, {}
+    for k, v in setting.items():
+        if k.startswith("session."):
+            attributes[k.removeprefix("session.")] = v
+        else:
+            options[k] = v
+    return options, attributes
 
 
 def _kernel_rows(prof, steps: int, top: int) -> list[dict]:
@@ -99,8 +104,7 @@ def measure(shape: str, device: str, setting: dict, top: int, width: int = 1) ->
 
     dev = torch.device(device)
     cuda = dev.type == "cuda"
-    attributes = session_attributes(setting)
-    options = {k: v for k, v in setting.items() if not k.startswith("session.")}
+    options, attributes = split_setting(setting)
     CausalLMSession.inductor_options = {**CausalLMSession.inductor_options, **options}
     for name, value in attributes.items():
         setattr(CausalLMSession, name, value)

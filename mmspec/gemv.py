@@ -28,12 +28,11 @@ Terms:
 
 Each program reduces BLOCK_N rows of w (of both halves when gated) over K in BLOCK_K tiles,
 accumulating in float32, and writes its rows of y: no atomics, the same bits on every call.
-Launch settings are tuned per (N, K, gated) on the first call (``triton.autotune``; the best
-in a chain of distinct weights on one H200 read two or four rows per program, 1,024 columns
-per tile). On GPUs with programmatic
-dependent launch (Hopper and later) the kernel is launched with it, as inductor launches its
-own under ``triton.enable_pdl``: it waits for the kernel before it on entry and lets the next
-launch once its loads are done.
+Launch settings are tuned per (N, K, gated, normed) on the first call (``triton.autotune``;
+the best in a chain of distinct weights on one H200 read two or four rows per program, 1,024
+columns per tile). On GPUs with programmatic dependent launch (Hopper and later) the kernel
+is launched with it, as inductor launches its own under ``triton.enable_pdl``: it waits for
+the kernel before it on entry and lets the next launch once its loads are done.
 
 ``row_product(x, w, b, residual, gated, norm, eps)`` is the custom op
 ``torch.ops.mmspec.row_product`` (a fake implementation for tracing, the kernel on CUDA,
