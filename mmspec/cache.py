@@ -69,6 +69,7 @@ def crop(cache, remove: int) -> None:
             layer.crop(-remove)
         else:
             raise TypeError(f"cannot roll back a {type(layer).__name__} cache layer")
+    pointers = list({id(p): p for p in pointers}.values())   # shared pointers move once
     if pointers:
         torch._foreach_sub_(pointers, remove)
 
@@ -100,7 +101,78 @@ def _write_pointer(layer) -> torch.Tensor | None:
     own = getattr(type(layer), "crop", None)        # StaticLayer has none before 5.18
     moves_pointer = own is None or own is getattr(StaticLayer, "crop", None)
     pointer = getattr(layer, "cumulative_length", None)
-    return pointer if moves_pointer and isinstance(pointer, torch.Tensor) else None
+    shared = isinstance(layer, SharedPointerLayer)
+    return pointer if (moves_pointer or shared) and isinstance(pointer, torch.Tensor) else None
+
+
+class _Pointer:
+    """The write pointer the layers of one cache share: a 0-d long tensor, moved to the
+    layers' device (and marked as a static address for torch.compile) once."""
+
+    def __init__(self):
+        self.value = torch.tensor(0, dtype=torch.long)
+
+    def on(self, device: torch.device) -> torch.Tensor:
+        if self.value.device != device:
+            self.value = self.value.to(device)
+            if not torch.compiler.is_compiling():
+                torch._dynamo.mark_static_address(self.value)
+        return self.value
+
+
+if StaticLayer is not None:
+    class SharedPointerLayer(StaticLayer):
+        """A ``StaticLayer`` whose write pointer (``cumulative_length``) is one tensor shared
+        by the cache's layers, moved once per forward by ``advance`` instead of by each
+        layer's ``update``: a step of an L-layer model launches one increment, not L.
+        ``update`` writes at the pointer and leaves it; ``mmspec.cache.crop`` and ``reset``
+        move it once (``crop`` on the layer itself would move the shared pointer once per
+        layer: it raises)."""
+
+        def __init__(self, max_cache_len: int, pointer: _Pointer):
+            super().__init__(max_cache_len=max_cache_len)
+            self.pointer = pointer
+            self.cumulative_length = pointer.value
+
+        def lazy_initialization(self, key_states, value_states) -> None:
+            super().lazy_initialization(key_states, value_states)
+            self.cumulative_length = self.pointer.on(self.device)
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            at = torch.arange(key_states.shape[-2], device=self.device) + self.cumulative_length
+            self.keys.index_copy_(2, at, key_states)
+            self.values.index_copy_(2, at, value_states)
+            return self.keys, self.values
+
+        def crop(self, tokens_to_remove: int) -> None:
+            raise TypeError("the layers of this cache share one write pointer: "
+                            "mmspec.cache.crop(cache, n) moves it once")
+else:  # pragma: no cover
+    SharedPointerLayer = None
+
+
+def static_cache(config, max_cache_len: int, shared_pointer: bool = True):
+    """A transformers ``StaticCache`` for ``config``; with ``shared_pointer`` its full
+    attention layers (``StaticLayer``) are ``SharedPointerLayer``s sharing one write pointer
+    (other layer kinds, sliding windows among them, keep their own). After each forward
+    over it, ``advance(cache, n)``."""
+    cache = StaticCache(config=config, max_cache_len=max_cache_len)
+    if shared_pointer:
+        pointer = _Pointer()
+        cache.layers = [SharedPointerLayer(layer.max_cache_len, pointer)
+                        if type(layer) is StaticLayer else layer for layer in cache.layers]
+    return cache
+
+
+def advance(cache, n: int) -> None:
+    """Move the shared write pointer of ``cache``'s ``SharedPointerLayer``s by ``n`` (after a
+    forward wrote n slots at it); a cache without them is left as it is."""
+    shared = {id(layer.pointer): layer for layer in getattr(cache, "layers", ())
+              if isinstance(layer, SharedPointerLayer) and layer.is_initialized}
+    for layer in shared.values():
+        layer.cumulative_length.add_(n)
 
 
 def gather_tail(cache, n: int, index: torch.Tensor, length: int | None = None) -> None:

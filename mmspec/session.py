@@ -33,7 +33,8 @@ import torch
 from . import distributions, grouping, regions
 from .attention import bucket, prefix, sdpa_configs
 from .cache import (DynamicCache, SequenceMask, StateSnapshot, StaticSequenceMask, TreeMask,
-                    cache_argument, crop, gather_tail, recurrent_layers, repeated_rows, reset)
+                    advance, cache_argument, crop, gather_tail, recurrent_layers, repeated_rows,
+                    reset, static_cache)
 from .engine import compile_mode
 from .sampling import SamplingParams, guide
 
@@ -247,6 +248,9 @@ class CausalLMSession(Session):
     # ``row_norms``: the RMSNorm before q/k/v and before gate/up inside that kernel.
     row_kernels = True
     row_norms = True
+    # Static caches' full-attention layers share one write pointer, moved once per step
+    # (``mmspec.cache.SharedPointerLayer``): a 32-layer step launches one increment, not 32.
+    shared_pointer = True
     # Per-row tensors the hooks read during a forward (``position_ids``' rope deltas), repeated
     # with the cache's rows while a tree is fed as its paths (``_paths_step``).
     row_buffers: tuple[str, ...] = ()
@@ -392,15 +396,14 @@ class CausalLMSession(Session):
             input_ids = torch.cat([input_ids, uncond_ids], 0)
             attention_mask = torch.cat([attention_mask, uncond_mask], 0)
         if self.static_len is not None:
-            from transformers import StaticCache
-
             need = input_ids.shape[1]
             if need > self.static_len:
                 raise ValueError(f"static_len={self.static_len} is shorter than the prompt "
                                  f"({need} tokens)")
 
             def make():
-                return _Static(StaticCache(config=self.net.config, max_cache_len=self.static_len))
+                return _Static(static_cache(self.net.config, self.static_len,
+                                            self.shared_pointer))
             # Reuse a cache of this shape (and the steps captured on it) from an earlier call.
             w = next(self.net.parameters())
             key = (input_ids.shape[0], self.static_len, str(self.compile), str(w.device), w.dtype)
@@ -496,6 +499,7 @@ class CausalLMSession(Session):
             out = fn(**inputs, **{self._cache_arg: self.cache}, attention_mask=mask,
                      position_ids=self.position_ids(pos, prompt), use_cache=True,
                      **self._extra, **model_kwargs)
+        advance(self.cache, valid.shape[1])     # the layers' shared write pointer, once
         return out, pos
 
     def _graph_key(self, tensors: dict, width: int, prompt: bool = False) -> tuple:

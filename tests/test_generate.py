@@ -844,6 +844,42 @@ def test_rollback_without_static_crop(monkeypatch):
     assert dynamic.get_seq_length() == 1
 
 
+def test_shared_write_pointer_cache_matches_a_static_cache():
+    """``static_cache`` with a shared write pointer, driven as a session drives it (every
+    layer's update, then one ``advance``; rollbacks by ``crop``; ``reset``), holds what a
+    StaticCache holds after the same writes, a sliding-window layer keeping its own pointer;
+    the shared pointer moves once per forward and per crop, and the layer's own crop
+    refuses."""
+    from transformers import LlamaConfig, StaticCache
+
+    from mmspec.cache import SharedPointerLayer, advance, crop, reset, static_cache
+
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                      num_attention_heads=2, num_key_value_heads=2, vocab_size=64,
+                      layer_types=["full_attention", "sliding_attention", "full_attention"],
+                      sliding_window=4)
+    ours, theirs = static_cache(cfg, 8), StaticCache(config=cfg, max_cache_len=8)
+    assert [type(layer) is SharedPointerLayer for layer in ours.layers] == [True, False, True]
+    g = torch.Generator().manual_seed(0)
+    for n, remove in ((3, 0), (2, 1), (1, 2), (3, 0)):
+        k, v = torch.randn(2, 1, 2, n, 16, generator=g)
+        for cache in (ours, theirs):
+            for i in range(3):
+                cache.update(k, v, i)
+        advance(ours, n)
+        crop(ours, remove)
+        crop(theirs, remove)
+        assert ours.layers[0].cumulative_length is ours.layers[2].cumulative_length
+        for a, b in zip(ours.layers, theirs.layers):
+            assert int(a.get_seq_length()) == int(b.get_seq_length())
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    assert int(ours.get_seq_length()) == (3 - 0) + (2 - 1) + (1 - 2) + (3 - 0)
+    with pytest.raises(TypeError, match="share one write pointer"):
+        ours.layers[0].crop(-1)
+    reset(ours)
+    assert int(ours.get_seq_length()) == 0 and not ours.layers[2].keys.any()
+
+
 def test_reset_empties_a_static_cache_as_transformers_does():
     """``cache.reset`` (one zeroing call for the static layers) leaves a used cache as
     ``Cache.reset`` does; a sliding-window layer (a reset of its own) included."""
