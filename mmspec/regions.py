@@ -8,7 +8,8 @@ cache that holds only its own slots (``layer_cache``): the attention's ``cache.u
 layer_idx)`` then reads no index, torch.compile puts no guard on it, and the first layer's
 traced code serves them all (a layer that does use its index elsewhere gets a guard on it from
 torch.compile, and its own trace: correct either way). The output head and the other
-projections outside the layers are compiled the same way.
+projections outside the layers are compiled the same way, and so are the decoder's final norm
+and rotary embedding (``BESIDE``), each a few small kernels per step otherwise.
 
 Under inductor, on a model whose decoder layers' sibling projections all lie back to back
 (``lay_out``, which the sessions call first: ``grouping.contiguous_projections``), the layers'
@@ -53,14 +54,25 @@ def decoder_layers(net: nn.Module) -> nn.ModuleList:
     return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
 
 
+# The modules beside a transformers decoder's layers that every step runs, by the names
+# transformers gives them: the final norm and the rotary embedding (uncompiled, each is a
+# handful of small kernels per step).
+BESIDE = ("norm", "rotary_emb")
+
+
 def regions(net: nn.Module) -> list[tuple[nn.Module, str]]:
-    """(parent, name) of each block compiled: the decoder layers, then the linear layers
-    outside them (the output head)."""
+    """(parent, name) of each block compiled: the decoder layers, the linear layers outside
+    them (the output head), then the decoder's final norm and rotary embedding (``BESIDE``:
+    modules of the layers' parent holding no linear layer)."""
     layers = decoder_layers(net)
     inside = {id(m) for m in layers.modules()}
     outside = [(parent, name) for parent in net.modules() if id(parent) not in inside
                for name, child in parent.named_children() if isinstance(child, nn.Linear)]
-    return [(layers, str(i)) for i in range(len(layers))] + outside
+    owner = next(m for m in net.modules() if any(c is layers for c in m.children()))
+    beside = [(owner, name) for name in BESIDE if isinstance(getattr(owner, name, None), nn.Module)
+              and not any(isinstance(m, (nn.Linear, nn.ModuleList))
+                          for m in getattr(owner, name).modules())]
+    return [(layers, str(i)) for i in range(len(layers))] + outside + beside
 
 
 def dynamic_length(cache, mask) -> None:

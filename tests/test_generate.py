@@ -584,16 +584,16 @@ def test_per_phase_seconds_are_disjoint_and_add_up_to_the_call(pair, ragged_prom
 
 
 def test_regional_compilation_swaps_layers_in_and_back(pair):
-    """compile="regional": the decoder layers and the output head are the regions; inside
-    ``regions.compiled`` the model runs them compiled with the same logits, after it (and after
-    an error) the user's modules are back."""
+    """compile="regional": the decoder layers, the output head, the final norm and the rotary
+    embedding are the regions; inside ``regions.compiled`` the model runs them compiled with
+    the same logits, after it (and after an error) the user's modules are back."""
     from mmspec import regions
 
     target, _ = pair
     layers = target.model.layers
     names = [(type(p).__name__, n) for p, n in regions.regions(target)]
     assert names == [("ModuleList", str(i)) for i in range(len(layers))] + [
-        (type(target).__name__, "lm_head")]
+        (type(target).__name__, "lm_head"), ("LlamaModel", "norm"), ("LlamaModel", "rotary_emb")]
     ids = torch.tensor([[3, 4, 5, 6]])
     modules = list(target.modules())
     originals = list(layers)
@@ -660,10 +660,11 @@ def test_compile_true_is_the_regional_mode():
 def test_regional_layers_compile_once_for_every_cache_length(pair, under_prefix):
     """With the cache length and the mask width marked dynamic (``regions.dynamic_length``)
     and each layer given its own view of the cache (``regions.layer_cache``), steps on static
-    caches of three lengths trace the layers' code once and the output head once
-    (torch.compile's eager backend: the tracing, without code generation); the same logits as
-    uncompiled. Under prefix attention (``mmspec.attention.prefix``, as ``compile="regional"``
-    runs every pass) the same holds for masks narrower than the cache and as wide as it."""
+    caches of three lengths trace the layers' code once and the output head, the final norm
+    and the rotary embedding once each (torch.compile's eager backend: the tracing, without
+    code generation); the same logits as uncompiled. Under prefix attention
+    (``mmspec.attention.prefix``, as ``compile="regional"`` runs every pass) the same holds for
+    masks narrower than the cache and as wide as it."""
     from torch._dynamo.utils import counters
     from transformers import StaticCache
 
@@ -694,16 +695,16 @@ def test_regional_layers_compile_once_for_every_cache_length(pair, under_prefix)
                     outs.append(target(**step).logits)
         torch.testing.assert_close(outs[1], outs[0])
     assert len(target.model.layers) > 1
-    assert counters["stats"]["unique_graphs"] == 2
+    assert counters["stats"]["unique_graphs"] == 4        # layers, head, norm, rotary
     torch._dynamo.reset()
 
 
 def test_regional_prompt_passes_compile_once_for_every_prompt_length(pair):
     """Prompt passes (``regions.compiled(..., prompt=True)``) of three lengths on caches of
-    three lengths (their slots allocated, as a session's reused cache) trace the layers once
-    and the output head once, with the prompt's and the cache's length dynamic; a step after
-    them traces its own graphs (the prompts' are not the steps'); the logits equal uncompiled
-    ones."""
+    three lengths (their slots allocated, as a session's reused cache) trace the layers, the
+    output head, the final norm and the rotary embedding once each, with the prompt's and the
+    cache's length dynamic; a step after them traces its own graphs (the prompts' are not the
+    steps'); the logits equal uncompiled ones."""
     from torch._dynamo.utils import counters
     from transformers import StaticCache
 
@@ -731,14 +732,14 @@ def test_regional_prompt_passes_compile_once_for_every_prompt_length(pair):
                 else:
                     outs.append(target(**prompt).logits)
         torch.testing.assert_close(outs[1], outs[0])
-    assert counters["stats"]["unique_graphs"] == 2
+    assert counters["stats"]["unique_graphs"] == 4        # layers, head, norm, rotary
     step = torch.zeros(1, 1, 1, slots, dtype=torch.bool)
     step[..., :13] = True
     with torch.no_grad(), regions.compiled(target, {}, backend="eager"):
         regions.dynamic_length(cache, step)
         target(input_ids=ids[:, -1:], cache=cache, attention_mask=step,
                position_ids=torch.tensor([[12]]), use_cache=True)
-    assert counters["stats"]["unique_graphs"] == 4
+    assert counters["stats"]["unique_graphs"] == 8
     torch._dynamo.reset()
 
 
