@@ -10,6 +10,11 @@ the first W keys and values. With a mask as wide as the keys (or no 4-D mask) it
 unchanged. Each bucket is its own captured graph (a few per call). The sessions pass it an
 additive mask, built once per step (SDPA turns a bool mask into one in every layer); one of
 another dtype than the queries is cast.
+
+Captured steps on CUDA run ``"mmspec_decode"`` instead (``prefix(..., kernel=True)``): steps
+of a few queries go to ``mmspec.decode_attention``'s kernel, which reads the W slots once
+for every query of a kv head; the others (prompt passes, wide trees, options the kernel does
+not implement) to the prefix SDPA above.
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ import contextlib
 
 import torch
 
+from . import decode_attention
+
 NAME = "mmspec_sdpa"
+DECODE = "mmspec_decode"
 _registered = False
 
 
@@ -40,8 +48,17 @@ def _register() -> None:
                 attention_mask = attention_mask.to(query.dtype)
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
+    def decode(module, query, key, value, attention_mask, **kwargs):
+        if decode_attention.applies(query, key, value, attention_mask, kwargs):
+            out = torch.ops.mmspec.decode_attention(query, key, value, attention_mask,
+                                                    kwargs.get("scaling"))
+            return out, None
+        return prefix_sdpa(module, query, key, value, attention_mask, **kwargs)
+
     AttentionInterface.register(NAME, prefix_sdpa)
     AttentionMaskInterface.register(NAME, sdpa_mask)
+    AttentionInterface.register(DECODE, decode)
+    AttentionMaskInterface.register(DECODE, sdpa_mask)
     _registered = True
 
 
@@ -53,14 +70,15 @@ def sdpa_configs(net) -> list:
         if cfg is None or id(cfg) in seen:
             continue
         seen.add(id(cfg))
-        if getattr(cfg, "_attn_implementation_internal", None) in ("sdpa", NAME):
+        if getattr(cfg, "_attn_implementation_internal", None) in ("sdpa", NAME, DECODE):
             out.append(cfg)
     return out
 
 
 @contextlib.contextmanager
-def prefix(configs: list):
-    """Run the modules of ``configs`` with prefix attention, restoring SDPA after.
+def prefix(configs: list, kernel: bool = False):
+    """Run the modules of ``configs`` with prefix attention, restoring SDPA after;
+    ``kernel``: steps of a few queries through ``mmspec.decode_attention``.
 
     The configs' private ``_attn_implementation_internal`` is written directly: the public
     ``set_attn_implementation`` is model-wide, validates on every call and would leave the
@@ -71,7 +89,7 @@ def prefix(configs: list):
         return
     _register()
     for cfg in configs:
-        cfg._attn_implementation_internal = NAME
+        cfg._attn_implementation_internal = DECODE if kernel else NAME
     try:
         yield
     finally:

@@ -121,10 +121,10 @@ def _kernel():
     @triton.autotune(configs=configs(os.environ.get("TRITON_INTERPRET") == "1"),
                      key=["N", "K", "GATED", "NORM"])
     @triton.jit
-    def kernel(x_ptr, w_ptr, b_ptr, r_ptr, n_ptr, y_ptr, N, eps, K: tl.constexpr,
-               HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, GATED: tl.constexpr,
-               NORM: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr):
+    def row_product_kernel(x_ptr, w_ptr, b_ptr, r_ptr, n_ptr, y_ptr, N, eps, K: tl.constexpr,
+                           HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                           GATED: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
         rows = rn < N
@@ -168,4 +168,4 @@ def _kernel():
                                                      other=0.0).to(tl.float32)
         tl.store(y_ptr + rn, y.to(dtype), mask=rows)
 
-    return kernel
+    return row_product_kernel

@@ -251,6 +251,9 @@ class CausalLMSession(Session):
     # Static caches' full-attention layers share one write pointer, moved once per step
     # (``mmspec.cache.SharedPointerLayer``): a 32-layer step launches one increment, not 32.
     shared_pointer = True
+    # Captured steps on CUDA: attention of a few queries over the slots in use through
+    # ``mmspec.decode_attention``'s kernel (models whose attention is SDPA).
+    decode_kernel = True
     # Per-row tensors the hooks read during a forward (``position_ids``' rope deltas), repeated
     # with the cache's rows while a tree is fed as its paths (``_paths_step``).
     row_buffers: tuple[str, ...] = ()
@@ -495,7 +498,8 @@ class CausalLMSession(Session):
         mask, pos = self.seq.advance(valid, width, None if bool_mask else self._additive, tree)
         if self.compile == "regional":
             regions.dynamic_length(self.cache, mask)
-        with prefix(self._sdpa_configs if narrow else []):
+        kernel = self.decode_kernel and bool(self.compile)          # captured: on CUDA
+        with prefix(self._sdpa_configs if narrow else [], kernel):
             out = fn(**inputs, **{self._cache_arg: self.cache}, attention_mask=mask,
                      position_ids=self.position_ids(pos, prompt), use_cache=True,
                      **self._extra, **model_kwargs)

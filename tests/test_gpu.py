@@ -186,17 +186,43 @@ def test_row_product_kernel_matches_linear(dtype):
         assert torch.equal(y, torch.ops.mmspec.row_product(*args))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_attention_kernel_matches_sdpa(dtype):
+    """``decode_attention``'s kernels on the 7B Llama's step shapes (32 heads of 128; one
+    query and five; 128, 256 and 700 slots read of 1,024: one split and several) and a
+    grouped-query shape (28 heads on 4) against the reference in float64, within the dtype's
+    rounding; ``applies`` says yes to them; the same bits on a second call."""
+    from test_decode_attention import _inputs
+
+    from mmspec import decode_attention as da
+
+    for b, h, hkv, n, d, w in [(1, 32, 32, 1, 128, 128), (1, 32, 32, 5, 128, 256),
+                               (2, 32, 32, 1, 128, 700), (16, 28, 4, 5, 128, 300)]:
+        q, k, v, mask = _inputs(b, h, hkv, n, d, 1024, w, True, dtype=dtype, device="cuda")
+        assert da.applies(q, k, v, mask, {"dropout": 0.0, "scaling": d ** -0.5})
+        y = torch.ops.mmspec.decode_attention(q, k, v, mask, d ** -0.5)
+        ref = da.reference(*(t.double() for t in (q, k, v, mask)), d ** -0.5)
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        assert y.dtype == dtype and y.shape == ref.shape == (b, n, h, d)
+        err = (y.double() - ref).abs().max().item()
+        assert err <= tol * ref.abs().max().item(), (b, h, hkv, n, w, err)
+        assert torch.equal(y, torch.ops.mmspec.decode_attention(q, k, v, mask, d ** -0.5))
+
+
 @pytest.mark.parametrize("k", [0, 4])
 def test_one_row_steps_run_the_row_kernel_and_give_plain_greedy(k, monkeypatch):
     """At batch 1 ``compile=True`` runs q/k/v and the gated MLP (each with the RMSNorm before
     it), o and down (with their residual adds) and the output head through ``gemv``'s
-    kernel: the tokens are eager plain greedy's (float32), speculative or not."""
-    from mmspec import gemv
+    kernel, and attention through ``decode_attention``'s: the tokens are eager plain
+    greedy's (float32), speculative or not."""
+    from mmspec import decode_attention, gemv
 
-    calls = []
-    launch = gemv.launch
+    calls, attention = [], []
+    launch, attend = gemv.launch, decode_attention.launch
     monkeypatch.setattr(gemv, "launch", lambda *a, **kw: calls.append(
         (a[3] is not None, a[4], kw.get("norm") is not None)) or launch(*a, **kw))
+    monkeypatch.setattr(decode_attention, "launch", lambda q, *a, **kw: attention.append(
+        q.shape[2]) or attend(q, *a, **kw))
     torch._dynamo.reset()
     dev = torch.device("cuda")
     t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
@@ -208,6 +234,7 @@ def test_one_row_steps_run_the_row_kernel_and_give_plain_greedy(k, monkeypatch):
     assert torch.equal(plain.sequences, fused.sequences)
     assert {(False, False, True), (False, True, True), (True, False, False),
             (False, False, False)} <= set(calls)
+    assert {1, k + 1} <= set(attention)       # plain and draft steps, the verification
     torch._dynamo.reset()
 
 

@@ -1,0 +1,79 @@
+"""``mmspec.decode_attention``: the decode steps' attention kernel and where it applies."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mmspec import decode_attention
+
+
+def _inputs(b, h, hkv, n, d, s, w, batch_mask, seed=0, dtype=torch.float32, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, n, h, d, generator=g).transpose(1, 2)     # strided, as transformers'
+    k, v = torch.randn(2, b, hkv, s, d, generator=g)
+    visible = torch.rand(b if batch_mask else 1, 1, n, w, generator=g) < 0.7
+    visible[..., 0] = True                                        # every query sees a slot
+    mask = torch.where(visible, 0.0, torch.finfo(dtype).min)
+    return [t.to(device, dtype) for t in (q, k, v, mask)]
+
+
+def test_reference_is_sdpa_over_the_masks_slots():
+    """The reference (the op's CPU path) is SDPA over the first W slots with the kv heads
+    repeated for their query heads, in the [B, n, H, Dv] layout attention functions return."""
+    q, k, v, mask = _inputs(2, 4, 2, 3, 8, 20, 12, True)
+    out = torch.ops.mmspec.decode_attention(q, k, v, mask, 0.5)
+    kk, vv = (t[:, :, :12].repeat_interleave(2, 1) for t in (k, v))
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, mask, scale=0.5)
+    torch.testing.assert_close(out, sdpa.transpose(1, 2))
+    assert out.shape == (2, 3, 4, 8)
+
+
+def test_the_kernel_applies_to_decode_steps_only():
+    """CPU tensors, bool masks, more than 16 queries, dropout, sliding windows, soft-capping
+    and sinks go to SDPA: ``applies`` says no (on CUDA the decode shapes say yes:
+    tests/test_gpu.py)."""
+    q, k, v, mask = _inputs(1, 4, 2, 1, 8, 20, 12, False)
+    assert not decode_attention.applies(q, k, v, mask, {})           # the CPU
+    meta = [t.to("meta") for t in (q, k, v, mask)]
+    assert not decode_attention.applies(*meta, {})
+
+
+def test_decode_attention_kernel_under_the_triton_interpreter():
+    """The kernels run by Triton's interpreter on the CPU (a child process: the interpreter
+    is chosen when Triton is imported): grouped-query heads, several queries, strided
+    queries, one split and several (the combining kernel), a mask shared by the rows and one
+    per row; float32 against the reference in float64."""
+    code = (
+        "import torch\n"
+        "from tests.test_decode_attention import _inputs\n"
+        "from mmspec import decode_attention as da\n"
+        "for b, h, hkv, n, d, s, w, split, per_row in [(1, 2, 2, 1, 16, 96, 70, 256, False),"
+        " (2, 4, 2, 3, 32, 300, 200, 64, True), (1, 6, 2, 5, 24, 130, 130, 128, False),"
+        " (2, 2, 1, 2, 16, 64, 64, 64, True)]:\n"
+        "    q, k, v, mask = _inputs(b, h, hkv, n, d, s, w, per_row)\n"
+        "    y = da.launch(q, k, v, mask, 0.3, split=split)\n"
+        "    ref = da.reference(*(t.double() for t in (q, k, v, mask)), 0.3)\n"
+        "    assert y.shape == ref.shape == (b, n, h, d), (y.shape, ref.shape)\n"
+        "    err = (y.double() - ref).abs().max().item()\n"
+        "    assert err < 1e-5, (b, h, hkv, n, d, s, w, split, err)\n"
+        "print('ok')\n")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("kwargs", [dict(dropout=0.1), dict(sliding_window=8),
+                                    dict(softcap=30.0), dict(s_aux=torch.zeros(4))])
+def test_options_the_kernel_lacks_are_left_to_sdpa(kwargs, monkeypatch):
+    """Whatever the device, an option the kernel does not implement sends the call on."""
+    q, k, v, mask = _inputs(1, 4, 2, 1, 8, 20, 12, False)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    assert decode_attention.applies(q, k, v, mask, {})
+    assert not decode_attention.applies(q, k, v, mask, kwargs)
+    assert not decode_attention.applies(q, k, v, mask > -1, {})            # a bool mask
+    q17, _, _, mask17 = _inputs(1, 4, 2, 17, 8, 20, 12, False)
+    assert not decode_attention.applies(q17, k, v, mask17, {})               # 17 queries
