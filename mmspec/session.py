@@ -450,11 +450,13 @@ class CausalLMSession(Session):
         return {"input_ids": tokens}
 
     def _forward(self, tokens: torch.Tensor, valid: torch.Tensor, prompt: bool = False,
-                 tree: TreeMask | None = None, **model_kwargs
+                 tree: TreeMask | None = None, process: bool = False, **model_kwargs
                  ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Feed ``tokens`` [R, n] (``valid`` [R, n] marks padding; ``tree``: the slots'
-        ancestors and depths); returns (the ``logits`` hook's result or None for the prompt,
-        position_ids [R, n])."""
+        ancestors and depths); returns (None for the prompt, else the ``logits`` hook's result,
+        or with ``process`` the ``distributions`` of the step's rows; position_ids [R, n]). A
+        captured step computes its distributions inside its graph (``captures_processing``)."""
+        processed = False
         inputs = self.prompt_inputs(tokens) if prompt else self.embed(tokens, self._first)
         valid = valid.to(torch.long)
         if self.static_len is None:
@@ -474,7 +476,8 @@ class CausalLMSession(Session):
                      else self.static_len)
             if self.compile and not self._uncaptured and (
                     not prompt or self._captures_prompt(inputs, valid, width, model_kwargs)):
-                out, pos = self._replay(inputs, valid, width, tree, prompt)
+                processed = process and not prompt and self.captures_processing
+                out, pos = self._replay(inputs, valid, width, tree, prompt, processed)
             else:
                 with self._prompt_regions(n if prompt else 0):
                     out, pos = self._static_step(self.net, inputs, valid, width, prompt, tree,
@@ -486,7 +489,28 @@ class CausalLMSession(Session):
             f = torch.cat([hs[i] for i in self._feature_layers], -1)
             self.features = (torch.cat([f[:conditional], f[conditional:]], -1)
                              if self._uncond_features else f[:conditional])
-        return (None if prompt else self.logits(out)), pos
+        if prompt:
+            return None, pos
+        if processed:
+            return out, pos
+        logits = self.logits(out)
+        return (self._distributions(logits, pos) if process else logits), pos
+
+    def _distributions(self, logits: torch.Tensor, pos: torch.Tensor):
+        """``distributions`` of a step's rows at their positions ``pos`` [R, n]."""
+        return self.distributions(logits, pos[: self.batch_size] - self._base[:, None])
+
+    @property
+    def captures_processing(self) -> bool:
+        """Captured steps compute their distributions inside their graphs: hooks that run on
+        the device alone (``chain_hooks``, as chains need), no kept features, no recurrent
+        layers. The graph's distributions are copied out: what a step returns stays valid."""
+        return self.chain_hooks and not self._feature_layers and not self._recurrent
+
+    def processing_key(self) -> tuple:
+        """What the ``distributions`` hook depends on besides tensors: part of the key of
+        the graphs that capture it (graphs are reused by the next call on the cache)."""
+        return (self.params, self.guidance_scale)
 
     def _static_step(self, fn, inputs: dict, valid: torch.Tensor, width: int,
                      prompt: bool = False, tree: TreeMask | None = None, **model_kwargs):
@@ -506,8 +530,10 @@ class CausalLMSession(Session):
         advance(self.cache, valid.shape[1])     # the layers' shared write pointer, once
         return out, pos
 
-    def _graph_key(self, tensors: dict, width: int, prompt: bool = False) -> tuple:
-        return (("prompt" if prompt else "step", width, tuple(self._extra))
+    def _graph_key(self, tensors: dict, width: int, prompt: bool = False,
+                   processed: bool = False) -> tuple:
+        return (("prompt" if prompt else "step", width, tuple(self._extra),
+                 self.processing_key() if processed else None)
                 + tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(tensors.items())))
 
     def _captures_prompt(self, inputs: dict, valid: torch.Tensor, width: int,
@@ -524,14 +550,14 @@ class CausalLMSession(Session):
                 or sum(k[0] == "prompt" for k in graphs) < self.captured_prompts)
 
     def _replay(self, inputs: dict, valid: torch.Tensor, width: int, tree: TreeMask | None,
-                prompt: bool = False):
+                prompt: bool = False, processed: bool = False):
         """Run one decoding step (or a prompt pass) through a CUDA graph captured for this
         input shape and attention width (a tree's tables are inputs: one graph per node
-        count)."""
+        count); ``processed``: the step's distributions computed in the graph, copied out."""
         tensors = {**inputs, "valid": valid}
         if tree is not None:
             tensors.update(tree_ancestors=tree.ancestors, tree_offsets=tree.offsets)
-        key = self._graph_key(tensors, width, prompt)
+        key = self._graph_key(tensors, width, prompt, processed)
         st = self._static
         if key not in st.graphs:
             static = {k: v.clone() for k, v in tensors.items()}
@@ -542,12 +568,12 @@ class CausalLMSession(Session):
             fn, fusing = (self.net, self._prompt_regions(n)) if prompt else self._fused()
             with fusing:
                 st.graphs[key] = self._capture(fn, static, static_inputs, static_tree, width,
-                                               n, prompt)
+                                               n, prompt, processed)
         graph, static, out = st.graphs[key]
         for k, v in tensors.items():
             static[k].copy_(v)
         graph.replay()
-        return out
+        return (out[0].clone(), out[1]) if processed else out
 
     def _prompt_regions(self, n: int):
         """The context of a prompt pass of ``n`` tokens: under ``"regional"``, on a static
@@ -597,8 +623,9 @@ class CausalLMSession(Session):
         return st.fused, contextlib.nullcontext()
 
     def _capture(self, fn, static: dict, static_inputs: dict, static_tree, width: int, n: int,
-                 prompt: bool = False):
-        """One step (or prompt pass) captured: (graph, static, out)."""
+                 prompt: bool = False, processed: bool = False):
+        """One step (or prompt pass) captured: (graph, static, out); ``processed``: out is
+        (the step's distributions, positions)."""
         states = StateSnapshot.take(self._recurrent) if self._recurrent else None
 
         def undo():
@@ -607,8 +634,12 @@ class CausalLMSession(Session):
             if states is not None:             # recurrent states: from the snapshot
                 states.restore()
 
-        graph, out = self._graph(lambda: self._static_step(fn, static_inputs, static["valid"],
-                                                           width, prompt, static_tree), undo)
+        def run():
+            out, pos = self._static_step(fn, static_inputs, static["valid"], width, prompt,
+                                         static_tree)
+            return (self._distributions(self.logits(out), pos), pos) if processed else (out, pos)
+
+        graph, out = self._graph(run, undo)
         return graph, static, out
 
     def _graph(self, run, undo, generator: torch.Generator | None = None):
@@ -638,7 +669,6 @@ class CausalLMSession(Session):
         guided probabilities [B, n, V]). ``tree``: the n slots are a draft tree's nodes."""
         if valid is None:
             valid = torch.ones(tokens.shape[:2], dtype=torch.long, device=tokens.device)
-        b = self.batch_size
         if tree is not None and self._paths and not isinstance(tree, TreeMask):
             return self._paths_step(tokens, valid, tree)
         if tree is not None:
@@ -649,11 +679,10 @@ class CausalLMSession(Session):
         rows, rows_valid = self._input_rows(tokens), self._rows(valid)
         if self._recurrent:
             self._fed.append((rows, rows_valid))
-        out, pos = self._forward(rows, rows_valid, tree=tree)
-        gen_index = pos[:b] - self._base[:, None]
+        dists, _ = self._forward(rows, rows_valid, tree=tree, process=True)
         self._first = False
         self._since_commit += tokens.shape[1]
-        return self.distributions(out, gen_index)
+        return dists
 
     def _paths_step(self, tokens: torch.Tensor, valid: torch.Tensor, tree):
         """A recurrent model's tree step (``tree_verify``): each row's root-to-leaf paths fed
@@ -725,7 +754,8 @@ class CausalLMSession(Session):
         st = self._static
         own = (None if self.greedy or generator is None
                else self._chain_generator(generator.device))
-        key = ("chain", widths, tuple(self._extra), self.greedy, own is not None) + tuple(
+        key = ("chain", widths, tuple(self._extra), self.processing_key(),
+               own is not None) + tuple(
             (name, tuple(v.shape), v.dtype) for name, v in tensors.items())
         if key not in st.graphs:
             static = {name: v.clone() for name, v in tensors.items()}
@@ -760,7 +790,7 @@ class CausalLMSession(Session):
         for width in widths:
             out, pos = self._static_step(fn, self.embed(self._rows(tokens)), self._rows(valid),
                                          width)
-            q = self.distributions(self.logits(out), pos[: self.batch_size] - self._base[:, None])
+            q = self._distributions(self.logits(out), pos)
             x, q = distributions.draw(q[:, -1], generator, self.greedy)
             draws.append(x)
             dists.append(q)
@@ -941,6 +971,9 @@ class TokenSpanSession(CausalLMSession):
         self.to_vocab = to_vocab.to(next(model.parameters()).device)
         self.vocab_size = int(to_vocab.numel())
         self.eol_every = eol_every       # row width including the EOL column
+
+    def processing_key(self) -> tuple:
+        return super().processing_key() + (self.eol_every,)
 
     def prefill(self, *args, **kwargs):
         super().prefill(*args, **kwargs)

@@ -265,6 +265,49 @@ def test_captured_steps_are_reused_by_the_next_call():
     mmspec.release_graphs()
 
 
+def test_captured_steps_compute_the_calls_own_distributions():
+    """Captured steps compute their distributions inside their graphs
+    (``captures_processing``), keyed by the call's processing: sessions on one reused static
+    cache at temperature 1, 0.5 and 1 again each return the eager session's probabilities at
+    their own temperature (float32), from one graph per temperature; a step's result is its
+    own (the next step leaves it as it was)."""
+    import gc
+
+    from mmspec.session import _STATIC
+
+    dev = torch.device("cuda")
+    t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
+    ids = torch.tensor([[3, 4, 5, 6]], device=dev)
+    mmspec.release_graphs()
+    for temperature in (1.0, 0.5, 1.0):
+        got = []
+        for compile in (False, True):
+            with torch.inference_mode():               # as generate runs sessions
+                p, kept = _two_steps(t, ids, temperature, compile)
+            assert torch.equal(p, kept)
+            got.append(p)
+            gc.collect()
+        torch.testing.assert_close(got[1], got[0], atol=1e-5, rtol=1e-4)
+    (entry,), = (v for k, v in _STATIC[t].items() if k[2] != "False")       # compile=True's
+    assert len({k[3] for k in entry.graphs if k[0] == "step"}) == 2
+    mmspec.release_graphs()
+
+
+def _two_steps(t, ids, temperature, compile):
+    """A session's first step's distributions after a second step, and a copy taken
+    before it."""
+    from mmspec.session import CausalLMSession
+
+    s = CausalLMSession(t, mmspec.SamplingParams(temperature=temperature), static_len=64,
+                        compile=compile)
+    s.prefill(ids, torch.ones_like(ids))
+    assert s.captures_processing
+    p = s.step(ids[:, -1:])
+    kept = p.clone()
+    s.step(ids[:, -2:-1])
+    return p, kept
+
+
 def test_compiled_prompt_passes_on_a_reused_cache():
     """compile=True: a reused static cache's prompt passes run the layers compiled with the
     prompt's length dynamic: the second call traces them once, the third (another length)
