@@ -52,7 +52,8 @@ def applies(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask,
     hkv = key.shape[1]
     return (query.is_cuda and isinstance(mask, torch.Tensor) and mask.dim() == 4
             and mask.is_floating_point() and mask.shape[1] == 1 and mask.shape[2] == n
-            and mask.shape[0] in (1, b) and n <= MAX_QUERIES and h % hkv == 0
+            and mask.shape[0] in (1, b) and mask.shape[-1] <= min(key.shape[2], value.shape[2])
+            and n <= MAX_QUERIES and h % hkv == 0
             and (h // hkv) * n <= MAX_ROWS and d <= 256
             and query.stride(-1) == key.stride(-1) == value.stride(-1) == mask.stride(-1) == 1
             and not kwargs.get("dropout") and kwargs.get("sliding_window") is None

@@ -68,11 +68,15 @@ def regions(net: nn.Module) -> list[tuple[nn.Module, str]]:
     inside = {id(m) for m in layers.modules()}
     outside = [(parent, name) for parent in net.modules() if id(parent) not in inside
                for name, child in parent.named_children() if isinstance(child, nn.Linear)]
-    owner = next(m for m in net.modules() if any(c is layers for c in m.children()))
-    beside = [(owner, name) for name in BESIDE if isinstance(getattr(owner, name, None), nn.Module)
-              and not any(isinstance(m, (nn.Linear, nn.ModuleList))
-                          for m in getattr(owner, name).modules())]
+    owner = next((m for m in net.modules() if any(c is layers for c in m.children())), None)
+    beside = [(owner, name) for name in BESIDE if _small(getattr(owner, name, None))]
     return [(layers, str(i)) for i in range(len(layers))] + outside + beside
+
+
+def _small(module) -> bool:
+    """A module compiled beside the layers: one holding no linear layer and no list."""
+    return isinstance(module, nn.Module) and not any(
+        isinstance(m, (nn.Linear, nn.ModuleList)) for m in module.modules())
 
 
 def dynamic_length(cache, mask) -> None:

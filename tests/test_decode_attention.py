@@ -31,10 +31,9 @@ def test_reference_is_sdpa_over_the_masks_slots():
     assert out.shape == (2, 3, 4, 8)
 
 
-def test_the_kernel_applies_to_decode_steps_only():
-    """CPU tensors, bool masks, more than 16 queries, dropout, sliding windows, soft-capping
-    and sinks go to SDPA: ``applies`` says no (on CUDA the decode shapes say yes:
-    tests/test_gpu.py)."""
+def test_the_kernel_applies_on_cuda_only():
+    """Off CUDA (the CPU, the meta device) ``applies`` says no and SDPA computes (on CUDA
+    the decode shapes say yes: tests/test_gpu.py)."""
     q, k, v, mask = _inputs(1, 4, 2, 1, 8, 20, 12, False)
     assert not decode_attention.applies(q, k, v, mask, {})           # the CPU
     meta = [t.to("meta") for t in (q, k, v, mask)]
@@ -69,11 +68,13 @@ def test_decode_attention_kernel_under_the_triton_interpreter():
 @pytest.mark.parametrize("kwargs", [dict(dropout=0.1), dict(sliding_window=8),
                                     dict(softcap=30.0), dict(s_aux=torch.zeros(4))])
 def test_options_the_kernel_lacks_are_left_to_sdpa(kwargs, monkeypatch):
-    """Whatever the device, an option the kernel does not implement sends the call on."""
+    """On CUDA (here pretended), an option the kernel does not implement, a bool mask, a
+    mask wider than the cache or more than 16 queries send the call on to SDPA."""
     q, k, v, mask = _inputs(1, 4, 2, 1, 8, 20, 12, False)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
     assert decode_attention.applies(q, k, v, mask, {})
     assert not decode_attention.applies(q, k, v, mask, kwargs)
     assert not decode_attention.applies(q, k, v, mask > -1, {})            # a bool mask
+    assert not decode_attention.applies(q, k, v, torch.zeros(1, 1, 1, 21), {})  # past S
     q17, _, _, mask17 = _inputs(1, 4, 2, 17, 8, 20, 12, False)
     assert not decode_attention.applies(q17, k, v, mask17, {})               # 17 queries
