@@ -163,16 +163,17 @@ def static_cache(config, max_cache_len: int, shared_pointer: bool = True):
         pointer = _Pointer()
         cache.layers = [SharedPointerLayer(layer.max_cache_len, pointer)
                         if type(layer) is StaticLayer else layer for layer in cache.layers]
+        cache.shared_pointer = pointer       # what ``advance`` moves (no walk over the layers)
     return cache
 
 
 def advance(cache, n: int) -> None:
-    """Move the shared write pointer of ``cache``'s ``SharedPointerLayer``s by ``n`` (after a
-    forward wrote n slots at it); a cache without them is left as it is."""
-    shared = {id(layer.pointer): layer for layer in getattr(cache, "layers", ())
-              if isinstance(layer, SharedPointerLayer) and layer.is_initialized}
-    for layer in shared.values():
-        layer.cumulative_length.add_(n)
+    """Move ``cache``'s shared write pointer (``static_cache``) by ``n`` after a forward wrote
+    n slots at it (the layers' first writes put it on their device); a cache without one is
+    left as it is."""
+    pointer = getattr(cache, "shared_pointer", None)
+    if pointer is not None:
+        pointer.value.add_(n)
 
 
 def gather_tail(cache, n: int, index: torch.Tensor, length: int | None = None) -> None:
