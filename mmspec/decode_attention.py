@@ -22,7 +22,10 @@ Each program holds the G n queries of its kv head as the rows of one tile, walks
 BLOCK_N blocks with the online softmax (running maximum m, normaliser l, sums acc) and
 writes its output; when W needs more than one split (``SPLIT`` slots each), each writes m,
 l and acc, and a second kernel combines them (flash-decoding). No atomics: the same bits on
-every call.
+every call. On GPUs with programmatic dependent launch (Hopper and later) both kernels are
+launched with it and let the next kernel launch as soon as they start (the decode step's
+next kernel, the output projection in ``mmspec.gemv``, then loads its first weight tiles
+while the attention runs on a few of the GPU's multiprocessors).
 
 ``attend(q, k, v, mask, scale)`` is the custom op ``torch.ops.mmspec.decode_attention`` (a
 fake implementation for tracing, the kernels on CUDA, the reference elsewhere);
@@ -96,6 +99,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     b, h, n, d = q.shape
     hkv, dv, w = k.shape[1], v.shape[-1], mask.shape[-1]
     g = h // hkv
+    pdl = q.device.type == "cuda" and torch.cuda.get_device_capability(q.device)[0] >= 9
     split = min(split, triton.cdiv(w, BLOCK_N) * BLOCK_N)     # one split: no empty blocks
     splits = triton.cdiv(w, split)
     scale = d ** -0.5 if scale is None else scale
@@ -112,11 +116,12 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
             q, k, v, mask, out, part, w, scale * math.log2(math.e), hkv,
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
             mask.stride(0) if mask.shape[0] > 1 else 0, mask.stride(2),
-            SPLIT=split, SPLITS=splits, num_warps=4, **sizes)
+            SPLIT=split, SPLITS=splits, num_warps=4, PDL=pdl, launch_pdl=pdl, **sizes)
         if splits > 1:
             _combine()[(b * hkv,)](part, out, hkv, SPLITS=splits, G=g, N_Q=n, DV=dv,
                                    BLOCK_M=rows, BLOCK_DV=sizes["BLOCK_DV"],
-                                   BLOCK_S=triton.next_power_of_2(splits), num_warps=4)
+                                   BLOCK_S=triton.next_power_of_2(splits), num_warps=4,
+                                   PDL=pdl, launch_pdl=pdl)
     return out
 
 
@@ -132,7 +137,10 @@ def _attend():
                                 G: tl.constexpr, N_Q: tl.constexpr, D: tl.constexpr,
                                 DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                                IEEE: tl.constexpr):
+                                IEEE: tl.constexpr, PDL: tl.constexpr):
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         b, hk, sp = tl.program_id(0) // HKV, tl.program_id(0) % HKV, tl.program_id(1)
         r = tl.arange(0, BLOCK_M)                       # rows: query i of head hk G + g
         g, i = r // N_Q, r % N_Q
@@ -197,7 +205,11 @@ def _combine():
     @triton.jit
     def decode_combine_kernel(part_ptr, o_ptr, HKV, SPLITS: tl.constexpr, G: tl.constexpr,
                               N_Q: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr,
-                              BLOCK_DV: tl.constexpr, BLOCK_S: tl.constexpr):
+                              BLOCK_DV: tl.constexpr, BLOCK_S: tl.constexpr,
+                              PDL: tl.constexpr):
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         b, hk = tl.program_id(0) // HKV, tl.program_id(0) % HKV
         r = tl.arange(0, BLOCK_M)
         g, i = r // N_Q, r % N_Q

@@ -28,11 +28,13 @@ Terms:
 
 Each program reduces BLOCK_N rows of w (of both halves when gated) over K in BLOCK_K tiles,
 accumulating in float32, and writes its rows of y: no atomics, the same bits on every call.
-Launch settings are tuned per (N, K, gated, normed) on the first call (``triton.autotune``;
-the best in a chain of distinct weights on one H200 read two or four rows per program, 1,024
-columns per tile). On GPUs with programmatic dependent launch (Hopper and later) the kernel
-is launched with it, as inductor launches its own under ``triton.enable_pdl``: it waits for
-the kernel before it on entry and lets the next launch once its loads are done.
+Launch settings are tuned per (N, K, gated, normed) on the first call (``triton.autotune``,
+among one to eight rows per program and tiles of 128 to 4,096 columns). On GPUs with
+programmatic dependent launch (Hopper and later) the kernel is launched with it, as inductor
+launches its own under ``triton.enable_pdl``: each program loads its first tile of w (which
+no kernel of the step writes) before it waits for the kernel before it, so with tiles as
+wide as K a program's whole share of the weight is in flight while that kernel finishes;
+it lets the next launch once its loads are done.
 
 ``row_product(x, w, b, residual, gated, norm, eps)`` is the custom op
 ``torch.ops.mmspec.row_product`` (a fake implementation for tracing, the kernel on CUDA,
@@ -106,7 +108,9 @@ def configs(interpret: bool = False) -> list:
     import triton
 
     sizes = [(4, 128, 4)] if interpret else [
-        (2, 1024, 4), (4, 1024, 4), (2, 512, 4), (4, 128, 8), (8, 256, 4)]
+        (2, 1024, 4), (4, 1024, 4), (2, 512, 4), (4, 128, 8), (8, 256, 4),
+        (1, 2048, 4), (2, 2048, 4), (4, 2048, 8), (1, 4096, 4), (2, 4096, 4), (1, 4096, 8),
+        (2, 4096, 8)]
     return [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=warps, num_stages=2)
             for n, k, warps in sizes]
 
@@ -131,28 +135,38 @@ def _kernel():
         w = w_ptr + rn[:, None].to(tl.int64) * K
         w_up = w_ptr + (rn + N)[:, None].to(tl.int64) * K        # GATED: the up half
         dtype = y_ptr.dtype.element_ty
+        # 1. the first tile of w (no input of the step: loaded before the wait under PDL)
+        ok = rows[:, None] & (rk < K)[None, :]
+        w0 = tl.load(w + rk[None, :], mask=ok, other=0.0, eviction_policy="evict_first")
+        u0 = w0
+        if GATED:
+            u0 = tl.load(w_up + rk[None, :], mask=ok, other=0.0, eviction_policy="evict_first")
         if PDL:
             tl.extra.cuda.gdc_wait()
-        # 1. the reduction over K (NORM: of norm * x, and x's squares alongside)
-        acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-        acc_up = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+        # 2. the reduction over K (NORM: of norm * x, and x's squares alongside)
+        x = tl.load(x_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)
         squares = tl.zeros((BLOCK_K,), tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        if NORM:
+            squares += x * x
+            x *= tl.load(n_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)
+        acc = w0.to(tl.float32) * x[None, :]
+        acc_up = u0.to(tl.float32) * x[None, :]
+        for k0 in range(BLOCK_K, K, BLOCK_K):
             kk = k0 + rk
             ok = rows[:, None] & (kk < K)[None, :]
-            x = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+            xk = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
             if NORM:
-                squares += x * x
-                x *= tl.load(n_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-            x = x[None, :]
+                squares += xk * xk
+                xk *= tl.load(n_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+            xk = xk[None, :]
             acc += tl.load(w + kk[None, :], mask=ok, other=0.0,
-                           eviction_policy="evict_first").to(tl.float32) * x
+                           eviction_policy="evict_first").to(tl.float32) * xk
             if GATED:
                 acc_up += tl.load(w_up + kk[None, :], mask=ok, other=0.0,
-                                  eviction_policy="evict_first").to(tl.float32) * x
+                                  eviction_policy="evict_first").to(tl.float32) * xk
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
-        # 2. the norm's scale, bias, gating and residual (rounded as the unfused layers round)
+        # 3. the norm's scale, bias, gating and residual (rounded as the unfused layers round)
         scale = tl.math.rsqrt(tl.sum(squares, 0) / K + eps) if NORM else 1.0
         y = tl.sum(acc, 1) * scale
         if HAS_BIAS:

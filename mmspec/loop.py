@@ -109,11 +109,11 @@ class Rows:
 @dataclass
 class Commit:
     """The target's deferred rollback: keep ``keep`` of the last step's slots, ``valid``
-    [B, keep] marking the holes of rows that accepted less; after a tree step, ``path``
-    [B, keep] the slots each row keeps."""
+    [B, keep] marking the holes of rows that accepted less (None: the slots as fed); after a
+    tree step, ``path`` [B, keep] the slots each row keeps."""
 
     keep: int
-    valid: torch.Tensor
+    valid: torch.Tensor | None
     path: torch.Tensor | None = None
 
 
@@ -343,8 +343,8 @@ class Loop:
         t = time.perf_counter()
         keep = (step.out.tokens.shape[1] if accepted is None
                 else max(n for n, f in zip(accepted, self.finished) if not f) + 1)
-        if keep == 1:          # every row emits >= 1 token: its one slot is valid where it ran
-            valid = step.was_active[:, None]
+        if keep == 1:          # every row emits >= 1 token: its one slot is as fed (real where
+            valid = None       # the row ran), and the target leaves the slot's validity as is
         else:
             kept = torch.arange(keep, device=self.device)
             valid = (kept[None] < step.emitted[:, None]) & step.was_active[:, None]

@@ -90,10 +90,12 @@ class Session:
         the n slots (sessions with ``trees``)."""
         raise NotImplementedError
 
-    def commit(self, keep: int, valid: torch.Tensor, path: torch.Tensor | None = None) -> None:
+    def commit(self, keep: int, valid: torch.Tensor | None,
+               path: torch.Tensor | None = None) -> None:
         """Keep the first ``keep`` slots appended since the last commit (``valid`` [B, keep] marks
-        the real tokens; holes for rows that accepted less) and roll back the rest. ``path``
-        [B, keep]: after a tree step, the slots kept per row (indices among those appended)."""
+        the real tokens; holes for rows that accepted less; None: the kept slots are real where
+        they were fed as real) and roll back the rest. ``path`` [B, keep]: after a tree step,
+        the slots kept per row (indices among those appended)."""
         raise NotImplementedError
 
     def chain(self, tokens: torch.Tensor, valid: torch.Tensor, k: int, follow: torch.Tensor,
@@ -832,20 +834,22 @@ class CausalLMSession(Session):
             logits = guide(logits[:b], logits[b:], self.guidance_scale)
         return self.params.probs(self.mask_logits(logits, gen_index))
 
-    def commit(self, keep: int, valid: torch.Tensor, path: torch.Tensor | None = None) -> None:
-        """Keep ``keep`` of the slots appended since the last commit; ``valid`` [B, keep];
-        ``path`` [B, keep] the slots kept per row after a tree step."""
+    def commit(self, keep: int, valid: torch.Tensor | None,
+               path: torch.Tensor | None = None) -> None:
+        """Keep ``keep`` of the slots appended since the last commit; ``valid`` [B, keep] (None:
+        as fed); ``path`` [B, keep] the slots kept per row after a tree step."""
         n = self._since_commit
         if not 0 <= keep <= n:
             raise ValueError(f"keep={keep}: accepted 0..{n} (slots appended since last commit)")
         if self._recurrent:
-            return self._commit_recurrent(n, keep, self._rows(valid), path)
+            return self._commit_recurrent(n, keep, None if valid is None else self._rows(valid),
+                                          path)
         if path is not None and keep:
             gather_tail(self.cache, n, self._rows(path[:, :keep]),
                         None if self.static_len is None else self.seq.length)
         crop(self.cache, n - keep)
         self.seq.rollback(n - keep)
-        if keep:
+        if keep and valid is not None:         # None: the slots' validity stays as fed
             self.seq.invalidate_tail(keep, self._rows(valid))
         self._since_commit = 0
         expected = self.seq.length
@@ -853,7 +857,7 @@ class CausalLMSession(Session):
             raise RuntimeError(f"cache length {self.cache.get_seq_length()} != committed "
                                f"length {expected}")
 
-    def _commit_recurrent(self, n: int, keep: int, valid: torch.Tensor,
+    def _commit_recurrent(self, n: int, keep: int, valid: torch.Tensor | None,
                           path: torch.Tensor | None = None) -> None:
         """Commit on a cache with recurrent layers, which cannot drop slots.
 
@@ -868,8 +872,11 @@ class CausalLMSession(Session):
 
         After a tree fed as its paths (``_paths_step``) nothing of the step is in the cache:
         the kept ``path`` [R, keep] (node indices) is fed."""
-        kept = valid.sum(1).tolist()
         tokens, fed_valid = (torch.cat(t, 1) for t in zip(*self._fed))
+        if valid is None:                  # as fed
+            valid = (fed_valid[:, :keep] if not self._tree_fed or path is None
+                     else _take(fed_valid, path[:, :keep]))
+        kept = valid.sum(1).tolist()
         fed = n                            # this step's slots in the cache now
         if self._tree_fed:
             if path is None:

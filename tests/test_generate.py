@@ -481,6 +481,33 @@ def test_static_sequence_mask_follows_the_dynamic_one():
         st.check_room(slots - st.length + 1)
 
 
+@pytest.mark.parametrize("model", ["llama", "qwen3.5"])
+@pytest.mark.parametrize("static", [False, True])
+def test_a_commit_without_validity_keeps_the_slots_as_fed(ragged_prompts, model, static):
+    """``commit(keep, None)`` (what the loop passes when each row keeps one slot) leaves the
+    session as a commit of the validity the slots were fed with: the same sequence mask and
+    positions, and the same distributions at the next step (padding rows included)."""
+    from mmspec.sampling import SamplingParams
+    from mmspec.session import CausalLMSession
+    from test_recurrent import tiny_qwen35
+
+    net = tiny_llama(seed=0) if model == "llama" else tiny_qwen35(vocab=16)
+    ids, mask = ragged_prompts
+    fed = torch.tensor([[3, 4, 5], [6, 7, 8], [9, 1, 2]])
+    valid = torch.tensor([[1, 1, 1], [0, 0, 0], [1, 1, 0]])
+    sessions = []
+    for as_fed in (True, False):
+        s = CausalLMSession(net, SamplingParams(temperature=0), static_len=32 if static else None)
+        s.prefill(ids, mask)
+        s.step(fed, valid)
+        s.commit(2, None if as_fed else valid[:, :2])
+        sessions.append(s)
+    a, b = sessions
+    assert torch.equal(a.seq.mask, b.seq.mask) and torch.equal(a.seq.next_pos, b.seq.next_pos)
+    nxt = torch.tensor([[4], [5], [6]])
+    torch.testing.assert_close(a.step(nxt), b.step(nxt), rtol=0, atol=0)
+
+
 def test_adapters_queue_drafts_where_positions_allow():
     """Engine.plan: the one decision of ModelDrafter(host_free=...) for every front door."""
     from mmspec import Engine
