@@ -873,9 +873,9 @@ class CausalLMSession(Session):
         After a tree fed as its paths (``_paths_step``) nothing of the step is in the cache:
         the kept ``path`` [R, keep] (node indices) is fed."""
         tokens, fed_valid = (torch.cat(t, 1) for t in zip(*self._fed))
-        if valid is None:                  # as fed
-            valid = (fed_valid[:, :keep] if not self._tree_fed or path is None
-                     else _take(fed_valid, path[:, :keep]))
+        if valid is None:                  # as fed (after a tree: along the kept path)
+            tree = self._tree_fed and path is not None
+            valid = _take(fed_valid, path[:, :keep]) if tree else fed_valid[:, :keep]
         kept = valid.sum(1).tolist()
         fed = n                            # this step's slots in the cache now
         if self._tree_fed:
