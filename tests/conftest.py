@@ -27,6 +27,24 @@ def tiny_llama(vocab: int = 16, hidden: int = 32, layers: int = 2, heads: int = 
     return model
 
 
+def hopper_ptx(kernel, signature: dict, constants: dict, num_warps: int = 4) -> str:
+    """A Triton kernel compiled for Hopper (sm_90) on a machine without a GPU, through PTX to a
+    cubin (Triton's bundled ptxas): what a launch there would compile, so type errors the
+    interpreter lets through and register overflows fail here. Returns the PTX."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if isinstance(kernel, triton.runtime.Autotuner):
+        kernel = kernel.fn
+    src = ASTSource(kernel,
+                    {**signature, **{name: "constexpr" for name in constants}}, constants)
+    out = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                         options={"num_warps": num_warps, "num_stages": 2})
+    assert out.asm["cubin"]
+    return out.asm["ptx"]
+
+
 def random_pq(seed: int, v: int, d: int = 3, sharp: float = 2.0, zeros: bool = False):
     """A float64 target p, draft q (``zeros``: a third of q's ids impossible) and [v, d]
     embedding table, for the rules' exact checks."""

@@ -78,3 +78,28 @@ def test_options_the_kernel_lacks_are_left_to_sdpa(kwargs, monkeypatch):
     assert not decode_attention.applies(q, k, v, torch.zeros(1, 1, 1, 21), {})  # past S
     q17, _, _, mask17 = _inputs(1, 4, 2, 17, 8, 20, 12, False)
     assert not decode_attention.applies(q17, k, v, mask17, {})               # 17 queries
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_kernels_compile_for_hopper(dtype):
+    """The attention kernel (one split and several; grouped-query rows of a verification step)
+    and the combining kernel compile for sm_90 without a GPU, with programmatic dependent
+    launch: each waits on the kernel before it and lets the next one launch."""
+    from conftest import hopper_ptx
+
+    ptr = "*" + dtype
+    sig = {"q_ptr": ptr, "k_ptr": ptr, "v_ptr": ptr, "m_ptr": ptr, "o_ptr": ptr,
+           "part_ptr": "*fp32", "W": "i32", "scale": "fp32", "HKV": "i32",
+           **{name: "i32" for name in ("sq_b", "sq_h", "sq_n", "sk_b", "sk_h", "sk_s", "sv_b",
+                                       "sv_h", "sv_s", "sm_b", "sm_n")}}
+    for splits in (1, 4):
+        ptx = hopper_ptx(decode_attention._attend(), sig, dict(
+            SPLIT=256, SPLITS=splits, G=4, N_Q=5, D=128, DV=128, BLOCK_M=32,
+            BLOCK_N=decode_attention.BLOCK_N, BLOCK_D=128, BLOCK_DV=128, IEEE=dtype == "fp32",
+            PDL=True))
+        assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
+    ptx = hopper_ptx(decode_attention._combine(), {"part_ptr": "*fp32", "o_ptr": ptr,
+                                                   "HKV": "i32"},
+                     dict(SPLITS=4, G=4, N_Q=5, DV=128, BLOCK_M=32, BLOCK_DV=128, BLOCK_S=4,
+                          PDL=True))
+    assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
