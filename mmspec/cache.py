@@ -101,7 +101,7 @@ def _write_pointer(layer) -> torch.Tensor | None:
     own = getattr(type(layer), "crop", None)        # StaticLayer has none before 5.18
     moves_pointer = own is None or own is getattr(StaticLayer, "crop", None)
     pointer = getattr(layer, "cumulative_length", None)
-    shared = isinstance(layer, SharedPointerLayer)
+    shared = SharedPointerLayer is not None and isinstance(layer, SharedPointerLayer)
     return pointer if (moves_pointer or shared) and isinstance(pointer, torch.Tensor) else None
 
 
