@@ -25,6 +25,7 @@ probabilities by default, densities for continuous tokens, frame distributions f
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from dataclasses import dataclass, field
 
@@ -148,6 +149,16 @@ class _Static:
 _STATIC: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
+@functools.cache
+def compiled(fn):
+    """``fn`` compiled once per process for captured regional steps (torch.compile, fixed
+    shapes: traced once per shape and guard, with room for them as the fused steps make)."""
+    from torch import _dynamo
+
+    _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
+    return torch.compile(fn, dynamic=False)
+
+
 def _take_static(net, key, make) -> _Static:
     free = _STATIC.setdefault(net, {}).setdefault(key, [])
     entry = free.pop() if free else make()
@@ -256,6 +267,11 @@ class CausalLMSession(Session):
     # Captured steps on CUDA: attention of a few queries over the slots in use through
     # ``mmspec.decode_attention``'s kernel (models whose attention is SDPA).
     decode_kernel = True
+    # Under "regional": a step's work outside the layers, the sequence mask's update (the
+    # 4-D mask and positions) and the distributions it returns, compiled (``compiled``)
+    # rather than captured op by op (about 25 small kernels of a 7B step, among them
+    # greedy's one-hot: PyTorch's single-block maximum over the vocabulary).
+    compiled_tail = True
     # Per-row tensors the hooks read during a forward (``position_ids``' rope deltas), repeated
     # with the cache's rows while a tree is fed as its paths (``_paths_step``).
     row_buffers: tuple[str, ...] = ()
@@ -521,7 +537,8 @@ class CausalLMSession(Session):
         the buffers moved."""
         narrow = width < self.static_len or self.compile == "regional"   # prefix attention
         bool_mask = self._text_sdpa and not narrow
-        mask, pos = self.seq.advance(valid, width, None if bool_mask else self._additive, tree)
+        update = type(self.seq).advance if prompt else self._tail(type(self.seq).advance)
+        mask, pos = update(self.seq, valid, width, None if bool_mask else self._additive, tree)
         if self.compile == "regional":
             regions.dynamic_length(self.cache, mask)
         kernel = self.decode_kernel and bool(self.compile)          # captured: on CUDA
@@ -531,6 +548,10 @@ class CausalLMSession(Session):
                      **self._extra, **model_kwargs)
         advance(self.cache, valid.shape[1])     # the layers' shared write pointer, once
         return out, pos
+
+    def _tail(self, fn):
+        """``fn`` as a step calls it: ``compiled`` under "regional" (``compiled_tail``)."""
+        return compiled(fn) if self.compile == "regional" and self.compiled_tail else fn
 
     def _graph_key(self, tensors: dict, width: int, prompt: bool = False,
                    processed: bool = False) -> tuple:
@@ -639,7 +660,9 @@ class CausalLMSession(Session):
         def run():
             out, pos = self._static_step(fn, static_inputs, static["valid"], width, prompt,
                                          static_tree)
-            return (self._distributions(self.logits(out), pos), pos) if processed else (out, pos)
+            if not processed:
+                return out, pos
+            return self._tail(CausalLMSession._distributions)(self, self.logits(out), pos), pos
 
         graph, out = self._graph(run, undo)
         return graph, static, out
@@ -792,7 +815,7 @@ class CausalLMSession(Session):
         for width in widths:
             out, pos = self._static_step(fn, self.embed(self._rows(tokens)), self._rows(valid),
                                          width)
-            q = self._distributions(self.logits(out), pos)
+            q = self._tail(CausalLMSession._distributions)(self, self.logits(out), pos)
             x, q = distributions.draw(q[:, -1], generator, self.greedy)
             draws.append(x)
             dists.append(q)

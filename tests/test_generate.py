@@ -508,6 +508,53 @@ def test_a_commit_without_validity_keeps_the_slots_as_fed(ragged_prompts, model,
     torch.testing.assert_close(a.step(nxt), b.step(nxt), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("processing", [
+    dict(temperature=0.0), dict(temperature=0.7), dict(temperature=0.9, top_k=5),
+    dict(temperature=1.0, top_p=0.8), dict(temperature=1.0, min_p=0.1),
+    dict(temperature=0.8, guidance_scale=2.0)])
+def test_a_steps_compiled_tail_is_traced_whole_and_equals_eager(pair, ragged_prompts,
+                                                                 processing):
+    """What ``compiled_tail`` compiles for captured regional steps, the sequence mask's update
+    (with and without a tree, buffers mutated in place) and a session's distributions, traced
+    whole (fullgraph; AOT autograd's functionalisation, no code generation) through steps and
+    rollbacks: the same masks, positions, buffers and probabilities as eager."""
+    from mmspec.cache import StaticSequenceMask, TreeMask
+    from mmspec.sampling import SamplingParams
+    from mmspec.session import CausalLMSession
+
+    torch._dynamo.reset()
+    advance = torch.compile(StaticSequenceMask.advance, backend="aot_eager", fullgraph=True)
+    g = torch.Generator().manual_seed(0)
+    masks = [StaticSequenceMask.allocate(3, 32, "cpu") for _ in range(2)]
+    for step in range(6):
+        n = 1 + step % 3
+        valid = (torch.rand(3, n, generator=g) < 0.8).long()
+        tree = None
+        if step % 3 == 2:
+            anc = torch.tril(torch.rand(3, n, n, generator=g) < 0.6) | torch.eye(n, dtype=torch.bool)
+            tree = TreeMask(anc, torch.arange(n).expand(3, n) % 2)
+        got = advance(masks[0], valid, 16, torch.float32, tree)
+        want = StaticSequenceMask.advance(masks[1], valid, 16, torch.float32, tree)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+        for m in masks:
+            m.appended(n)
+            m.rollback(step % 2)
+        for a, b in (("buf", "buf"), ("dev_len", "dev_len"), ("next_pos", "next_pos")):
+            assert torch.equal(getattr(masks[0], a), getattr(masks[1], b))
+    target, _ = pair
+    ids, mask = ragged_prompts
+    scale = processing.pop("guidance_scale", None)
+    s = CausalLMSession(target, SamplingParams(**processing), scale, static_len=32)
+    s.prefill(ids, mask, **({} if scale is None else dict(uncond_ids=ids, uncond_mask=mask)))
+    logits = torch.randn(6 if scale else 3, 2, s.vocab_size, generator=g)
+    pos = torch.arange(2).expand(logits.shape[0], 2) + 9
+    dist = torch.compile(CausalLMSession._distributions, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(dist(s, logits, pos), s._distributions(logits, pos), rtol=0, atol=0)
+    assert s._tail(CausalLMSession._distributions) is CausalLMSession._distributions  # eager
+    torch._dynamo.reset()
+
+
 def test_adapters_queue_drafts_where_positions_allow():
     """Engine.plan: the one decision of ModelDrafter(host_free=...) for every front door."""
     from mmspec import Engine
