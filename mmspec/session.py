@@ -269,8 +269,8 @@ class CausalLMSession(Session):
     decode_kernel = True
     # Under "regional": a step's work outside the layers, the sequence mask's update (the
     # 4-D mask and positions) and the distributions it returns, compiled (``compiled``)
-    # rather than captured op by op (about 25 small kernels of a 7B step, among them
-    # greedy's one-hot: PyTorch's single-block maximum over the vocabulary).
+    # rather than captured op by op (some 29 small kernels of a 7B step, 13 compiled; among
+    # them greedy's one-hot: PyTorch's single-block maximum over the vocabulary).
     compiled_tail = True
     # Per-row tensors the hooks read during a forward (``position_ids``' rope deltas), repeated
     # with the cache's rows while a tree is fed as its paths (``_paths_step``).

@@ -531,7 +531,8 @@ def test_a_steps_compiled_tail_is_traced_whole_and_equals_eager(pair, ragged_pro
         valid = (torch.rand(3, n, generator=g) < 0.8).long()
         tree = None
         if step % 3 == 2:
-            anc = torch.tril(torch.rand(3, n, n, generator=g) < 0.6) | torch.eye(n, dtype=torch.bool)
+            anc = torch.tril(torch.rand(3, n, n, generator=g) < 0.6)
+            anc |= torch.eye(n, dtype=torch.bool)
             tree = TreeMask(anc, torch.arange(n).expand(3, n) % 2)
         got = advance(masks[0], valid, 16, torch.float32, tree)
         want = StaticSequenceMask.advance(masks[1], valid, 16, torch.float32, tree)
