@@ -44,7 +44,7 @@ from .acceptance.base import Rule
 from .checks import check_count
 from .distributions import nonfinite
 from .drafters.base import Drafter
-from .session import Session
+from .session import Session, compile_fixed
 from .types import PAD, StepStats, VerifyOutput
 
 
@@ -250,14 +250,9 @@ def settler(rule: Rule, stops: Stops, ragged: bool, generator, fuse: bool):
     if not (fuse and rule.fuses):
         return functools.partial(settle, rule, stops, ragged, generator=generator)
     key = (rule, stops, ragged)
-    if key not in _SETTLERS:
-        from torch import _dynamo
-
-        # Every key and shape is an entry on ``settle``'s code: room for them, as the
-        # sessions make for their fused steps (past the limit calls would run op by op).
-        _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
-        _SETTLERS[key] = torch.compile(functools.partial(settle, rule, stops, ragged),
-                                       dynamic=False, fullgraph=True)
+    if key not in _SETTLERS:        # every key and shape: an entry on ``settle``'s code
+        _SETTLERS[key] = compile_fixed(functools.partial(settle, rule, stops, ragged),
+                                       fullgraph=True)
     return _SETTLERS[key]
 
 

@@ -149,14 +149,19 @@ class _Static:
 _STATIC: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-@functools.cache
-def compiled(fn):
-    """``fn`` compiled once per process for captured regional steps (torch.compile, fixed
-    shapes: traced once per shape and guard, with room for them as the fused steps make)."""
+def compile_fixed(fn, **options):
+    """``torch.compile(fn)`` for fixed shapes, traced once per shape and guard, with room for
+    the entries captured steps make (past dynamo's default limit calls would run op by op)."""
     from torch import _dynamo
 
     _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
-    return torch.compile(fn, dynamic=False)
+    return torch.compile(fn, dynamic=False, **options)
+
+
+@functools.cache
+def compiled(fn):
+    """``fn`` compiled once per process (``compile_fixed``) for captured regional steps."""
+    return compile_fixed(fn)
 
 
 def _take_static(net, key, make) -> _Static:
@@ -639,10 +644,7 @@ class CausalLMSession(Session):
             return self.net, contextlib.nullcontext()
         st = self._static
         if st.fused is None:
-            from torch import _dynamo
-
-            _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
-            st.fused = torch.compile(self.net, dynamic=False, options=dict(self.inductor_options))
+            st.fused = compile_fixed(self.net, options=dict(self.inductor_options))
         return st.fused, contextlib.nullcontext()
 
     def _capture(self, fn, static: dict, static_inputs: dict, static_tree, width: int, n: int,
