@@ -44,6 +44,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import mmspec
+from mmspec import engine
 from mmspec.loop import Loop
 from mmspec.session import CausalLMSession
 from recipes.cli import COUNT, Names, Number, Numbers, Parser, describe, run
@@ -321,6 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-row-norms", action="store_true",
                     help="the RMSNorms before one-row products as kernels of their own "
                          "(CausalLMSession.row_norms = False); default: inside mmspec.gemv's")
+    ap.add_argument("--plain-steps", type=COUNT, default=engine.PLAIN_STEPS,
+                    help="plain greedy decoding's target steps per launch under the captured "
+                         "modes, one graph (mmspec.engine.PLAIN_STEPS; 1: a step per launch)")
     ap.add_argument("--out", default="out/bench_gpu", help="output folder")
     return describe(ap)
 
@@ -346,6 +350,7 @@ def main(argv=None):
         CausalLMSession.capture_prompts_up_to = 0
     if args.no_fused_settle:
         Loop.fuse = False
+    engine.PLAIN_STEPS = args.plain_steps
     if args.no_row_kernels:
         CausalLMSession.row_kernels = False
     if args.no_row_norms:
@@ -362,7 +367,8 @@ def main(argv=None):
               transformers=__import__("transformers").__version__, torch=torch.__version__,
               inductor_options=options, prompts=args.prompts,
               capture_prompts_up_to=CausalLMSession.capture_prompts_up_to,
-              fused_settle=Loop.fuse, row_kernels=CausalLMSession.row_kernels,
+              fused_settle=Loop.fuse, plain_steps=engine.PLAIN_STEPS,
+              row_kernels=CausalLMSession.row_kernels,
               row_norms=CausalLMSession.row_norms))
     n = args.new_tokens
     pipe = False if args.no_spec_pipeline else None

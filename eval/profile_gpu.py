@@ -20,7 +20,8 @@ eval.bench_gpu's models (random bf16 weights; the draft is the target's first tw
   their tokens are ``identical``;
 - ``plain_graph_ms`` / ``plain_between_us`` / ``plain_between_ms`` / ``plain_before_ms`` /
   ``plain_after_ms``: one profiled plain call's device timeline (``call_timeline``): its
-  step graphs (median), the device time from one step graph's end to the next one's start
+  step graphs (median; each a chain of ``mmspec.engine.PLAIN_STEPS`` target steps where
+  plain decoding chains them), the device time from one step graph's end to the next one's start
   (median and sum), before the first graph (the call's checks, the cache's reset) and after
   the last; ``plain_between_kernels``: the kernels and copies launched between the step
   graphs, by name (launches per step, microseconds each);

@@ -32,6 +32,8 @@ from typing import Sequence
 MODES = ("eager", "static", "graphs", "regional", "inductor")
 # The captured modes, each its compile= value (compile=True is "regional").
 CAPTURED = ("graphs", "regional", "inductor")
+# Plain greedy decoding under captured engines: steps per launch, one graph (``Plan.plain_steps``).
+PLAIN_STEPS = 4
 
 
 def compile_mode(compile) -> str | bool:
@@ -167,6 +169,17 @@ class Plan:
         if not self.engine.static:
             return {}
         return dict(static_len=self.static_len(prompt_len, batch), compile=self.engine.compile)
+
+    def plain_steps(self, target, drafter) -> int:
+        """Plain decoding's target steps per launch (``mmspec.loop.Loop.plain_steps``):
+        ``PLAIN_STEPS`` under captured engines where the drafter drafts nothing (``NoDraft``)
+        and the target draws greedily in one captured chain (``Session.chains``), as vLLM's
+        multi-step decoding; else 1."""
+        from .drafters.base import NoDraft
+
+        chained = (self.engine.captures and isinstance(drafter, NoDraft) and target.greedy
+                   and target.chains)
+        return PLAIN_STEPS if chained else 1
 
     def pipelines(self, drafter) -> bool:
         """Whether the loop queues each step before reading the last, for this drafter."""

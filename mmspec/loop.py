@@ -20,6 +20,10 @@ Per step, all rows together:
 5. Observe: the drafter keeps what it needs of the outcome (Jacobi: the target's samples);
             stats are recorded.
 
+Plain decoding of a greedy target may run several target steps per launch
+(``Loop.plain_steps``, ``launch_chain``): the target's ``Session.chain`` draws them (under
+captured engines one graph), and the launch settles them together as one step emitting them.
+
 Two drivers: ``_synchronised`` launches step t + 1 as soon as step t's counts are read;
 ``_pipelined`` (drafters whose steps need no host value, ``Drafter.host_free``) queues step
 t + 1 before step t is read, so the device never waits for the host between steps.
@@ -43,7 +47,7 @@ import torch
 from .acceptance.base import Rule
 from .checks import check_count
 from .distributions import nonfinite
-from .drafters.base import Drafter
+from .drafters.base import Drafter, NoDraft
 from .session import Session, compile_fixed
 from .types import PAD, StepStats, VerifyOutput
 
@@ -174,6 +178,7 @@ class Launched:
     times: tuple              # draft, verify, accept starts and the launch's end
     ready: object = None      # a CUDA event once the transfer is queued (pipelined)
     accept_seconds: float = 0.0
+    steps: int = 1            # target steps (a plain chain's: ``Loop.launch_chain``)
 
     def send(self) -> None:
         """Queue the transfer to the host without waiting for it (pipelined steps)."""
@@ -203,6 +208,14 @@ def check_pipeline(drafter: Drafter, pipeline: bool | None) -> None:
         raise ValueError("pipeline=True: accepted only with a drafter whose steps need no host "
                          "values (host_free: plain decoding, a draft model queued by the "
                          f"engine, ModelDrafter(host_free=True)); got {type(drafter).__name__}")
+
+
+def check_plain_steps(target: Session, drafter: Drafter, plain_steps: int) -> None:
+    check_count("plain_steps", plain_steps)
+    if plain_steps > 1 and not (isinstance(drafter, NoDraft) and target.greedy):
+        raise ValueError(f"plain_steps={plain_steps}: accepted 1 unless plain decoding of a "
+                         f"greedy target (got {type(drafter).__name__}, temperature "
+                         f"{target.params.temperature})")
 
 
 def _to_device(ids: tuple[int, ...], dev: torch.device) -> torch.Tensor:
@@ -238,7 +251,22 @@ def account(stops: Stops, ragged: bool, out: VerifyOutput, p, draft_probs, produ
     return out, Rows(out.last_tokens, produced, running), emitted, host
 
 
+def settle_chain(stops: Stops, ragged: bool, tokens, p, produced, active, budget, stop_ids):
+    """Plain steps drawn as one chain (``Loop.plain_steps``): every row emits its ``tokens``
+    [B, n, *event] (the chain's draws under greedy processing, distributions ``p``), then
+    ``account``."""
+    out = VerifyOutput(tokens, torch.full_like(produced, tokens.shape[1] - 1))
+    return account(stops, ragged, out, p, None, produced, active, budget, stop_ids)
+
+
 _SETTLERS: dict = {}
+
+
+def _fused(key: tuple, fn):
+    """``fn`` compiled once per process for ``key`` (``compile_fixed``, whole)."""
+    if key not in _SETTLERS:
+        _SETTLERS[key] = compile_fixed(fn, fullgraph=True)
+    return _SETTLERS[key]
 
 
 def settler(rule: Rule, stops: Stops, ragged: bool, generator, fuse: bool):
@@ -249,26 +277,30 @@ def settler(rule: Rule, stops: Stops, ragged: bool, generator, fuse: bool):
     kernels instead of a kernel per operation."""
     if not (fuse and rule.fuses):
         return functools.partial(settle, rule, stops, ragged, generator=generator)
-    key = (rule, stops, ragged)
-    if key not in _SETTLERS:        # every key and shape: an entry on ``settle``'s code
-        _SETTLERS[key] = compile_fixed(functools.partial(settle, rule, stops, ragged),
-                                       fullgraph=True)
-    return _SETTLERS[key]
+    return _fused((rule, stops, ragged), functools.partial(settle, rule, stops, ragged))
+
+
+def chain_settler(stops: Stops, ragged: bool, fuse: bool):
+    """``settle_chain`` for one stop set and ragged flag; compiled as ``settler`` is."""
+    fn = functools.partial(settle_chain, stops, ragged)
+    return _fused(("chain", stops, ragged), fn) if fuse else fn
 
 
 class Loop:
     """One generation's loop state; the drivers below run it. ``fuse``: under captured
-    engines, settle each chain step in one compiled function (``settler``)."""
+    engines, settle each chain step in one compiled function (``settler``).
+    ``plain_steps``: plain decoding's target steps per launch, drawn as one ``Session.chain``
+    (greedy targets; 1: a step per launch)."""
 
     fuse = True
 
     def __init__(self, target: Session, drafter: Drafter, rule: Rule, first_tokens, *,
                  max_new_tokens: int, stops: Stops, generator, stats: StepStats,
-                 profile: bool, fixed_k: bool, overdraft: bool = False):
+                 profile: bool, fixed_k: bool, overdraft: bool = False, plain_steps: int = 1):
         self.target, self.drafter, self.rule = target, drafter, rule
         self.budget, self.stops, self.generator = max_new_tokens, stops, generator
         self.stats, self.profile, self.fixed_k = stats, profile, fixed_k
-        self.overdraft = overdraft
+        self.overdraft, self.plain_steps = overdraft, plain_steps
         b, dev = first_tokens.shape[0], first_tokens.device
         self.b, self.device = b, dev
         self.rows = Rows(first_tokens, torch.zeros(b, dtype=torch.long, device=dev),
@@ -279,8 +311,9 @@ class Loop:
         self.produced, self.planned, self.finished = [0] * b, [0] * b, [False] * b
         self._stop_ids = _to_device(stops.ids, dev)
         self._budget = torch.full((), max_new_tokens, dtype=torch.long, device=dev)
-        self._settle = settler(rule, stops, target.ragged, generator,
-                               fuse=self.fuse and fixed_k and dev.type == "cuda")
+        fuse = self.fuse and fixed_k and dev.type == "cuda"
+        self._settle = settler(rule, stops, target.ragged, generator, fuse)
+        self._settle_chain = chain_settler(stops, target.ragged, fuse) if plain_steps > 1 else None
         self._t_start = time.perf_counter()
 
     def _sync(self) -> None:
@@ -297,8 +330,19 @@ class Loop:
         left = [self.budget - n for n, f in zip(produced, finished) if not f]
         return (max(left) if self.overdraft else min(left)) - 1
 
-    def launch(self, k_max: int) -> Launched:
-        """Draft, verify, accept and the device-side bookkeeping of one step."""
+    def steps(self, produced: list[int], finished: list[bool]) -> int:
+        """Target steps of the next launch: ``plain_steps``, fewer where the running row
+        nearest its end has fewer tokens left (no row is fed past its budget)."""
+        if self.plain_steps == 1:
+            return 1
+        return max(1, min([self.plain_steps] + [self.budget - n for n, f
+                                                 in zip(produced, finished) if not f]))
+
+    def launch(self, k_max: int, steps: int = 1) -> Launched:
+        """Draft, verify, accept and the device-side bookkeeping of one step (``steps`` > 1:
+        that many plain steps, ``launch_chain``)."""
+        if steps > 1:
+            return self.launch_chain(steps)
         rows = self.rows
         t0 = time.perf_counter()
         draft = self.drafter.propose(rows.last, k_max, rows.active)
@@ -321,6 +365,22 @@ class Loop:
         return Launched(out, p, draft.tokens.shape[1], emitted, rows.active, host,
                         (t0, t1, t2, time.perf_counter()))
 
+    def launch_chain(self, steps: int) -> Launched:
+        """``steps`` plain steps as one target chain (under captured engines one graph of
+        the steps and their greedy draws, ``Session.chain``), settled at once: every running
+        row emits ``steps`` tokens, cut at its stop tokens and budget."""
+        rows = self.rows
+        t0 = time.perf_counter()
+        self._apply_commit()
+        tokens, p = self.target.chain(rows.last[:, None], rows.active[:, None], steps,
+                                      rows.active)
+        self._sync()
+        t1 = time.perf_counter()
+        out, self.rows, emitted, host = self._settle_chain(
+            tokens, p, rows.produced, rows.active, self._budget, self._stop_ids)
+        return Launched(out, p, 0, emitted, rows.active, host, (t0, t0, t1, time.perf_counter()),
+                        steps=steps)
+
     def read(self, step: Launched) -> HostValues:
         t = time.perf_counter()
         if step.ready is not None:
@@ -338,8 +398,8 @@ class Loop:
         t = time.perf_counter()
         keep = (step.out.tokens.shape[1] if accepted is None
                 else max(n for n, f in zip(accepted, self.finished) if not f) + 1)
-        if keep == 1:          # every row emits >= 1 token: its one slot is as fed (real where
-            valid = None       # the row ran), and the target leaves the slot's validity as is
+        if keep == 1 or step.k == 0:   # every row keeps every slot it was fed (one slot, or a
+            valid = None               # plain chain's): the target leaves their validity as is
         else:
             kept = torch.arange(keep, device=self.device)
             valid = (kept[None] < step.emitted[:, None]) & step.was_active[:, None]
@@ -370,7 +430,12 @@ class Loop:
         running = [not f for f in self.finished]
         if step.out.residual_proposals is not None:
             self.stats.record_residuals(host.proposals, host.fallbacks, running)
-        self.stats.record(host.accepted, step.k, running, host.cut)
+        if step.steps == 1:
+            self.stats.record(host.accepted, step.k, running, host.cut)
+        else:                    # a plain chain: each target step, as plain decoding counts it
+            for i in range(step.steps):
+                ran = [on and i < n for on, n in zip(running, host.cut)]
+                self.stats.record([0] * self.b, 0, ran, [int(r) for r in ran])
         new = [toks if on else [] for toks, on in zip(host.tokens, running)]
         for i in (i for i, on in enumerate(running) if on):
             self.produced[i] += host.cut[i]
@@ -383,9 +448,10 @@ class Loop:
     # -- the pipelined driver's steps -----------------------------------------------------
     def queue(self) -> Launched:
         """Launch a full-width step and commit it without its counts (host-free drafters)."""
-        step = self.launch(self.budget)
+        steps = self.steps(self.planned, self.finished)
+        step = self.launch(self.budget, steps)
         self.commit(step, None)
-        self.planned = [n + (not f) for n, f in zip(self.planned, self.finished)]
+        self.planned = [n + (0 if f else steps) for n, f in zip(self.planned, self.finished)]
         step.send()
         return step
 
@@ -406,13 +472,15 @@ class Loop:
 def _synchronised(loop: Loop) -> Iterator[StepEvent]:
     """Step t + 1 is launched as soon as step t's counts are read (its rows' budgets and ends
     follow from them); step t's tokens are then handed out while the device works."""
-    step = loop.launch(loop.k_max(loop.produced, loop.finished))
+    step = loop.launch(loop.k_max(loop.produced, loop.finished),
+                       loop.steps(loop.produced, loop.finished))
     while step is not None:
         host = loop.read(step)
         loop.commit(step, host.accepted)
         finished = [f or not r for f, r in zip(loop.finished, host.running)]
         produced = [n + (0 if f else c) for n, f, c in zip(loop.produced, loop.finished, host.cut)]
-        nxt = None if all(finished) else loop.launch(loop.k_max(produced, finished))
+        nxt = None if all(finished) else loop.launch(loop.k_max(produced, finished),
+                                                     loop.steps(produced, finished))
         if nxt is None:
             loop.flush()
         yield loop.event(step, host)
@@ -443,7 +511,7 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
            max_new_tokens: int, stops: Stops | None = None,
            generator: torch.Generator | None = None, stats: StepStats | None = None,
            profile: bool = False, fixed_k: bool = False, overdraft: bool = False,
-           pipeline: bool | None = None) -> Iterator[StepEvent]:
+           pipeline: bool | None = None, plain_steps: int = 1) -> Iterator[StepEvent]:
     """Run the loop after both target and drafter have seen the prompt.
 
     first_tokens: [B, *event] the last prompt token of each row (not yet fed to either model).
@@ -456,15 +524,18 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
                   they fit the models' positions).
     pipeline:     queue step t + 1 before reading step t (host-free drafters only); None: on
                   for host-free drafters unless ``profile``. Same tokens either way.
+    plain_steps:  plain decoding (``NoDraft``) of a greedy target: target steps per launch,
+                  drawn as one ``Session.chain`` (captured sessions: one graph). Same tokens.
     """
     check_count("max_new_tokens", max_new_tokens)
     check_pipeline(drafter, pipeline)
     check_trees(target, drafter, rule)
+    check_plain_steps(target, drafter, plain_steps)
     pipe = (drafter.host_free and not profile) if pipeline is None else pipeline
     loop = Loop(target, drafter, rule, first_tokens, max_new_tokens=max_new_tokens,
                 stops=stops or Stops(), generator=generator,
                 stats=stats if stats is not None else StepStats(), profile=profile,
-                fixed_k=fixed_k, overdraft=overdraft)
+                fixed_k=fixed_k, overdraft=overdraft, plain_steps=plain_steps)
     return _pipelined(loop) if pipe else _synchronised(loop)
 
 

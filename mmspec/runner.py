@@ -61,7 +61,8 @@ class Run:
                              generator=self.generator, stats=self.stats,
                              profile=self.plan.engine.profile, fixed_k=self.plan.fixed_k,
                              overdraft=self.plan.overdraft,
-                             pipeline=self.plan.pipelines(self.drafter))
+                             pipeline=self.plan.pipelines(self.drafter),
+                             plain_steps=self.plan.plain_steps(self.target, self.drafter))
         return events if progress is None else _with_progress(events, self.plan.max_new_tokens,
                                                               progress)
 

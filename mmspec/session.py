@@ -777,7 +777,7 @@ class CausalLMSession(Session):
         ends = [sum(sizes[: i + 1]) for i in range(k)]
         widths = tuple(bucket(self.seq.length + e, self.static_len) if self._bucketed
                        else self.static_len for e in ends)
-        tensors = dict(tokens=tokens, valid=valid, follow=follow)
+        tensors = dict(tokens=tokens, valid=valid.to(torch.long), follow=follow.to(torch.long))
         st = self._static
         own = (None if self.greedy or generator is None
                else self._chain_generator(generator.device))
@@ -817,12 +817,21 @@ class CausalLMSession(Session):
         for width in widths:
             out, pos = self._static_step(fn, self.embed(self._rows(tokens)), self._rows(valid),
                                          width)
-            q = self._tail(CausalLMSession._distributions)(self, self.logits(out), pos)
-            x, q = distributions.draw(q[:, -1], generator, self.greedy)
+            if self.greedy:
+                x, q = self._tail(CausalLMSession._greedy_draw)(self, self.logits(out), pos)
+            else:
+                q = self._tail(CausalLMSession._distributions)(self, self.logits(out), pos)
+                x, q = distributions.draw(q[:, -1], generator)
             draws.append(x)
             dists.append(q)
             tokens, valid = x[:, None], follow[:, None]
         return torch.stack(draws, 1), distributions.stack(dists)
+
+    def _greedy_draw(self, logits: torch.Tensor, pos: torch.Tensor):
+        """A greedy chain step's draw (``distributions.draw``): its last slot's distributions
+        and their argmax, compiled with them (``compiled_tail``) rather than captured as
+        PyTorch's single-block reduction over the vocabulary."""
+        return distributions.draw(self._distributions(logits, pos)[:, -1], greedy=True)
 
     def _capture_chain(self, fn, static: dict, widths: tuple[int, ...], n: int,
                        generator: torch.Generator | None = None):

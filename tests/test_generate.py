@@ -517,7 +517,8 @@ def test_a_steps_compiled_tail_is_traced_whole_and_equals_eager(pair, ragged_pro
     """What ``compiled_tail`` compiles for captured regional steps, the sequence mask's update
     (with and without a tree, buffers mutated in place) and a session's distributions, traced
     whole (fullgraph; AOT autograd's functionalisation, no code generation) through steps and
-    rollbacks: the same masks, positions, buffers and probabilities as eager."""
+    rollbacks: the same masks, positions, buffers and probabilities as eager; under greedy
+    processing a chain step's draw too (``_greedy_draw``)."""
     from mmspec.cache import StaticSequenceMask, TreeMask
     from mmspec.sampling import SamplingParams
     from mmspec.session import CausalLMSession
@@ -552,6 +553,11 @@ def test_a_steps_compiled_tail_is_traced_whole_and_equals_eager(pair, ragged_pro
     pos = torch.arange(2).expand(logits.shape[0], 2) + 9
     dist = torch.compile(CausalLMSession._distributions, backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(dist(s, logits, pos), s._distributions(logits, pos), rtol=0, atol=0)
+    if s.greedy:                                      # a greedy chain's draw, compiled with them
+        logits[0, -1, :2] = logits[0, -1].max() + 1   # a tie: the lower id, as eager
+        draw = torch.compile(CausalLMSession._greedy_draw, backend="aot_eager", fullgraph=True)
+        (x, q), (want_x, want_q) = draw(s, logits, pos), s._greedy_draw(logits, pos)
+        assert torch.equal(x, want_x) and torch.equal(q, want_q) and int(x[0]) == 0
     assert s._tail(CausalLMSession._distributions) is CausalLMSession._distributions  # eager
     torch._dynamo.reset()
 
@@ -729,6 +735,34 @@ def test_compile_true_is_the_regional_mode():
     assert plan.queue_drafts and plan.holes and plan.fixed_k
     assert plan.static_len(128, 1) == Engine("graphs").plan(
         max_new_tokens=128, num_draft_tokens=4, draft_model=True).static_len(128, 1)
+
+
+def test_plain_decoding_chains_its_steps_where_a_captured_target_draws_greedily():
+    """``Plan.plain_steps``: ``PLAIN_STEPS`` target steps per launch for plain decoding under
+    captured engines of a target that chains its greedy steps in one graph; one otherwise
+    (eager engines, drafts, sampling, targets that do not chain); other counts refused by
+    the loop before any work."""
+    from types import SimpleNamespace
+
+    from mmspec import Engine
+    from mmspec.drafters import NoDraft
+    from mmspec.engine import PLAIN_STEPS
+    from mmspec.loop import check_plain_steps
+
+    chains, plain, drafts = SimpleNamespace(greedy=True, chains=True), NoDraft(), object()
+    cases = [("regional", plain, chains, PLAIN_STEPS), ("graphs", plain, chains, PLAIN_STEPS),
+             ("static", plain, chains, 1), ("regional", drafts, chains, 1),
+             ("regional", plain, SimpleNamespace(greedy=False, chains=True), 1),
+             ("regional", plain, SimpleNamespace(greedy=True, chains=False), 1)]
+    for mode, drafter, target, want in cases:
+        plan = Engine(mode).plan(max_new_tokens=8)
+        assert plan.plain_steps(target, drafter) == want, (mode, drafter, target)
+    sampled = SimpleNamespace(greedy=False, params=SimpleNamespace(temperature=0.7))
+    with pytest.raises(ValueError, match="plain_steps=4: accepted 1 unless plain decoding of "
+                                         "a greedy target"):
+        check_plain_steps(sampled, NoDraft(), 4)
+    with pytest.raises(ValueError, match="plain_steps=0: accepted an integer >= 1"):
+        check_plain_steps(chains, NoDraft(), 0)
 
 
 @pytest.mark.parametrize("under_prefix", [False, True])
@@ -1053,3 +1087,58 @@ def test_which_prompt_passes_are_captured(monkeypatch):
     assert not s._captures_prompt({"input_ids": ids[:, :3]}, valid[:, :3], 64, {})
     monkeypatch.setattr(CausalLMSession, "prompt_graphs", False)
     assert not s._captures_prompt(inputs, valid, 64, {})
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_plain_steps_in_chains_give_plain_greedy_and_its_counts(pair, ragged_prompts, pipeline,
+                                                               monkeypatch):
+    """Plain decoding three target steps per launch (``Plan.plain_steps``; the chains run
+    step by step here) gives plain greedy's tokens with rows ending on a stop token inside a
+    chain and a budget ending mid-chain; the stats count every target step, the kept tokens
+    as plain decoding counts them, and no row is fed past its budget."""
+    from mmspec.engine import Plan
+
+    target, _ = pair
+    ids, mask = ragged_prompts
+    run = dict(attention_mask=mask, temperature=0, max_new_tokens=10, pipeline=pipeline)
+    free = mmspec.generate(target, None, ids, **run)
+    stop = int(free.sequences[0, ids.shape[1] + 4])      # row 0's fifth token: mid-chain
+    plain = mmspec.generate(target, None, ids, stop_token_ids=[stop], **run)
+    monkeypatch.setattr(Plan, "plain_steps", lambda self, session, drafter: 3)
+    for stops in ([], [stop]):
+        chained = mmspec.generate(target, None, ids, stop_token_ids=stops, **run)
+        want = free if not stops else plain
+        assert torch.equal(chained.sequences, want.sequences), stops
+        assert chained.stats.emitted == want.stats.emitted
+        assert chained.stats.row_steps == want.stats.row_steps
+        assert chained.stats.accepted == chained.stats.drafted == 0
+    assert plain.generated(0).tolist()[-1] == stop           # row 0 ended on its stop
+    assert mmspec.generate(target, None, ids, **run).stats.steps == 10       # 3 + 3 + 3 + 1
+
+
+def test_a_plain_chain_settles_in_one_trace():
+    """``loop.settle_chain`` (what ``chain_settler`` compiles under captured engines): every
+    running row emits its chain, cut at its first stop token and its budget; rows that had
+    ended emit nothing. Traced whole (``fullgraph``, backend ``aot_eager``) it gives the
+    eager results."""
+    import functools
+
+    from mmspec.loop import HostValues, Stops, settle_chain
+
+    stops = Stops((3,))
+    tokens = torch.tensor([[5, 3, 7], [1, 2, 4], [4, 4, 4]])
+    p = torch.nn.functional.one_hot(tokens, 8).float()
+    state = (torch.tensor([0, 4, 5]), torch.tensor([True, True, False]), torch.tensor(6),
+             torch.tensor(stops.ids))
+    for ragged in (True, False):
+        eager = functools.partial(settle_chain, stops, ragged)
+        traced = torch.compile(eager, backend="aot_eager", dynamic=False, fullgraph=True)
+        want, got = eager(tokens, p, *state), traced(tokens, p, *state)
+        host = HostValues.unpack(want[3].tolist(), None)
+        assert host.cut == [2, 2, 0] and host.running == [False, False, False]
+        assert host.tokens == [[5, 3], [1, 2], []] and not host.bad
+        assert want[1].produced.tolist() == [2, 6, 5]
+        assert torch.equal(want[1].last, tokens[:, -1])
+        for w, g in zip((want[0].tokens, want[1].produced, want[1].active, want[2], want[3]),
+                        (got[0].tokens, got[1].produced, got[1].active, got[2], got[3])):
+            assert torch.equal(w, g)

@@ -77,6 +77,43 @@ def test_captured_equals_eager_text(k):
     assert torch.equal(plain.sequences, synced.sequences)
 
 
+@pytest.mark.parametrize("fuse", ["graphs", True])
+def test_captured_plain_decoding_in_chains_equals_eager(fuse, monkeypatch):
+    """Captured plain greedy decoding runs ``PLAIN_STEPS`` target steps per launch as one
+    chain graph (``Plan.plain_steps``): eager plain greedy's tokens in float32, pipelined and
+    synchronised, with a budget that ends mid-chain and a row ending on a stop token inside a
+    chain; every target step counted."""
+    from mmspec.engine import PLAIN_STEPS
+    from mmspec.session import CausalLMSession
+
+    chains = []
+    capture = CausalLMSession._capture_chain
+
+    def spy(self, fn, static, widths, *args):
+        chains.append(len(widths))
+        return capture(self, fn, static, widths, *args)
+
+    monkeypatch.setattr(CausalLMSession, "_capture_chain", spy)
+    dev = torch.device("cuda")
+    t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
+    ids = torch.tensor([[0, 0, 3, 4, 5], [2, 1, 2, 3, 4], [0, 0, 0, 7, 8]], device=dev)
+    mask = (ids != 0).long()
+    mask[1] = 1
+    n = 2 * PLAIN_STEPS + 2
+    kw = dict(attention_mask=mask, temperature=0, max_new_tokens=n)
+    eager = mmspec.generate(t, None, ids, **kw)
+    stop = int(eager.sequences[0, ids.shape[1] + PLAIN_STEPS + 1])
+    stopped = mmspec.generate(t, None, ids, stop_token_ids=[stop], **kw)
+    for pipeline in (None, False):
+        cap = mmspec.generate(t, None, ids, compile=fuse, pipeline=pipeline, **kw)
+        assert torch.equal(cap.sequences, eager.sequences), pipeline
+        assert cap.stats.steps == n and cap.stats.emitted == eager.stats.emitted
+        cap = mmspec.generate(t, None, ids, compile=fuse, pipeline=pipeline,
+                              stop_token_ids=[stop], **kw)
+        assert torch.equal(cap.sequences, stopped.sequences), pipeline
+    assert PLAIN_STEPS in chains and 2 in chains         # full chains and the budget's last
+
+
 def test_captured_equals_eager_images_with_guidance_and_jacobi(monkeypatch):
     """... and with a draft model the captured steps are queued ahead (host-free drafter)."""
     host_free = _record_host_free(monkeypatch)
