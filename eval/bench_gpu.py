@@ -226,6 +226,20 @@ class Calls:
         return all(torch.equal(a.sequences, b.sequences) for a, b in zip(self.outs, other.outs))
 
 
+def margin(plain_calls, plain: Calls, t_plain: float, n: int, dev, floor_ms: float,
+           t_prompts: float) -> dict:
+    """The plain step at the margin: ``plain_calls(n // 2)`` timed as ``plain_calls(n)`` was,
+    the difference over the difference of their steps; and each call's cost beyond its prompt
+    pass and its steps at that margin (set-up, the first step's host work, the output)."""
+    if n < 4:
+        return {}
+    half, t_half = timed(lambda: plain_calls(n // 2), dev, 3, warmup=1)
+    step_ms = 1e3 * (t_plain - t_half) / (plain.steps - half.steps)
+    calls = len(plain.outs)
+    return dict(marginal_step_ms=step_ms, marginal_step_over_floor=step_ms / floor_ms,
+                call_overhead_ms=(1e3 * (t_plain - t_prompts) - step_ms * plain.steps) / calls)
+
+
 def prompts(vocab: int, batch: int, length: int, count: int, dev) -> list[torch.Tensor]:
     """``count`` random prompts [batch, length]; the i-th drawn with seed batch + 1000 i (the
     first is every earlier run's prompt; ``eval.peer_gptfast`` draws the same at batch 1)."""
@@ -393,17 +407,23 @@ def main(argv=None):
                 run_ks = ks if b == 1 and mode != "inductor" else [4]
                 for k in run_ks:
                     costs[mode][f"t{k + 1}"] = step_cost(target, b, k + 1, dev, cap)
-                plain, t_plain = timed(lambda: Calls([mmspec.generate(
-                    target, None, p, compile=cap, static_cache=True, **gen) for p in ids]),
-                    dev, 3, warmup=2)
-                # The decoding step alone: the calls less their measured prompt passes.
+                def plain_calls(tokens):
+                    return Calls([mmspec.generate(target, None, p, compile=cap, static_cache=True,
+                                                  **dict(gen, max_new_tokens=tokens)) for p in ids])
+
+                plain, t_plain = timed(lambda: plain_calls(n), dev, 3, warmup=2)
+                # The decoding step in the loop: the calls less their measured prompt passes,
+                # over their steps; and at the margin, against calls of half the tokens
+                # (what a step adds to a call, without the call's own fixed costs).
                 decode_ms = 1e3 * (t_plain - calls * costs[mode]["pt"]) / plain.steps
                 emit(dict(kind="mmspec-plain", mode=mode, eps=eps, batch=b, prompts=calls,
                           ms_per_token=1e3 * t_plain / (n * calls),
                           ms_per_step=1e3 * t_plain / plain.steps,
                           step_over_floor=(1e3 * t_plain / plain.steps) / floor_ms,
                           decode_step_ms=decode_ms, decode_step_over_floor=decode_ms / floor_ms,
-                          target_step_ms=1e3 * costs[mode]["t1"]))
+                          target_step_ms=1e3 * costs[mode]["t1"],
+                          **margin(plain_calls, plain, t_plain, n, dev, floor_ms,
+                                   calls * costs[mode]["pt"])))
                 for k in run_ks:
                     for dname, dmodel in (("2-layer", draft), ("self", target)):
                         if dname == "self" and (k != 4 or eps != 0.0):
@@ -561,14 +581,15 @@ def write_report(out_dir, rows):
              f"{setup['transformers']}. Greedy decoding. Decode steps' inductor options: "
              f"{setup.get('inductor_options', '')}.", "",
              "| eps | batch | what | mode | K | draft | acceptance | tokens/step | ms/token | "
-             "step / floor | decode step / floor | speedup | bound | efficiency | bound with prefill | efficiency "
-             "with prefill | decoding speedup | decoding efficiency | identical |", "|" + "---|" * 19]
+             "step / floor | decode step / floor | marginal step / floor | speedup | bound | "
+             "efficiency | bound with prefill | efficiency with prefill | decoding speedup | "
+             "decoding efficiency | identical |", "|" + "---|" * 20]
     for r in rows[1:]:
         lines.append("| " + " | ".join(str(x) for x in (
             r.get("eps", ""), r.get("batch", ""), r["kind"], r.get("mode", ""), r.get("k", ""),
             r.get("draft", ""), _f(r.get("acceptance"), 3), _f(r.get("tokens_per_step")),
             _f(r.get("ms_per_token")), _f(r.get("step_over_floor")),
-            _f(r.get("decode_step_over_floor")),
+            _f(r.get("decode_step_over_floor")), _f(r.get("marginal_step_over_floor")),
             _f(r.get("speedup", r.get("speedup_vs_hf_eager"))), _f(r.get("bound")),
             _f(r.get("efficiency")), _f(r.get("bound_call")), _f(r.get("efficiency_call")),
             _f(r.get("speedup_decode")), _f(r.get("efficiency_decode")),

@@ -5,6 +5,7 @@ timing is asserted)."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -28,6 +29,10 @@ def test_bench_gpu_tiny_cpu_rows_are_identical_and_bounded(tmp_path, monkeypatch
     assert all(r["identical_to_mmspec"] for r in rows if r["kind"] == "hf-eager")
     assert "bound with prefill" in (tmp_path / "report.md").read_text()
     assert all(r["verify_ms"] > 0 and r["draft_step_ms"] > 0 for r in spec)
+    plain = [r for r in rows if r["kind"] == "mmspec-plain"]     # the step at the margin too
+    assert plain and all(math.isfinite(r["marginal_step_ms"]) and "call_overhead_ms" in r
+                         for r in plain)
+    assert "marginal step / floor" in (tmp_path / "report.md").read_text()
 
 
 def test_bench_gpu_no_hf_runs_no_transformers_rows(tmp_path, monkeypatch):
