@@ -62,17 +62,22 @@ def _register() -> None:
     _registered = True
 
 
-def sdpa_configs(net) -> list:
-    """The configs of ``net``'s modules whose attention is SDPA (what ``prefix`` switches)."""
+def module_configs(net) -> tuple:
+    """The configs of ``net``'s modules, each once, in module order."""
     seen, out = set(), []
     for m in net.modules():
         cfg = getattr(m, "config", None)
-        if cfg is None or id(cfg) in seen:
-            continue
-        seen.add(id(cfg))
-        if getattr(cfg, "_attn_implementation_internal", None) in ("sdpa", NAME, DECODE):
+        if cfg is not None and id(cfg) not in seen:
+            seen.add(id(cfg))
             out.append(cfg)
-    return out
+    return tuple(out)
+
+
+def sdpa_configs(configs) -> list:
+    """Of ``configs`` (``module_configs``), those whose attention is SDPA (what ``prefix``
+    switches)."""
+    return [cfg for cfg in configs
+            if getattr(cfg, "_attn_implementation_internal", None) in ("sdpa", NAME, DECODE)]
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import distributions, grouping, regions
-from .attention import bucket, prefix, sdpa_configs
+from .attention import bucket, module_configs, prefix, sdpa_configs
 from .cache import (DynamicCache, SequenceMask, StateSnapshot, StaticSequenceMask, TreeMask,
                     advance, cache_argument, crop, gather_tail, recurrent_layers, repeated_rows,
                     reset, static_cache)
@@ -149,6 +149,33 @@ class _Static:
 _STATIC: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
+@dataclass(frozen=True)
+class NetFacts:
+    """What sessions read of a network's structure, found once per network (``net_facts``)."""
+
+    configs: tuple      # its modules' configs, each once (``attention.module_configs``)
+    recurrent: bool     # its cache has recurrent layers (``cache.recurrent_layers``)
+    sliding: bool       # some cache layer keeps a sliding window
+    cache_arg: str      # the forward argument that takes the cache (``cache.cache_argument``)
+
+
+_FACTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def net_facts(net) -> NetFacts:
+    """``net``'s ``NetFacts``, kept weakly per network as its static caches are
+    (``release_graphs`` forgets them): walking a 32-layer model's modules and building a
+    probe cache took about a millisecond of every call's set-up."""
+    facts = _FACTS.get(net)
+    if facts is None:
+        probe = DynamicCache(config=net.config)
+        layers = getattr(probe, "layers", [])
+        facts = _FACTS[net] = NetFacts(
+            module_configs(net), bool(recurrent_layers(probe)),
+            any(getattr(layer, "is_sliding", False) for layer in layers), cache_argument(net))
+    return facts
+
+
 def compile_fixed(fn, **options):
     """``torch.compile(fn)`` for fixed shapes, traced once per shape and guard, with room for
     the entries captured steps make (past dynamo's default limit calls would run op by op)."""
@@ -187,8 +214,11 @@ def release_graphs(model=None) -> None:
     ``compile=True`` lays the model's projections out again at its next call."""
     if model is None:
         _STATIC.clear()
+        _FACTS.clear()
     else:
-        _STATIC.pop(model, None)
+        for module in model.modules():     # the network a session runs may be a part of it
+            _STATIC.pop(module, None)
+            _FACTS.pop(module, None)
     regions.forget_layout(model)
 
 
@@ -299,22 +329,21 @@ class CausalLMSession(Session):
         self.params = params
         self.guidance_scale = guidance_scale
         self.vocab_size = output_vocab_size(model)
-        probe = DynamicCache(config=self.net.config)
-        self.recurrent = bool(recurrent_layers(probe))
+        facts = net_facts(self.net)
+        self.recurrent, sliding = facts.recurrent, facts.sliding
         # Tree steps need every layer to attend through the step's mask: linear attention
         # reads every slot fed before it, sliding windows keep their own slots.
-        sliding = any(getattr(layer, "is_sliding", False) for layer in getattr(probe, "layers", []))
         self.trees = not self.recurrent and not sliding
         # A recurrent model verifies a tree as its paths (``_paths_step``).
         self._paths = self.recurrent and not sliding and guidance_scale is None
         self._uncaptured = False        # a step fed eagerly on a static cache (its paths)
-        self._cache_arg = cache_argument(self.net)
+        self._cache_arg = facts.cache_arg
         # Prefix attention (mmspec.attention) for SDPA models on a static cache; not under
         # "inductor" (its fused steps would be compiled again for every width). Under
         # "regional" every pass runs the prefix function (full width included), so the
         # layers' one trace serves every width (the mask's width is a dynamic size).
         # The decoder's attention decides (a VLM's vision tower may differ; it gets no 4-D mask).
-        self._sdpa_configs = sdpa_configs(self.net) if static_len is not None else []
+        self._sdpa_configs = sdpa_configs(facts.configs) if static_len is not None else []
         text_sdpa = any(c is _decoder_config(self.net) for c in self._sdpa_configs)
         self._bucketed = text_sdpa and compile in (False, "graphs", "regional")
         # 4-D masks are additive, in the model's dtype: eager attention adds them to its

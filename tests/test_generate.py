@@ -211,6 +211,31 @@ def test_static_caches_are_reused_across_calls_and_released(pair, ragged_prompts
     assert len(_STATIC) == 0
 
 
+def test_a_networks_structure_is_read_once_and_forgotten_with_its_graphs(pair):
+    """Sessions read a network's module configs, cache layers and cache argument once
+    (``net_facts``); SDPA is chosen from the configs at each session, so a model switched to
+    eager attention between calls gets no prefix attention; ``release_graphs(model)`` forgets
+    the facts and static caches of the model and of the parts of it sessions run."""
+    from mmspec.session import _FACTS, _STATIC, CausalLMSession, net_facts
+
+    target, _ = pair
+    mmspec.release_graphs()
+    params = mmspec.SamplingParams(temperature=0)
+    first = CausalLMSession(target, params, static_len=32)
+    assert net_facts(target) is net_facts(target) and target in _FACTS
+    assert first._sdpa_configs == [target.config] and first._cache_arg in ("cache",
+                                                                          "past_key_values")
+    try:
+        target.config._attn_implementation_internal = "eager"
+        assert CausalLMSession(target, params, static_len=32)._sdpa_configs == []
+    finally:
+        target.config._attn_implementation_internal = "sdpa"
+    net_facts(target.model)
+    _STATIC[target.model] = {}                      # as a session running a part would keep
+    mmspec.release_graphs(target)
+    assert target not in _FACTS and target.model not in _FACTS and target.model not in _STATIC
+
+
 def test_plain_greedy_equals_transformers_generate(pair, ragged_prompts):
     """The baseline itself is checked against Hugging Face, one unpadded row at a time."""
     target, _ = pair
@@ -778,7 +803,7 @@ def test_regional_layers_compile_once_for_every_cache_length(pair, under_prefix)
     from transformers import StaticCache
 
     from mmspec import regions
-    from mmspec.attention import prefix, sdpa_configs
+    from mmspec.attention import module_configs, prefix, sdpa_configs
 
     target, _ = pair
     torch._dynamo.reset()
@@ -790,7 +815,8 @@ def test_regional_layers_compile_once_for_every_cache_length(pair, under_prefix)
         outs = []
         for fused in (False, True):
             cache = StaticCache(config=target.config, max_cache_len=slots)
-            with torch.no_grad(), prefix(sdpa_configs(target) if under_prefix else []):
+            configs = sdpa_configs(module_configs(target)) if under_prefix else []
+            with torch.no_grad(), prefix(configs):
                 target(input_ids=ids[:, :4], cache=cache, use_cache=True)
                 mask = torch.zeros(1, 1, 1, width, dtype=torch.bool)
                 mask[..., :5] = True
