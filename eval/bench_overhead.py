@@ -3,6 +3,7 @@
     python -m eval.bench_overhead            # CPU; --device cuda on a GPU
     python -m eval.bench_overhead --loop     # host time per step of whole generate calls
     python -m eval.bench_overhead --ops      # tensor operations per step outside the steps
+    python -m eval.bench_overhead --call     # host time of a whole call of one token
 
 A ``CausalLMSession`` on the static-cache path drafts K tokens greedily through
 ``ModelDrafter`` while its network is replaced by a function that returns fixed logits, so
@@ -89,6 +90,28 @@ def loop_us(device: str = "cpu", k: int = 4, tokens: int = 240, vocab: int = 64,
     return res
 
 
+def call_us(device: str = "cpu", layers: int = 32, prompt: int = 128, vocab: int = 64,
+            repeats: int = 5) -> float:
+    """Host microseconds of a whole ``generate`` call of one new token (static cache, greedy)
+    on a stub network of ``layers`` decoder layers: the call's set-up (checks, plan, session,
+    the kept static cache), the prompt pass and one step around a forward that costs
+    nothing, and the output. Best of ``repeats`` rounds of 20 calls."""
+    model = _stub(vocab, torch.randn(1, 1, vocab, device=device), device, layers=layers)
+    ids = torch.randint(1, vocab, (1, prompt), device=device)
+    kw = dict(temperature=0, max_new_tokens=1, static_cache=True, stop_token_ids=[],
+              attention_mask=torch.ones_like(ids))
+    mmspec.generate(model, None, ids, **kw)           # the static cache, kept for the next
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(20):
+            mmspec.generate(model, None, ids, **kw)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / 20)
+    return best * 1e6
+
+
 def ops_per_step(k: int = 4, vocab: int = 64) -> dict:
     """Tensor operations (views excluded: each of the others is a kernel on a GPU) that the
     loop, the rules and the sessions run per step outside the static step itself (mask,
@@ -152,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=COUNT, default=5, help="timed rounds")
     ap.add_argument("--loop", action="store_true",
                     help="host time per loop step of whole generate calls")
+    ap.add_argument("--call", action="store_true",
+                    help="host time of a whole generate call of one token (32 stub layers)")
     ap.add_argument("--ops", action="store_true",
                     help="tensor operations per loop step outside the (captured) static step")
     return describe(ap)
@@ -164,6 +189,11 @@ def main(argv=None):
         print(f"tensor operations per step outside the static step (CPU, stub networks, "
               f"greedy): plain {r['plain']:.1f}, speculative K = {a.k or 4} {r['speculative']:.1f}")
         return r
+    if a.call:
+        us = call_us(a.device, repeats=a.repeats)
+        print(f"host time per generate call of one token ({a.device}, 32-layer stub network, "
+              f"128-token prompt, static cache): {us:.0f} us")
+        return us
     if a.loop:
         r = loop_us(a.device, a.k or 4)
         print(f"host time per step ({a.device}, stub networks, acceptance "

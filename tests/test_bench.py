@@ -136,6 +136,12 @@ def test_loop_overhead_benchmark_runs_the_three_loops_on_stub_networks():
     assert all(r[n] > 0 for n in ("plain", "speculative", "speculative_pipelined"))
 
 
+def test_call_overhead_benchmark_times_whole_calls_of_one_token():
+    from eval.bench_overhead import main
+
+    assert main(["--call", "--repeats", "1"]) > 0
+
+
 def test_loop_runs_fewer_tensor_operations_per_plain_step_than_before():
     """bench_overhead --ops: the plain loop's operations around the static step (40 per step
     before the trimming, docs/benchmarks.md "GPU path"); speculative steps add the draft's."""
