@@ -355,9 +355,27 @@ def inductor_option(text: str) -> tuple[str, object]:
                                          "(true, false, a number, a quoted string)") from None
 
 
-def main(argv=None):
-    args = build_parser().parse_args(argv)
-    check_peer(args)
+@dataclass
+class Costs:
+    """Seconds of the pieces one mode's calls are made of, each timed alone."""
+
+    step: float                 # the target's step of one token
+    draft_step: float           # the 2-layer draft's step of one token
+    prompt: float               # the target's prompt pass
+    draft_prompt: float         # the draft's prompt pass
+    verify: dict                # K -> the target's step of K + 1 tokens
+
+    @classmethod
+    def measure(cls, target, draft, batch: int, dev, cap, prompt_len: int, ks) -> "Costs":
+        return cls(step_cost(target, batch, 1, dev, cap), step_cost(draft, batch, 1, dev, cap),
+                   prefill_cost(target, batch, dev, prompt_len, compile=cap),
+                   prefill_cost(draft, batch, dev, prompt_len, compile=cap),
+                   {k: step_cost(target, batch, k + 1, dev, cap) for k in ks})
+
+
+def apply_settings(args) -> dict:
+    """The engine settings the flags name, set on the classes that read them; the decode
+    steps' inductor options returned."""
     options = {**CausalLMSession.inductor_options, **dict(args.inductor_option)}
     CausalLMSession.inductor_options = options
     if args.no_prompt_graphs:
@@ -369,6 +387,13 @@ def main(argv=None):
         CausalLMSession.row_kernels = False
     if args.no_row_norms:
         CausalLMSession.row_norms = False
+    return options
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    check_peer(args)
+    options = apply_settings(args)
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     rows, emit = open_log(args.out)
@@ -384,79 +409,20 @@ def main(argv=None):
               fused_settle=Loop.fuse, plain_steps=engine.PLAIN_STEPS,
               row_kernels=CausalLMSession.row_kernels,
               row_norms=CausalLMSession.row_norms))
-    n = args.new_tokens
-    pipe = False if args.no_spec_pipeline else None
-    ks = args.ks
     for eps in args.eps:
         set_eps(originals, eps)
         for b in args.batches:
             ids = prompts(target.config.vocab_size, b, args.prompt, args.prompts, dev)
-            gen = dict(attention_mask=torch.ones_like(ids[0]), temperature=0, max_new_tokens=n,
-                       stop_token_ids=[])
-            calls = args.prompts                                  # generate calls per timing
-            costs = {}
-            modes = args.modes if dev.type == "cuda" else ["eager"]
-            for mode in modes:
+            for mode in args.modes if dev.type == "cuda" else ["eager"]:
                 if mode == "inductor" and (b != 1 or eps != 0.0):
                     continue
-                cap = COMPILE[mode]
-                costs[mode] = dict(t1=step_cost(target, b, 1, dev, cap),
-                                   d1=step_cost(draft, b, 1, dev, cap),
-                                   pt=prefill_cost(target, b, dev, args.prompt, compile=cap),
-                                   pd=prefill_cost(draft, b, dev, args.prompt, compile=cap))
-                run_ks = ks if b == 1 and mode != "inductor" else [4]
-                for k in run_ks:
-                    costs[mode][f"t{k + 1}"] = step_cost(target, b, k + 1, dev, cap)
-                def plain_calls(tokens):
-                    return Calls([mmspec.generate(target, None, p, compile=cap, static_cache=True,
-                                                  **dict(gen, max_new_tokens=tokens)) for p in ids])
-
-                plain, t_plain = timed(lambda: plain_calls(n), dev, 3, warmup=2)
-                # The decoding step in the loop: the calls less their measured prompt passes,
-                # over their steps; and at the margin, against calls of half the tokens
-                # (what a step adds to a call, without the call's own fixed costs).
-                decode_ms = 1e3 * (t_plain - calls * costs[mode]["pt"]) / plain.steps
-                emit(dict(kind="mmspec-plain", mode=mode, eps=eps, batch=b, prompts=calls,
-                          ms_per_token=1e3 * t_plain / (n * calls),
-                          ms_per_step=1e3 * t_plain / plain.steps,
-                          step_over_floor=(1e3 * t_plain / plain.steps) / floor_ms,
-                          decode_step_ms=decode_ms, decode_step_over_floor=decode_ms / floor_ms,
-                          target_step_ms=1e3 * costs[mode]["t1"],
-                          **margin(plain_calls, plain, t_plain, n, dev, floor_ms,
-                                   calls * costs[mode]["pt"])))
-                for k in run_ks:
-                    for dname, dmodel in (("2-layer", draft), ("self", target)):
-                        if dname == "self" and (k != 4 or eps != 0.0):
-                            continue
-                        st, t = timed(lambda: Calls([mmspec.generate(
-                            target, dmodel, p, compile=cap, static_cache=True, pipeline=pipe,
-                            num_draft_tokens=k, **gen) for p in ids]), dev, 3, warmup=2)
-                        d_cost = costs[mode]["d1"] if dname == "2-layer" else costs[mode]["t1"]
-                        step = costs[mode][f"t{k + 1}"] + k * d_cost
-                        bound = st.tokens_per_step * costs[mode]["t1"] / step
-                        # The same with each call's prompt passes on both sides.
-                        c = costs[mode]
-                        p_d = c["pd"] if dname == "2-layer" else c["pt"]
-                        bound_call = ((calls * c["pt"] + plain.steps * c["t1"])
-                                      / (calls * (c["pt"] + p_d) + st.steps * step))
-                        speed = t_plain / t
-                        # Decoding alone: each call less its measured prompt passes.
-                        speed_decode = ((t_plain - calls * c["pt"])
-                                        / (t - calls * (c["pt"] + p_d)))
-                        emit(dict(kind="mmspec-spec", mode=mode, eps=eps, batch=b, k=k, draft=dname,
-                                  prompts=calls, acceptance=st.acceptance_rate,
-                                  tokens_per_step=st.tokens_per_step,
-                                  ms_per_token=1e3 * t / (n * calls), speedup=speed, bound=bound,
-                                  efficiency=speed / bound, bound_call=bound_call,
-                                  efficiency_call=speed / bound_call,
-                                  speedup_decode=speed_decode,
-                                  efficiency_decode=speed_decode / bound,
-                                  cost_ratio=d_cost / costs[mode]["t1"],
-                                  verify_over_step=costs[mode][f"t{k + 1}"] / costs[mode]["t1"],
-                                  step_ms=1e3 * costs[mode]["t1"],
-                                  verify_ms=1e3 * costs[mode][f"t{k + 1}"],
-                                  draft_step_ms=1e3 * d_cost,
-                                  identical=st.same(plain)))
+                bench = Bench(args, target, draft, ids, COMPILE[mode], dev, floor_ms,
+                              dict(mode=mode, eps=eps, batch=b, prompts=args.prompts))
+                ks = args.ks if b == 1 and mode != "inductor" else [4]
+                costs = Costs.measure(target, draft, b, dev, bench.cap, args.prompt, ks)
+                plain, t_plain = bench.plain(costs, emit)
+                for k in ks:
+                    bench.speculative(k, costs, plain, t_plain, eps, emit)
             if not args.no_hf:
                 hf_rows(args, target, draft, ids[0], eps, b, floor_ms, plain.outs[0], emit)
             mmspec.release_graphs()     # the kept static caches of this batch size
@@ -468,6 +434,75 @@ def main(argv=None):
     for row in peer_rows(args.peer_rows):
         emit(row)
     write_report(args.out, rows)
+
+
+@dataclass
+class Bench:
+    """One mode's rows at one eps and batch: ``generate`` calls over the prompts ``ids``
+    (one call each), greedy, ``new_tokens`` each; ``tags`` go into every row."""
+
+    args: argparse.Namespace
+    target: object
+    draft: object
+    ids: list
+    cap: object                 # the compile= value of the mode
+    dev: torch.device
+    floor_ms: float
+    tags: dict
+
+    def calls(self, draft=None, tokens: int | None = None, **kw) -> Calls:
+        n = self.args.new_tokens if tokens is None else tokens
+        return Calls([mmspec.generate(
+            self.target, draft, p, compile=self.cap, static_cache=True, temperature=0,
+            max_new_tokens=n, stop_token_ids=[], attention_mask=torch.ones_like(p), **kw)
+            for p in self.ids])
+
+    def plain(self, costs: Costs, emit):
+        """The plain row: ms per token, and the decoding step alone (its graph replayed), in
+        the loop (the calls less their measured prompt passes, over their steps) and at the
+        margin (against calls of half the tokens, without the calls' own fixed costs)."""
+        n, calls = self.args.new_tokens, len(self.ids)
+        plain, t_plain = timed(lambda: self.calls(), self.dev, 3, warmup=2)
+        decode_ms = 1e3 * (t_plain - calls * costs.prompt) / plain.steps
+        emit(dict(kind="mmspec-plain", **self.tags,
+                  ms_per_token=1e3 * t_plain / (n * calls),
+                  ms_per_step=1e3 * t_plain / plain.steps,
+                  step_over_floor=(1e3 * t_plain / plain.steps) / self.floor_ms,
+                  decode_step_ms=decode_ms, decode_step_over_floor=decode_ms / self.floor_ms,
+                  target_step_ms=1e3 * costs.step,
+                  **margin(lambda tokens: self.calls(tokens=tokens), plain, t_plain, n,
+                           self.dev, self.floor_ms, calls * costs.prompt)))
+        return plain, t_plain
+
+    def speculative(self, k: int, costs: Costs, plain: Calls, t_plain: float, eps: float, emit):
+        """Speculative rows at K = ``k``: the 2-layer draft, and the target drafting for
+        itself (K = 4, eps 0); speedups against the plain row next to their analytic bounds
+        (from the steps' costs alone, and with each call's prompt passes on both sides)."""
+        n, calls = self.args.new_tokens, len(self.ids)
+        pipe = False if self.args.no_spec_pipeline else None
+        for dname, dmodel in (("2-layer", self.draft), ("self", self.target)):
+            if dname == "self" and (k != 4 or eps != 0.0):
+                continue
+            st, t = timed(lambda: self.calls(dmodel, pipeline=pipe, num_draft_tokens=k),
+                          self.dev, 3, warmup=2)
+            d_cost = costs.draft_step if dname == "2-layer" else costs.step
+            p_d = costs.draft_prompt if dname == "2-layer" else costs.prompt
+            step = costs.verify[k] + k * d_cost
+            bound = st.tokens_per_step * costs.step / step
+            bound_call = ((calls * costs.prompt + plain.steps * costs.step)
+                          / (calls * (costs.prompt + p_d) + st.steps * step))
+            speed = t_plain / t
+            speed_decode = ((t_plain - calls * costs.prompt)          # each call less its
+                            / (t - calls * (costs.prompt + p_d)))     # prompt passes
+            emit(dict(kind="mmspec-spec", **self.tags, k=k, draft=dname,
+                      acceptance=st.acceptance_rate, tokens_per_step=st.tokens_per_step,
+                      ms_per_token=1e3 * t / (n * calls), speedup=speed, bound=bound,
+                      efficiency=speed / bound, bound_call=bound_call,
+                      efficiency_call=speed / bound_call, speedup_decode=speed_decode,
+                      efficiency_decode=speed_decode / bound, cost_ratio=d_cost / costs.step,
+                      verify_over_step=costs.verify[k] / costs.step,
+                      step_ms=1e3 * costs.step, verify_ms=1e3 * costs.verify[k],
+                      draft_step_ms=1e3 * d_cost, identical=st.same(plain)))
 
 
 def hf_rows(args, target, draft, ids, eps, b, floor_ms, plain, emit) -> None:
