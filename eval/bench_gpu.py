@@ -226,20 +226,6 @@ class Calls:
         return all(torch.equal(a.sequences, b.sequences) for a, b in zip(self.outs, other.outs))
 
 
-def margin(plain_calls, plain: Calls, t_plain: float, n: int, dev, floor_ms: float,
-           t_prompts: float) -> dict:
-    """The plain step at the margin: ``plain_calls(n // 2)`` timed as ``plain_calls(n)`` was,
-    the difference over the difference of their steps; and each call's cost beyond its prompt
-    pass and its steps at that margin (set-up, the first step's host work, the output)."""
-    if n < 4:
-        return {}
-    half, t_half = timed(lambda: plain_calls(n // 2), dev, 3, warmup=1)
-    step_ms = 1e3 * (t_plain - t_half) / (plain.steps - half.steps)
-    calls = len(plain.outs)
-    return dict(marginal_step_ms=step_ms, marginal_step_over_floor=step_ms / floor_ms,
-                call_overhead_ms=(1e3 * (t_plain - t_prompts) - step_ms * plain.steps) / calls)
-
-
 def prompts(vocab: int, batch: int, length: int, count: int, dev) -> list[torch.Tensor]:
     """``count`` random prompts [batch, length]; the i-th drawn with seed batch + 1000 i (the
     first is every earlier run's prompt; ``eval.peer_gptfast`` draws the same at batch 1)."""
@@ -470,9 +456,22 @@ class Bench:
                   step_over_floor=(1e3 * t_plain / plain.steps) / self.floor_ms,
                   decode_step_ms=decode_ms, decode_step_over_floor=decode_ms / self.floor_ms,
                   target_step_ms=1e3 * costs.step,
-                  **margin(lambda tokens: self.calls(tokens=tokens), plain, t_plain, n,
-                           self.dev, self.floor_ms, calls * costs.prompt)))
+                  **self.margin(plain, t_plain, calls * costs.prompt)))
         return plain, t_plain
+
+    def margin(self, plain: Calls, t_plain: float, t_prompts: float) -> dict:
+        """The plain step at the margin: calls of half the tokens timed as ``plain`` was, the
+        difference over the difference of their steps; and each call's cost beyond its
+        prompt pass and its steps at that margin (set-up, the first step's host work, the
+        output)."""
+        n = self.args.new_tokens
+        if n < 4:
+            return {}
+        half, t_half = timed(lambda: self.calls(tokens=n // 2), self.dev, 3, warmup=1)
+        step_ms = 1e3 * (t_plain - t_half) / (plain.steps - half.steps)
+        return dict(marginal_step_ms=step_ms, marginal_step_over_floor=step_ms / self.floor_ms,
+                    call_overhead_ms=(1e3 * (t_plain - t_prompts) - step_ms * plain.steps)
+                    / len(plain.outs))
 
     def speculative(self, k: int, costs: Costs, plain: Calls, t_plain: float, eps: float, emit):
         """Speculative rows at K = ``k``: the 2-layer draft, and the target drafting for

@@ -136,10 +136,17 @@ def test_loop_overhead_benchmark_runs_the_three_loops_on_stub_networks():
     assert all(r[n] > 0 for n in ("plain", "speculative", "speculative_pipelined"))
 
 
-def test_call_overhead_benchmark_times_whole_calls_of_one_token():
+def test_call_overhead_benchmark_times_whole_calls_of_one_token(monkeypatch):
+    """bench_overhead --call: 21 whole calls on one stub network, whose structure (its
+    modules' configs) the sessions read once, not per call (``session.net_facts``)."""
     from eval.bench_overhead import main
+    from mmspec import session
 
+    walks = []
+    walk = session.module_configs
+    monkeypatch.setattr(session, "module_configs", lambda net: walks.append(net) or walk(net))
     assert main(["--call", "--repeats", "1"]) > 0
+    assert len(walks) == 1
 
 
 def test_loop_runs_fewer_tensor_operations_per_plain_step_than_before():
