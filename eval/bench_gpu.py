@@ -319,6 +319,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-row-kernels", action="store_true",
                     help="one-row products under compile=True as inductor's reductions "
                          "(CausalLMSession.row_kernels = False); default: mmspec.gemv's kernel")
+    ap.add_argument("--no-row-rope", action="store_true",
+                    help="the rotary embedding and cache writes after a one-row q/k/v product "
+                         "as kernels of their own (CausalLMSession.row_rope = False); default: "
+                         "in mmspec.qkv_rope's")
     ap.add_argument("--no-row-norms", action="store_true",
                     help="the RMSNorms before one-row products as kernels of their own "
                          "(CausalLMSession.row_norms = False); default: inside mmspec.gemv's")
@@ -373,6 +377,8 @@ def apply_settings(args) -> dict:
         CausalLMSession.row_kernels = False
     if args.no_row_norms:
         CausalLMSession.row_norms = False
+    if args.no_row_rope:
+        CausalLMSession.row_rope = False
     return options
 
 
@@ -394,7 +400,7 @@ def main(argv=None):
               capture_prompts_up_to=CausalLMSession.capture_prompts_up_to,
               fused_settle=Loop.fuse, plain_steps=engine.PLAIN_STEPS,
               row_kernels=CausalLMSession.row_kernels,
-              row_norms=CausalLMSession.row_norms))
+              row_norms=CausalLMSession.row_norms, row_rope=CausalLMSession.row_rope))
     for eps in args.eps:
         set_eps(originals, eps)
         for b in args.batches:

@@ -25,10 +25,13 @@ Terms:
               end. The normed x is not rounded to its dtype before the product, as the
               unfused RMSNorm rounds it: in bf16 the last bits differ from the unfused
               layers' (as inductor's fusions make them differ). The step has no norm kernel.
+    ROPE      (``mmspec.qkv_rope``) w a q/k/v span; N pairs of rows (j, j + D/2) of each
+              head, reduced together as gate and up are; the epilogue rotates the q and k
+              pairs by cos/sin and stores q to y, k and v into the cache's slot ``pos``.
 
 Each program reduces BLOCK_N rows of w (of both halves when gated) over K in BLOCK_K tiles,
 accumulating in float32, and writes its rows of y: no atomics, the same bits on every call.
-Launch settings are tuned per (N, K, gated, normed) on the first call (``triton.autotune``,
+Launch settings are tuned per (N, K, gated, normed, rotary) on the first call (``triton.autotune``,
 among six of one to four rows per program and tiles of 1,024 to 4,096 columns: on a 7B step
 on one H200 the down product took two rows in 1,024-column tiles, the others one or two rows
 in tiles of all 4,096 columns). On GPUs with programmatic dependent launch (Hopper and
@@ -46,7 +49,6 @@ once its loads are done.
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 import torch.nn.functional as F
@@ -100,86 +102,14 @@ def launch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
         _kernel()[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](
             x.contiguous(), w.contiguous(), y if b is None else b,
             y if residual is None else residual.contiguous(), y if norm is None else norm, y,
-            n, eps, K=k, HAS_BIAS=b is not None, HAS_RESIDUAL=residual is not None,
+            y, y, y, y, y, 0, 0, 0, 0, n, eps, K=k, HAS_BIAS=b is not None,    # no rotary
+            HAS_RESIDUAL=residual is not None,
             GATED=gated, NORM=norm is not None, PDL=pdl, launch_pdl=pdl)
     return y
 
 
-def configs(interpret: bool = False) -> list:
-    """Launch settings tuned among (BLOCK_N, BLOCK_K, warps); one under the interpreter."""
-    import triton
-
-    sizes = [(4, 128, 4)] if interpret else [
-        (2, 1024, 4), (4, 1024, 4), (2, 2048, 4), (2, 4096, 4), (1, 4096, 8), (2, 4096, 8)]
-    return [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=warps, num_stages=2)
-            for n, k, warps in sizes]
-
-
-@functools.cache
 def _kernel():
-    import os
-
-    import triton
-    import triton.language as tl
-
-    @triton.autotune(configs=configs(os.environ.get("TRITON_INTERPRET") == "1"),
-                     key=["N", "K", "GATED", "NORM"])
-    @triton.jit
-    def row_product_kernel(x_ptr, w_ptr, b_ptr, r_ptr, n_ptr, y_ptr, N, eps, K: tl.constexpr,
-                           HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                           GATED: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr,
-                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        rk = tl.arange(0, BLOCK_K)
-        rows = rn < N
-        w = w_ptr + rn[:, None].to(tl.int64) * K
-        w_up = w_ptr + (rn + N)[:, None].to(tl.int64) * K        # GATED: the up half
-        dtype = y_ptr.dtype.element_ty
-        # 1. the first tile of w (no input of the step: loaded before the wait under PDL)
-        ok = rows[:, None] & (rk < K)[None, :]
-        w0 = tl.load(w + rk[None, :], mask=ok, other=0.0, eviction_policy="evict_first")
-        u0 = w0
-        if GATED:
-            u0 = tl.load(w_up + rk[None, :], mask=ok, other=0.0, eviction_policy="evict_first")
-        if PDL:
-            tl.extra.cuda.gdc_wait()
-        # 2. the reduction over K (NORM: of norm * x, and x's squares alongside)
-        x = tl.load(x_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)
-        squares = tl.zeros((BLOCK_K,), tl.float32)
-        if NORM:
-            squares += x * x
-            x *= tl.load(n_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)
-        acc = w0.to(tl.float32) * x[None, :]
-        acc_up = u0.to(tl.float32) * x[None, :]
-        for k0 in range(BLOCK_K, K, BLOCK_K):
-            kk = k0 + rk
-            ok = rows[:, None] & (kk < K)[None, :]
-            xk = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-            if NORM:
-                squares += xk * xk
-                xk *= tl.load(n_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-            xk = xk[None, :]
-            acc += tl.load(w + kk[None, :], mask=ok, other=0.0,
-                           eviction_policy="evict_first").to(tl.float32) * xk
-            if GATED:
-                acc_up += tl.load(w_up + kk[None, :], mask=ok, other=0.0,
-                                  eviction_policy="evict_first").to(tl.float32) * xk
-        if PDL:
-            tl.extra.cuda.gdc_launch_dependents()
-        # 3. the norm's scale, bias, gating and residual (rounded as the unfused layers round)
-        scale = tl.math.rsqrt(tl.sum(squares, 0) / K + eps) if NORM else 1.0
-        y = tl.sum(acc, 1) * scale
-        if HAS_BIAS:
-            y += tl.load(b_ptr + rn, mask=rows, other=0.0).to(tl.float32)
-        if GATED:
-            up = tl.sum(acc_up, 1) * scale
-            if HAS_BIAS:
-                up += tl.load(b_ptr + N + rn, mask=rows, other=0.0).to(tl.float32)
-            gate = y.to(dtype).to(tl.float32)
-            y = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32) * up.to(dtype).to(tl.float32)
-        if HAS_RESIDUAL:
-            y = y.to(dtype).to(tl.float32) + tl.load(r_ptr + rn, mask=rows,
-                                                     other=0.0).to(tl.float32)
-        tl.store(y_ptr + rn, y.to(dtype), mask=rows)
+    """The autotuned kernel (``mmspec.row_kernel``: importing it imports Triton)."""
+    from .row_kernel import row_product_kernel
 
     return row_product_kernel

@@ -39,6 +39,7 @@ import torch
 from torch import fx, nn
 
 from . import gemv  # noqa: F401  (registers torch.ops.mmspec.row_product)
+from . import qkv_rope  # noqa: F401  (registers torch.ops.mmspec.qkv_rope)
 
 LINEAR = (torch._C._nn.linear, nn.functional.linear)
 
@@ -193,9 +194,11 @@ def _linear_args(node: fx.Node):
 @dataclass(frozen=True)
 class RowKernels:
     """One-row calls through ``gemv.row_product`` (``group_linears``); ``norms``: with the
-    RMSNorm before a call in the call (each program of the kernel reads all of x)."""
+    RMSNorm before a call in the call (each program of the kernel reads all of x); ``rope``:
+    a q/k/v run with its rotary embedding and cache writes as ``qkv_rope`` (``_rope``)."""
 
     norms: bool = True
+    rope: bool = True
 
 
 def group_linears(gm: fx.GraphModule, example_inputs, rows: RowKernels | None = None) -> int:
@@ -216,14 +219,16 @@ def group_linears(gm: fx.GraphModule, example_inputs, rows: RowKernels | None = 
     runs = [(x, run) for x, calls in by_input.items() for run in _runs(calls, real)]
     for x, run in runs:
         _replace(gm.graph, x, run, real, torch._C._nn.linear)
-    made = len(runs) + (0 if rows is None else _row_products(gm.graph, by_row, real, rows.norms))
+    made = len(runs) + (0 if rows is None else _row_products(gm.graph, by_row, real, rows.norms,
+                                                              rows.rope))
     if made:
         gm.graph.lint()
         gm.recompile()
     return made
 
 
-def _row_products(graph: fx.Graph, by_row: dict, real: dict, norms: bool) -> int:
+def _row_products(graph: fx.Graph, by_row: dict, real: dict, norms: bool,
+                  rope: bool = False) -> int:
     """One-row calls as ``gemv.row_product`` (``group_linears``): a run over its span, split
     after, or gated when its outputs only feed ``silu(first) * second`` (an MLP's gate/up); a
     single call with the residual add that alone reads it. With ``norms``, a run whose input
@@ -244,6 +249,8 @@ def _row_products(graph: fx.Graph, by_row: dict, real: dict, norms: bool) -> int
                 y = _single(graph, x, run[0][0], real[run[0][1]], run[0][1], run[0][2], op)
             if norm is not None:
                 _take_norm(graph, y, norm)
+            if rope and len(run) == 3 and not _gated(run):
+                _rope(graph, y)
             made += 1
     return made
 
@@ -303,6 +310,122 @@ def _take_norm(graph: fx.Graph, y: fx.Node, norm: _Norm) -> None:
     for node in norm.nodes:
         if not node.users:
             graph.erase_node(node)
+
+
+@dataclass(frozen=True)
+class _Head:
+    """One of a q/k/v span's parts as heads: ``part.view(1, 1, -1, D).transpose(1, 2)``."""
+
+    states: fx.Node                    # the transposed view
+    d: int                             # the head dimension
+    nodes: tuple[fx.Node, ...]         # states, view, part
+
+
+def _heads(part: fx.Node) -> _Head | None:
+    view = next(iter(part.users), None) if len(part.users) == 1 else None
+    if not (_call(view, ("view",), 2) and len(view.users) == 1):
+        return None
+    states = next(iter(view.users))
+    shape = view.args[1]
+    if not (_call(states, ("transpose",), 3) and states.args[1:] == (1, 2)
+            and isinstance(shape, tuple) and len(shape) == 4 and shape[:3] == (1, 1, -1)
+            and isinstance(shape[3], int) and shape[3] % 2 == 0):
+        return None
+    return _Head(states, shape[3], (states, view, part))
+
+
+def _rotary(node: fx.Node, t: fx.Node, d: int):
+    """(cos, sin, nodes) when ``node`` is transformers' ``t * cos + rotate_half(t) * sin``
+    (``rotate_half``: ``cat((-t[..., D/2:], t[..., :D/2]), -1)``); else None."""
+    if not _call(node, (operator.add,), 2):
+        return None
+    first, second = node.args
+    if not (_call(first, (operator.mul,), 2) and _call(second, (operator.mul,), 2)
+            and first.args[0] is t):
+        return None
+    cat, sin = second.args
+    if not (_call(cat, (torch.cat,), 1) and cat.kwargs == {"dim": -1}
+            and len(cat.args[0]) == 2):
+        return None
+    neg, low = cat.args[0]
+    high = neg.args[0] if _call(neg, (operator.neg,), 1) else None
+    half = d // 2
+    if not (_call(high, (operator.getitem,), 2) and _call(low, (operator.getitem,), 2)
+            and high.args == (t, (Ellipsis, slice(half, None, None)))
+            and low.args == (t, (Ellipsis, slice(None, half, None)))):
+        return None
+    return first.args[1], sin, (node, first, second, cat, neg, high, low)
+
+
+def _rope(graph: fx.Graph, y: fx.Node) -> bool:
+    """A one-row q/k/v ``row_product`` ``y`` (split in three, each part as heads) whose q and
+    k get transformers' rotary embedding and whose k and v then go into the cache by
+    ``index_copy_(cache, 2, at, ...)`` at one slot, read by nothing else: all of it as one
+    ``qkv_rope`` call. Returns whether it was; the graph is left as it was if not."""
+    split = next(iter(y.users), None) if len(y.users) == 1 else None
+    if not (_call(split, (torch.split,), 3) and len(split.users) == 3
+            and split.args[1][1] == split.args[1][2]):           # as many k rows as v rows
+        return False
+    heads = [_heads(p) for p in sorted(split.users, key=lambda n: n.args[1])]
+    if any(h is None for h in heads) or len({h.d for h in heads}) != 1:
+        return False
+    (q, k, v), d = heads, heads[0].d
+    rots = [_embedded(h.states, d) for h in (q, k)]
+    if None in rots or rots[0][1:3] != rots[1][1:3] or len(v.states.users) != 1:
+        return False
+    (q_embed, cos, sin, q_nodes), (k_embed, _, _, k_nodes) = rots
+    copies = [next(iter(n.users)) if len(n.users) == 1 else None for n in (k_embed, v.states)]
+    if not all(_call(c, ("index_copy_",), 4) and c.args[1] == 2 for c in copies):
+        return False
+    (copy_k, copy_v), at = copies, copies[0].args[2]
+    if copy_v.args[2] is not at or copy_k.args[3] is not k_embed or copy_v.args[3] is not v.states:
+        return False
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    first = min(copies, key=order.__getitem__)
+    if any(order[u] < order[first] for u in q_embed.users):
+        return False
+    norm, eps = (y.args[5], y.args[6]) if len(y.args) > 5 else (None, 0.0)
+    with graph.inserting_before(first):
+        fused = graph.call_function(torch.ops.mmspec.qkv_rope.default, (
+            y.args[0], y.args[1], y.args[2], norm, eps, cos, sin, copy_k.args[0],
+            copy_v.args[0], _pointer(at), split.args[1][0], d))
+    fused.meta = dict(q_embed.meta)
+    q_embed.replace_all_uses_with(fused)
+    _erase(graph, [copy_k, copy_v, *q_nodes, *k_nodes, *q.nodes, *k.nodes, *v.nodes, split, y])
+    if fused.args[9] is not at and not at.users:
+        _erase(graph, [at, at.args[0]] if len(at.args[0].users) == 1 else [at])
+    return True
+
+
+def _pointer(at: fx.Node) -> fx.Node:
+    """The cache's 0-d write pointer when ``at`` is ``arange(1) + pointer`` (static layers'
+    slot at one row; the op reads its one element, and no kernel per layer computes ``at``),
+    else ``at``."""
+    if not (_call(at, (operator.add,), 2) and _call(at.args[0], (torch.arange,), 1)
+            and at.args[0].args[0] == 1 and isinstance(at.args[1], fx.Node)):
+        return at
+    value = at.args[1].meta.get("example_value")
+    ok = isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_floating_point()
+    return at.args[1] if ok else at
+
+
+def _embedded(states: fx.Node, d: int):
+    """(output, cos, sin, nodes) of the rotary embedding of ``states`` when it is all that
+    reads them (``_rotary``); else None."""
+    muls = [n for n in states.users if _call(n, (operator.mul,), 2) and n.args[0] is states]
+    if len(states.users) != 3 or len(muls) != 1 or len(muls[0].users) != 1:
+        return None
+    found = _rotary(next(iter(muls[0].users)), states, d)
+    if found is None or set(states.users) != {muls[0], *found[2][5:]}:
+        return None
+    return (found[2][0], *found)
+
+
+def _erase(graph: fx.Graph, nodes: list[fx.Node]) -> None:
+    """Erase ``nodes`` (consumers before producers); each must be read by nothing left."""
+    for node in nodes:
+        assert not node.users, node
+        graph.erase_node(node)
 
 
 def _gated(run: list[tuple]) -> bool:

@@ -293,9 +293,12 @@ class CausalLMSession(Session):
     # Under "regional" with grouped projections, on CUDA: one-row products (the q/k/v span,
     # the gate/up span with silu(gate) * up, o and down with their residual adds, output
     # heads) in ``mmspec.gemv``'s kernel instead of inductor's reductions (docs/engine.md);
-    # ``row_norms``: the RMSNorm before q/k/v and before gate/up inside that kernel.
+    # ``row_norms``: the RMSNorm before q/k/v and before gate/up inside that kernel;
+    # ``row_rope``: the q/k/v span with its rotary embedding and cache writes as one kernel
+    # (``mmspec.qkv_rope``), where the layer writes them as transformers' Llama does.
     row_kernels = True
     row_norms = True
+    row_rope = True
     # Static caches' full-attention layers share one write pointer, moved once per step
     # (``mmspec.cache.SharedPointerLayer``): a 32-layer step launches one increment, not 32.
     shared_pointer = True
@@ -657,7 +660,8 @@ class CausalLMSession(Session):
             _STATIC.clear()
 
     def _row_kernels(self) -> grouping.RowKernels | None:
-        return grouping.RowKernels(norms=self.row_norms) if self.row_kernels else None
+        return (grouping.RowKernels(norms=self.row_norms, rope=self.row_rope)
+                if self.row_kernels else None)
 
     def _fused(self):
         """(the module a captured step calls, the context it is captured in): the network

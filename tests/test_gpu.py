@@ -224,6 +224,44 @@ def test_row_product_kernel_matches_linear(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_qkv_rope_kernel_matches_the_unfused_layers(dtype):
+    """``qkv_rope``'s kernel on the 7B Llama's q/k/v span (32 heads of 128; with and without
+    the RMSNorm) and a grouped-query one with a bias (28 heads on 4) against the unfused
+    layers in float64, within the dtype's rounding: q rotated, k rotated and v in the cache
+    at the slot, the other slots untouched; the same bits on a second call."""
+    from mmspec import qkv_rope
+
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    for nq, nk, d, bias, norm in [(4096, 4096, 128, False, False), (4096, 4096, 128, False, True),
+                                  (3584, 512, 128, True, True)]:
+        k = 4096 if nq == 4096 else 3584
+        x = (3 * torch.randn(1, 1, k, device=dev, generator=g)).to(dtype)
+        w = (torch.randn(nq + 2 * nk, k, device=dev, generator=g) / k ** 0.5).to(dtype)
+        b = torch.randn(nq + 2 * nk, device=dev, generator=g).to(dtype) if bias else None
+        nw = (torch.rand(k, device=dev, generator=g) + 0.5).to(dtype) if norm else None
+        angle = torch.rand(d // 2, device=dev, generator=g) * 6.3
+        cos, sin = torch.cat([angle.cos()] * 2).to(dtype), torch.cat([angle.sin()] * 2).to(dtype)
+        cache = [torch.randn(1, nk // d, 64, d, device=dev, generator=g).to(dtype) for _ in "kv"]
+        pos = torch.tensor([37], device=dev)
+        want = [t.double() for t in cache]
+        dd = lambda t: None if t is None else t.double()           # noqa: E731
+        ref = qkv_rope._reference(x.double(), w.double(), dd(b), dd(nw), 1e-5, cos.double(),
+                                  sin.double(), *want, pos, nq, d)
+        outs = []
+        for _ in range(2):
+            got = [t.clone() for t in cache]
+            outs.append((torch.ops.mmspec.qkv_rope(x, w, b, nw, 1e-5, cos, sin, *got, pos, nq,
+                                                   d), got))
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        (y, (keys, values)), (y2, (keys2, values2)) = outs
+        for a, r in ((y, ref), (keys, want[0]), (values, want[1])):
+            assert a.dtype == dtype and a.shape == r.shape
+            assert (a.double() - r).abs().max().item() <= tol * r.abs().max().item(), (nq, norm)
+        assert torch.equal(y, y2) and torch.equal(keys, keys2) and torch.equal(values, values2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_attention_kernel_matches_sdpa(dtype):
     """``decode_attention``'s kernels on the 7B Llama's step shapes (32 heads of 128; one
     query and five; 128, 256 and 700 slots read of 1,024: one split and several) and a
@@ -248,16 +286,19 @@ def test_decode_attention_kernel_matches_sdpa(dtype):
 
 @pytest.mark.parametrize("k", [0, 4])
 def test_one_row_steps_run_the_row_kernel_and_give_plain_greedy(k, monkeypatch):
-    """At batch 1 ``compile=True`` runs q/k/v and the gated MLP (each with the RMSNorm before
-    it), o and down (with their residual adds) and the output head through ``gemv``'s
-    kernel, and attention through ``decode_attention``'s: the tokens are eager plain
-    greedy's (float32), speculative or not."""
-    from mmspec import decode_attention, gemv
+    """At batch 1 ``compile=True`` runs q/k/v (with the RMSNorm before it, the rotary
+    embedding and the cache writes after: ``qkv_rope``) and the gated MLP (with its RMSNorm),
+    o and down (with their residual adds) and the output head through ``gemv``'s kernel, and
+    attention through ``decode_attention``'s: the tokens are eager plain greedy's (float32),
+    speculative or not."""
+    from mmspec import decode_attention, gemv, qkv_rope
 
-    calls, attention = [], []
-    launch, attend = gemv.launch, decode_attention.launch
+    calls, attention, rope = [], [], []
+    launch, attend, rotary = gemv.launch, decode_attention.launch, qkv_rope.launch
     monkeypatch.setattr(gemv, "launch", lambda *a, **kw: calls.append(
         (a[3] is not None, a[4], kw.get("norm") is not None)) or launch(*a, **kw))
+    monkeypatch.setattr(qkv_rope, "launch", lambda *a, **kw: rope.append(
+        a[3] is not None) or rotary(*a, **kw))
     monkeypatch.setattr(decode_attention, "launch", lambda q, *a, **kw: attention.append(
         q.shape[2]) or attend(q, *a, **kw))
     torch._dynamo.reset()
@@ -269,8 +310,8 @@ def test_one_row_steps_run_the_row_kernel_and_give_plain_greedy(k, monkeypatch):
     plain = mmspec.generate(t, None, ids, **kw)
     fused = mmspec.generate(t, d, ids, compile=True, num_draft_tokens=k, **kw)
     assert torch.equal(plain.sequences, fused.sequences)
-    assert {(False, False, True), (False, True, True), (True, False, False),
-            (False, False, False)} <= set(calls)
+    assert {(False, True, True), (True, False, False), (False, False, False)} <= set(calls)
+    assert rope and all(rope)                 # every q/k/v row: norm, rotary, cache writes
     assert {1, k + 1} <= set(attention)       # plain and draft steps, the verification
     torch._dynamo.reset()
 

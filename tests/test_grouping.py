@@ -273,15 +273,17 @@ def test_row_product_kernel_compiles_for_hopper_in_every_setting(dtype):
     norm (and each of those alone in one setting), compiles for sm_90 without a GPU; under
     PDL each program's first weight loads come before its wait on the kernel before it."""
     from conftest import hopper_ptx
-    from mmspec import gemv
+    from mmspec import gemv, row_kernel
 
     ptr = "*" + dtype
-    sig = {**{name: ptr for name in ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "n_ptr", "y_ptr")},
-           "N": "i32", "eps": "fp32"}
+    sig = {**{name: ptr for name in ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "n_ptr", "y_ptr",
+                                     "c_ptr", "s_ptr", "kc_ptr", "vc_ptr", "pos_ptr")},
+           **{name: "i32" for name in ("k_head", "k_slot", "v_head", "v_slot", "N")},
+           "eps": "fp32"}
     flags = [dict(HAS_BIAS=True, HAS_RESIDUAL=True, GATED=True, NORM=True, PDL=True)]
     flags += [dict(HAS_BIAS=False, HAS_RESIDUAL=r, GATED=g, NORM=nm, PDL=pdl)
               for r, g, nm, pdl in ((True, False, False, True), (False, True, True, False))]
-    for i, cfg in enumerate(gemv.configs()):
+    for i, cfg in enumerate(row_kernel.configs()):
         for f in flags if i == 0 else flags[:1]:
             ptx = hopper_ptx(gemv._kernel(), sig, dict(K=4096, **f, **cfg.kwargs),
                              cfg.num_warps).splitlines()
@@ -289,3 +291,52 @@ def test_row_product_kernel_compiles_for_hopper_in_every_setting(dtype):
             loads = [j for j, line in enumerate(ptx) if "ld.global" in line]
             assert bool(waits) == f["PDL"], (cfg, f)
             assert not waits or loads[0] < waits[0], (cfg, f)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_one_row_q_k_v_with_its_rotary_and_cache_writes_is_one_call(kind, backend):
+    """At one row on a static cache (``cache.static_cache``: the layers write at one shared
+    pointer), with ``rows``: each layer's q/k/v product, the rotary embedding of q and k and
+    the writes of k and v into the cache are one ``qkv_rope`` call (biases included); the
+    logits and every cache slot are the unfused layers', through AOT autograd's
+    functionalisation of the op's writes (and inductor's code on the CPU); the op reads the
+    cache's write pointer itself (no ``arange`` left to compute the slot); with ``rope``
+    off, no such call."""
+    from mmspec.cache import advance, static_cache
+
+    m = _model(kind)
+    grouping.contiguous_projections(m)
+    op = torch.ops.mmspec.qkv_rope.default
+    results = []
+    for rope in (None, True, False):
+        fused, slots = [], []
+
+        def compile_fn(gm, example_inputs):
+            grouping.group_linears(gm, example_inputs, grouping.RowKernels(rope=rope))
+            fused.append(sum(n.target is op for n in gm.graph.nodes))
+            slots.append(sum(n.target is torch.arange for n in gm.graph.nodes))
+            return torch._dynamo.lookup_backend(backend)(gm, example_inputs)
+
+        cache = static_cache(m.config, 16)
+        with torch.no_grad():
+            m(input_ids=torch.tensor([[3, 4, 5]]), cache=cache, use_cache=True)
+            advance(cache, 3)
+            torch._dynamo.reset()
+            step = dict(input_ids=torch.tensor([[6]]), cache=cache, use_cache=True,
+                        cache_position=torch.tensor([3]))
+            if rope is None:
+                logits = m(**step).logits
+            else:
+                with regions.compiled(m, {}, backend=compile_fn):
+                    logits = m(**step).logits
+        results.append((logits, [t.clone() for layer in cache.layers
+                                 for t in (layer.keys, layer.values)], fused, slots))
+    (ref, ref_cache, *_), *compiled = results
+    assert compiled[0][2][1] == 1 and compiled[1][2][1] == 0        # the layer's trace
+    assert compiled[0][3][1] == 0 < compiled[1][3][1]    # the op reads the pointer itself
+    for logits, tensors, *_ in compiled:
+        torch.testing.assert_close(logits, ref, rtol=1e-5, atol=1e-5)
+        for got, want in zip(tensors, ref_cache):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()

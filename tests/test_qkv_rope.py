@@ -1,0 +1,97 @@
+"""The q/k/v product with the rotary embedding and the cache writes in one kernel
+(mmspec.qkv_rope): under Triton's interpreter against the unfused layers in float64, and
+compiled for Hopper without a GPU."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mmspec import qkv_rope
+
+CHILD = """
+import torch
+from mmspec import qkv_rope
+torch.manual_seed(0)
+for nq, nk, d, k, bias, norm in [(32, 16, 8, 300, False, False), (16, 8, 8, 64, True, True),
+                                 (24, 24, 4, 130, False, True)]:
+    n = nq + 2 * nk
+    x, w = 3 * torch.randn(1, 1, k), torch.randn(n, k)
+    b = torch.randn(n) if bias else None
+    nw = torch.rand(k) + 0.5 if norm else None
+    cos, sin = torch.randn(d), torch.randn(d)
+    keys, values = torch.randn(1, nk // d, 10, d), torch.randn(1, nk // d, 10, d)
+    pos = torch.tensor([3])
+    kr, vr = keys.double().clone(), values.double().clone()
+    dd = lambda t: None if t is None else t.double()
+    ref = qkv_rope._reference(x.double(), w.double(), dd(b), dd(nw), 1e-5, cos.double(),
+                              sin.double(), kr, vr, pos, nq, d)
+    y = qkv_rope.launch(x, w, b, nw, 1e-5, cos, sin, keys, values, pos, nq, d, pdl=False)
+    for got, want in ((y, ref), (keys, kr), (values, vr)):
+        assert got.shape == want.shape
+        err = (got.double() - want).abs().max().item()
+        assert err < 1e-4 * want.abs().max().item(), (nq, nk, d, k, bias, norm, err)
+print("ok")
+"""
+
+
+def test_the_kernel_gives_the_unfused_layers_under_the_triton_interpreter():
+    """q rotated, k rotated and v written at the slot (the other slots untouched), with and
+    without a bias and a norm, tails of K; float32 against float64 (a child process: the
+    interpreter is chosen when Triton is imported)."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_the_custom_op_runs_the_unfused_layers_off_the_gpu():
+    """``torch.ops.mmspec.qkv_rope`` on the CPU: the reference, cache slots written in place."""
+    torch.manual_seed(0)
+    x, w = torch.randn(1, 1, 16), torch.randn(8 + 2 * 4, 16)
+    cos, sin = torch.randn(4), torch.randn(4)
+    keys, values = torch.zeros(1, 1, 6, 4), torch.zeros(1, 1, 6, 4)
+    q = torch.ops.mmspec.qkv_rope(x, w, None, None, 0.0, cos, sin, keys, values,
+                                  torch.tensor([2]), 8, 4)
+    y = torch.nn.functional.linear(x, w)
+    c, s = cos.view(1, 1, 1, 4), sin.view(1, 1, 1, 4)
+    torch.testing.assert_close(q, qkv_rope.rotate(y[..., :8].reshape(1, 2, 1, 4), c, s))
+    torch.testing.assert_close(keys[0, 0, 2], qkv_rope.rotate(y[0, 0, 8:12], cos, sin))
+    torch.testing.assert_close(values[0, 0, 2], y[0, 0, 12:])
+    assert keys[0, 0, [0, 1, 3, 4, 5]].abs().sum() == 0 == values[0, 0, 3:].abs().sum()
+
+
+def test_a_span_that_is_not_q_k_v_of_whole_heads_is_refused():
+    keys = torch.zeros(1, 1, 6, 4)
+    with pytest.raises(ValueError, match="accepted nq \\+ 2 nk rows"):
+        qkv_rope.check(torch.zeros(17, 8), 8, 4, keys)
+    with pytest.raises(ValueError, match="contiguous in its last dimension"):
+        qkv_rope.check(torch.zeros(16, 8), 8, 4, torch.zeros(1, 1, 4, 6).transpose(2, 3))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_the_kernel_compiles_for_hopper_in_every_setting(dtype):
+    """``gemv``'s kernel with its rotary epilogue, in every launch setting, with a bias and
+    the norm (and without), compiles for sm_90 without a GPU; under PDL the first weight
+    loads come before the wait."""
+    from conftest import hopper_ptx
+
+    from mmspec import gemv, row_kernel
+
+    ptr = "*" + dtype
+    sig = {**{name: ptr for name in ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "n_ptr", "y_ptr",
+                                     "c_ptr", "s_ptr", "kc_ptr", "vc_ptr")},
+           "pos_ptr": "*i64", **{name: "i32" for name in ("k_head", "k_slot", "v_head",
+                                                           "v_slot", "N")}, "eps": "fp32"}
+    shape = dict(K=4096, ROPE=True, NQ=4096, NK=4096, D=128, HAS_RESIDUAL=False, GATED=False)
+    flags = [dict(HAS_BIAS=True, NORM=True, PDL=True), dict(HAS_BIAS=False, NORM=False, PDL=False)]
+    for i, cfg in enumerate(row_kernel.configs()):
+        for f in flags if i == 0 else flags[:1]:
+            ptx = hopper_ptx(gemv._kernel(), sig, dict(**shape, **f, **cfg.kwargs),
+                             cfg.num_warps).splitlines()
+            waits = [j for j, line in enumerate(ptx) if "griddepcontrol.wait" in line]
+            loads = [j for j, line in enumerate(ptx) if "ld.global" in line]
+            assert bool(waits) == f["PDL"], (cfg, f)
+            assert not waits or loads[0] < waits[0], (cfg, f)
