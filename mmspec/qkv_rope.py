@@ -66,14 +66,16 @@ def _(x, w, b, norm, eps, cos, sin, keys, values, pos, nq, head_dim):
     return x.new_empty(1, nq // head_dim, 1, head_dim)
 
 
-def check(w: torch.Tensor, nq: int, head_dim: int, keys: torch.Tensor) -> None:
+def check(w: torch.Tensor, nq: int, head_dim: int, keys: torch.Tensor,
+          values: torch.Tensor) -> None:
     nk = (w.shape[0] - nq) // 2
     if head_dim % 2 or nq % head_dim or nk % head_dim or w.shape[0] != nq + 2 * nk:
         raise ValueError(f"qkv_rope: w has {w.shape[0]} rows; accepted nq + 2 nk rows, nq and "
                          f"nk multiples of an even head_dim (nq={nq}, head_dim={head_dim})")
-    if keys.stride(-1) != 1 or keys.shape[-1] != head_dim:
-        raise ValueError(f"qkv_rope: keys {tuple(keys.shape)}; accepted [1, heads, S, "
-                         f"{head_dim}] contiguous in its last dimension")
+    for name, cache in (("keys", keys), ("values", values)):
+        if cache.stride(-1) != 1 or cache.shape[-1] != head_dim or cache.shape[0] != 1:
+            raise ValueError(f"qkv_rope: {name} {tuple(cache.shape)}; accepted [1, heads, S, "
+                             f"{head_dim}] contiguous in its last dimension")
 
 
 def launch(x, w, b, norm, eps, cos, sin, keys, values, pos, nq: int, head_dim: int,
@@ -82,7 +84,7 @@ def launch(x, w, b, norm, eps, cos, sin, keys, values, pos, nq: int, head_dim: i
     ``TRITON_INTERPRET=1``, without PDL)."""
     import triton
 
-    check(w, nq, head_dim, keys)
+    check(w, nq, head_dim, keys, values)
     if pdl is None:
         pdl = x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] >= 9
     pairs = w.shape[0] // 2

@@ -66,9 +66,14 @@ def test_the_custom_op_runs_the_unfused_layers_off_the_gpu():
 def test_a_span_that_is_not_q_k_v_of_whole_heads_is_refused():
     keys = torch.zeros(1, 1, 6, 4)
     with pytest.raises(ValueError, match="accepted nq \\+ 2 nk rows"):
-        qkv_rope.check(torch.zeros(17, 8), 8, 4, keys)
-    with pytest.raises(ValueError, match="contiguous in its last dimension"):
-        qkv_rope.check(torch.zeros(16, 8), 8, 4, torch.zeros(1, 1, 4, 6).transpose(2, 3))
+        qkv_rope.check(torch.zeros(17, 8), 8, 4, keys, keys)
+    with pytest.raises(ValueError, match="keys .* contiguous in its last dimension"):
+        qkv_rope.check(torch.zeros(16, 8), 8, 4, torch.zeros(1, 1, 4, 6).transpose(2, 3), keys)
+    with pytest.raises(ValueError, match="values \\(1, 1, 6, 8\\); accepted"):
+        qkv_rope.check(torch.zeros(16, 8), 8, 4, keys, torch.zeros(1, 1, 6, 8))
+    with pytest.raises(ValueError, match="values \\(2, 1, 6, 4\\); accepted \\[1,"):
+        qkv_rope.check(torch.zeros(16, 8), 8, 4, keys, torch.zeros(2, 1, 6, 4))
+    qkv_rope.check(torch.zeros(16, 8), 8, 4, keys, keys)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
