@@ -219,28 +219,28 @@ def group_linears(gm: fx.GraphModule, example_inputs, rows: RowKernels | None = 
     runs = [(x, run) for x, calls in by_input.items() for run in _runs(calls, real)]
     for x, run in runs:
         _replace(gm.graph, x, run, real, torch._C._nn.linear)
-    made = len(runs) + (0 if rows is None else _row_products(gm.graph, by_row, real, rows.norms,
-                                                              rows.rope))
+    made = len(runs) + (0 if rows is None else _row_products(gm.graph, by_row, real, rows))
     if made:
         gm.graph.lint()
         gm.recompile()
     return made
 
 
-def _row_products(graph: fx.Graph, by_row: dict, real: dict, norms: bool,
-                  rope: bool = False) -> int:
+def _row_products(graph: fx.Graph, by_row: dict, real: dict, rows: RowKernels) -> int:
     """One-row calls as ``gemv.row_product`` (``group_linears``): a run over its span, split
     after, or gated when its outputs only feed ``silu(first) * second`` (an MLP's gate/up); a
-    single call with the residual add that alone reads it. With ``norms``, a run whose input
-    is an RMSNorm's output that only it reads takes the norm's input and weight instead
-    (``_rms_norm``)."""
+    single call with the residual add that alone reads it. With ``rows.norms``, a run whose
+    input is an RMSNorm's output that only it reads takes the norm's input and weight instead
+    (``_rms_norm``); with ``rows.rope``, a q/k/v run with its rotary embedding and cache
+    writes becomes one ``qkv_rope`` call (``_rope``)."""
     op, made = torch.ops.mmspec.row_product.default, 0
     for calls in by_row.values():
         runs = _runs(calls, real)
         joined = {c[0] for run in runs for c in run}
         for run in runs + [[c] for c in calls if c[0] not in joined]:
             x = _linear_args(run[0][0])[0]       # now (a replaced call may have been it)
-            norm = _rms_norm(x, real) if norms and set(x.users) == {c[0] for c in run} else None
+            alone = set(x.users) == {c[0] for c in run}
+            norm = _rms_norm(x, real) if rows.norms and alone else None
             if _gated(run):
                 y = _gate_up(graph, x, run, real, op)
             elif len(run) > 1:
@@ -249,7 +249,7 @@ def _row_products(graph: fx.Graph, by_row: dict, real: dict, norms: bool,
                 y = _single(graph, x, run[0][0], real[run[0][1]], run[0][1], run[0][2], op)
             if norm is not None:
                 _take_norm(graph, y, norm)
-            if rope and len(run) == 3 and not _gated(run):
+            if rows.rope and len(run) == 3 and not _gated(run):
                 _rope(graph, y)
             made += 1
     return made

@@ -15,15 +15,15 @@ CHILD = """
 import torch
 from mmspec import qkv_rope
 torch.manual_seed(0)
-for nq, nk, d, k, bias, norm in [(32, 16, 8, 300, False, False), (16, 8, 8, 64, True, True),
-                                 (24, 24, 4, 130, False, True)]:
+for nq, nk, d, k, bias, norm, pos in [(32, 16, 8, 300, False, False, torch.tensor([3])),
+                                      (16, 8, 8, 64, True, True, torch.tensor(3)),
+                                      (24, 24, 4, 130, False, True, torch.tensor(9))]:
     n = nq + 2 * nk
     x, w = 3 * torch.randn(1, 1, k), torch.randn(n, k)
     b = torch.randn(n) if bias else None
     nw = torch.rand(k) + 0.5 if norm else None
     cos, sin = torch.randn(d), torch.randn(d)
     keys, values = torch.randn(1, nk // d, 10, d), torch.randn(1, nk // d, 10, d)
-    pos = torch.tensor([3])
     kr, vr = keys.double().clone(), values.double().clone()
     dd = lambda t: None if t is None else t.double()
     ref = qkv_rope._reference(x.double(), w.double(), dd(b), dd(nw), 1e-5, cos.double(),
@@ -38,8 +38,9 @@ print("ok")
 
 
 def test_the_kernel_gives_the_unfused_layers_under_the_triton_interpreter():
-    """q rotated, k rotated and v written at the slot (the other slots untouched), with and
-    without a bias and a norm, tails of K; float32 against float64 (a child process: the
+    """q rotated, k rotated and v written at the slot (the other slots untouched; the slot a
+    one-element or a 0-d tensor, as the cache's write pointer is), with and without a bias
+    and a norm, tails of K; float32 against float64 (a child process: the
     interpreter is chosen when Triton is imported)."""
     env = dict(os.environ, TRITON_INTERPRET="1")
     out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True,
