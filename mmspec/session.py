@@ -1021,16 +1021,31 @@ class PaddedSession(Session):
         """The wrapped session's."""
         return self.inner.tree_verify
 
+    @property
+    def chains(self) -> bool:
+        """The wrapped session's: its ``chain`` runs as one captured graph."""
+        return self.inner.chains
+
     def prefill(self, *args, **kwargs):
         return self.inner.prefill(*args, **kwargs)
 
     def step(self, tokens, valid=None, tree=None):
-        tokens = torch.where(tokens < self.inner.vocab_size, tokens, self.fallback_id)
-        p = self.inner.step(tokens, valid, tree)
-        return torch.nn.functional.pad(p, (0, self.vocab_size - p.shape[-1]))
+        return self._pad(self.inner.step(self._known(tokens), valid, tree))
+
+    def chain(self, tokens, valid, k, follow, generator=None):
+        """The wrapped session's chain (one captured graph where it has ``chains``): its draws
+        are ids of its own vocabulary, their distributions padded."""
+        draws, dists = self.inner.chain(self._known(tokens), valid, k, follow, generator)
+        return draws, self._pad(dists)
 
     def commit(self, keep, valid, path=None):
         return self.inner.commit(keep, valid, path)
+
+    def _known(self, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.where(tokens < self.inner.vocab_size, tokens, self.fallback_id)
+
+    def _pad(self, p: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(p, (0, self.vocab_size - p.shape[-1]))
 
 
 class TokenSpanSession(CausalLMSession):

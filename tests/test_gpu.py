@@ -590,7 +590,11 @@ def test_captured_qwen_vl_equals_eager(kind):
 
 def test_captured_vlm_equals_eager(monkeypatch):
     """VisionLanguageGenerator(compile=True) for every draft kind, Jacobi and plain decoding:
-    the eager tokens; text and image drafts are queued ahead (host-free), the ensemble not."""
+    the eager tokens; text and image drafts are queued ahead (host-free), the ensemble not,
+    and draft their K tokens as one captured chain (through the padded draft session)."""
+    import gc
+
+    from mmspec.session import _STATIC
     from modalities.vlm import VisionLanguageGenerator
     from tiny_vlm import images, tiny_llava, tiny_processor, tiny_text_lm
 
@@ -614,6 +618,10 @@ def test_captured_vlm_equals_eager(monkeypatch):
             assert cap.token_ids == eager.token_ids, (mode, k)
             assert cap.stats.steps == eager.stats.steps, (mode, k)
             assert host_free[-1] == (mode != "ensemble"), (mode, host_free)
+        gc.collect()
+        chains = [k for entries in _STATIC.get(draft, {}).values() for e in entries
+                  for k in e.graphs if k[0] == "chain"]
+        assert bool(chains) == (mode != "ensemble"), mode
     mmspec.release_graphs()
 
 

@@ -101,6 +101,33 @@ def test_padded_target_vocabulary_maps_a_prefix_draft():
     del target
 
 
+def test_a_padded_draft_chains_through_its_own_session(monkeypatch):
+    """A padded draft's K steps are its own session's ``chain`` (one captured graph on the
+    GPU), with the draws and the zero-padded distributions of K single steps; ids past the
+    draft's vocabulary reach it as the fallback id."""
+    from mmspec.session import CausalLMSession, PaddedSession, Session
+    from mmspec.sampling import SamplingParams
+
+    draft = tiny_text_lm(vocab=40)
+    ids = torch.tensor([[5, 6, 7, 8], [0, 9, 10, 11]])
+    mask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])
+
+    def session():
+        s = PaddedSession(CausalLMSession(draft, SamplingParams(temperature=0)), 48)
+        s.prefill(ids, mask)
+        return s
+    chained, stepped = session(), session()
+    fed = []
+    inner = chained.inner.chain
+    monkeypatch.setattr(chained.inner, "chain", lambda t, *a: fed.append(t) or inner(t, *a))
+    tokens, valid, on = torch.tensor([[12, 45]]).T, torch.ones(2, 1), torch.ones(2)
+    draws, dists = chained.chain(tokens, valid, 3, on)
+    want_draws, want_dists = Session.chain(stepped, tokens, valid, 3, on)
+    assert fed[0][:, 0].tolist() == [12, 0]                     # 45: past the draft's 40 ids
+    assert torch.equal(draws, want_draws) and dists.shape == (2, 3, 48)
+    assert torch.equal(dists, want_dists) and not dists[..., 40:].any()
+
+
 def test_bad_input():
     target, draft, proc = _models("llava")
     g = VisionLanguageGenerator(target, proc, draft, "image")
