@@ -619,8 +619,8 @@ def test_captured_vlm_equals_eager(monkeypatch):
             assert cap.stats.steps == eager.stats.steps, (mode, k)
             assert host_free[-1] == (mode != "ensemble"), (mode, host_free)
         gc.collect()
-        chains = [k for entries in _STATIC.get(draft, {}).values() for e in entries
-                  for k in e.graphs if k[0] == "chain"]
+        chains = [key for entries in _STATIC.get(draft, {}).values() for e in entries
+                  for key in e.graphs if key[0] == "chain"]
         assert bool(chains) == (mode != "ensemble"), mode
     mmspec.release_graphs()
 
