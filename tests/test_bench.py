@@ -219,7 +219,11 @@ def test_bench_adapters_tiny_cpu_rows_equal_plain_decoding(tmp_path):
         assert spec["vlm-spec", "image", b]["acceptance"] == 1.0
         assert spec["tts-spec", "2-layer", b]["acceptance"] == 1.0
         assert spec["vlm-spec", "text", b]["acceptance"] < 1.0
-    assert "speedup vs eager plain" in (tmp_path / "report.md").read_text()
+    for r in spec.values():         # the call's time per target step, beside the steps alone
+        assert r["ms_per_step"] == pytest.approx(r["ms_per_token"] * 12 / r["steps"])
+        assert min(r["step_ms"], r["verify_ms"], r["draft_step_ms"]) > 0
+    report = (tmp_path / "report.md").read_text()
+    assert "speedup vs eager plain" in report and "verification + K draft steps" in report
 
 
 def test_bench_jacobi_reports_step_compression_of_the_batch(capsys):
