@@ -45,6 +45,28 @@ def hopper_ptx(kernel, signature: dict, constants: dict, num_warps: int = 4) -> 
     return out.asm["ptx"]
 
 
+def row_kernel_for_hopper(dtype: str, settings: list[dict]) -> None:
+    """``mmspec.gemv``'s row kernel compiled for Hopper (``hopper_ptx``) with ``settings[0]``
+    in every launch setting it tunes among, and with each of ``settings`` in the first:
+    under PDL each program's first weight loads come before its wait on the kernel before
+    it; without PDL there is no wait."""
+    from mmspec import gemv, row_kernel
+
+    ptr = "*" + dtype
+    sig = {**{name: ptr for name in ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "n_ptr", "y_ptr",
+                                     "c_ptr", "s_ptr", "kc_ptr", "vc_ptr")}, "pos_ptr": "*i64",
+           **{name: "i32" for name in ("k_head", "k_slot", "v_head", "v_slot", "N")},
+           "eps": "fp32"}
+    for i, cfg in enumerate(row_kernel.configs()):
+        for f in settings if i == 0 else settings[:1]:
+            ptx = hopper_ptx(gemv._kernel(), sig, dict(**f, **cfg.kwargs),
+                             cfg.num_warps).splitlines()
+            waits = [j for j, line in enumerate(ptx) if "griddepcontrol.wait" in line]
+            loads = [j for j, line in enumerate(ptx) if "ld.global" in line]
+            assert bool(waits) == f["PDL"], (cfg, f)
+            assert not waits or loads[0] < waits[0], (cfg, f)
+
+
 def random_pq(seed: int, v: int, d: int = 3, sharp: float = 2.0, zeros: bool = False):
     """A float64 target p, draft q (``zeros``: a third of q's ids impossible) and [v, d]
     embedding table, for the rules' exact checks."""

@@ -48,7 +48,8 @@ def test_bench_gpu_no_hf_runs_no_transformers_rows(tmp_path, monkeypatch):
     monkeypatch.setattr(CausalLMSession, "row_rope", True)
     main(["--shape", "tiny", "--device", "cpu", "--no-hf", "--batches", "1", "--ks", "2",
           "--eps", "0.0", "--new-tokens", "4", "--prompt", "4", "--no-prompt-graphs",
-          "--no-fused-settle", "--no-row-kernels", "--no-row-norms", "--no-row-rope", "--out", str(tmp_path)])
+          "--no-fused-settle", "--no-row-kernels", "--no-row-norms", "--no-row-rope",
+          "--out", str(tmp_path)])
     lines = (tmp_path / "bench.jsonl").read_text().splitlines()
     setup = json.loads(lines[0])
     assert setup["capture_prompts_up_to"] == 0 and setup["fused_settle"] is False

@@ -82,22 +82,8 @@ def test_the_kernel_compiles_for_hopper_in_every_setting(dtype):
     """``gemv``'s kernel with its rotary epilogue, in every launch setting, with a bias and
     the norm (and without), compiles for sm_90 without a GPU; under PDL the first weight
     loads come before the wait."""
-    from conftest import hopper_ptx
+    from conftest import row_kernel_for_hopper
 
-    from mmspec import gemv, row_kernel
-
-    ptr = "*" + dtype
-    sig = {**{name: ptr for name in ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "n_ptr", "y_ptr",
-                                     "c_ptr", "s_ptr", "kc_ptr", "vc_ptr")},
-           "pos_ptr": "*i64", **{name: "i32" for name in ("k_head", "k_slot", "v_head",
-                                                           "v_slot", "N")}, "eps": "fp32"}
     shape = dict(K=4096, ROPE=True, NQ=4096, NK=4096, D=128, HAS_RESIDUAL=False, GATED=False)
     flags = [dict(HAS_BIAS=True, NORM=True, PDL=True), dict(HAS_BIAS=False, NORM=False, PDL=False)]
-    for i, cfg in enumerate(row_kernel.configs()):
-        for f in flags if i == 0 else flags[:1]:
-            ptx = hopper_ptx(gemv._kernel(), sig, dict(**shape, **f, **cfg.kwargs),
-                             cfg.num_warps).splitlines()
-            waits = [j for j, line in enumerate(ptx) if "griddepcontrol.wait" in line]
-            loads = [j for j, line in enumerate(ptx) if "ld.global" in line]
-            assert bool(waits) == f["PDL"], (cfg, f)
-            assert not waits or loads[0] < waits[0], (cfg, f)
+    row_kernel_for_hopper(dtype, [dict(**shape, **f) for f in flags])
