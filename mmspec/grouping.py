@@ -249,7 +249,7 @@ def _row_products(graph: fx.Graph, by_row: dict, real: dict, rows: RowKernels) -
                 y = _single(graph, x, run[0][0], real[run[0][1]], run[0][1], run[0][2], op)
             if norm is not None:
                 _take_norm(graph, y, norm)
-            if rows.rope and len(run) == 3 and not _gated(run):
+            if rows.rope and len(run) == 3:          # q, k, v (a gated run has two)
                 _rope(graph, y)
             made += 1
     return made

@@ -995,6 +995,12 @@ class PaddedSession(Session):
     target emits one, the draft reads ``fallback_id`` in its place (drafts are proposals, so
     this costs acceptance, never correctness)."""
 
+    @classmethod
+    def around(cls, session: Session, vocab_size: int) -> Session:
+        """``session`` itself when its vocabulary is the target's (nothing to pad: no copy of
+        each step's distributions), else wrapped."""
+        return session if session.vocab_size == vocab_size else cls(session, vocab_size)
+
     def __init__(self, session: Session, vocab_size: int, fallback_id: int = 0):
         if session.vocab_size > vocab_size:
             raise ValueError(f"draft vocabulary ({session.vocab_size}) is larger than the "

@@ -126,6 +126,9 @@ def test_a_padded_draft_chains_through_its_own_session(monkeypatch):
     assert fed[0][:, 0].tolist() == [12, 0]                     # 45: past the draft's 40 ids
     assert torch.equal(draws, want_draws) and dists.shape == (2, 3, 48)
     assert torch.equal(dists, want_dists) and not dists[..., 40:].any()
+    alone = CausalLMSession(draft, SamplingParams(temperature=0))
+    assert PaddedSession.around(alone, 40) is alone                 # nothing to pad
+    assert isinstance(PaddedSession.around(alone, 48), PaddedSession)
 
 
 def test_bad_input():

@@ -270,14 +270,14 @@ class VisionLanguageGenerator:
             dbatch = self._ensemble_batch(images, prompts, captions)
             session = _session(self.draft, params,
                                **plan.cache(*dbatch["input_ids"].shape[::-1]))
-            drafter = EnsembleDrafter(PaddedSession(session, vt), dbatch["modes"],
+            drafter = EnsembleDrafter(PaddedSession.around(session, vt), dbatch["modes"],
                                       spec.num_draft_tokens())
             dbatch = {k: v for k, v in dbatch.items() if k != "modes"}
             return drafter, spec.build_rule(context), dbatch
         dbatch = self.text_only(batch) if self.draft_mode == "text" else self._image_batch(
             images, prompts, batch)
         cache = plan.cache(*dbatch["input_ids"].shape[::-1])
-        context = dataclasses.replace(context, draft_session=lambda: PaddedSession(
+        context = dataclasses.replace(context, draft_session=lambda: PaddedSession.around(
             _session(self.draft, params, **cache), vt))
         drafter, rule = spec.build(context)
         return drafter, rule, dbatch
