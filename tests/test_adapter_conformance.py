@@ -22,6 +22,7 @@ from typing import Callable
 import pytest
 import torch
 
+from mmspec.drafters.head import ARCHITECTURES
 from modalities.registry import adapters
 
 
@@ -36,16 +37,24 @@ class Case:
     rows: int = 2                # rows it has (VLMs: images of different sizes)
     front: object = None         # the front door (TextToImage, VisionLanguageGenerator ...)
 
-    def give_head(self) -> None:
-        """A (random) draft head of the kind the front door's target takes, for method
-        'head'."""
+    @property
+    def model(self) -> torch.nn.Module:
+        f = self.front
+        return f.target if isinstance(f.target, torch.nn.Module) else f.target.model
+
+    def give_head(self, arch: str = "draft-head") -> None:
+        """A (random) draft head of ``arch`` of the kind the front door's target takes, for
+        method 'head' (EAGLE-3: the first layers, up to three, fused)."""
         from mmspec.drafters.head import head_for_target
         from mmspec.drafters.load import load_head
+        from mmspec.session import _decoder_config
 
-        f = self.front
-        model = f.target if isinstance(f.target, torch.nn.Module) else f.target.model
         torch.manual_seed(7)
-        f.head = load_head(head_for_target(model), model)
+        kw = {}
+        if arch == "eagle3":
+            kw["feature_layers"] = tuple(range(min(3, _decoder_config(self.model)
+                                                   .num_hidden_layers)))
+        self.front.head = load_head(head_for_target(self.model, arch=arch, **kw), self.model)
 
 
 def _image(name: str) -> Case:
@@ -319,17 +328,23 @@ def test_greedy_trees_give_plain_greedy_or_are_refused(case, request):
         assert run("tree", [0, 1], static) == plain, static
 
 
-def test_draft_heads_give_plain_greedy(case, request):
-    """Method 'head' (a random head of the kind the target takes, on its features: a token
-    head's trees, or chains where the sessions take no tree steps; frame heads' chains) gives
-    plain greedy's tokens, static and dynamic caches. Multi-codebook targets refuse a token
-    head."""
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_draft_heads_give_plain_greedy(case, request, arch):
+    """Method 'head' (a random head of each architecture, of the kind the target takes, on
+    its features: a token head's trees, or chains where the sessions take no tree steps;
+    frame heads' chains) gives plain greedy's tokens, static and dynamic caches.
+    Multi-codebook targets refuse a token head and an EAGLE-3 head."""
     if request.node.callspec.params["case"] in ("delay-pattern", "csm"):
         from mmspec.drafters import DraftHead
+        from mmspec.drafters.head import head_for_target
 
         with pytest.raises(ValueError, match="multi-codebook"):
-            DraftHead.for_target(case.front.target.model)
-    case.give_head()
+            DraftHead.for_target(case.model)
+        if arch == "eagle3":
+            with pytest.raises(ValueError, match="multi-codebook"):
+                head_for_target(case.model, arch=arch)
+            return
+    case.give_head(arch)
     plain = case.run("plain", [0, 1], False)
     for static in (False, True) if case.static else (False,):
         assert case.run("head", [0, 1], static) == plain, static

@@ -115,7 +115,15 @@ class HeadConfig:
 class DraftHead(nn.Module):
     """The head (module docstring). Build it for a target with ``DraftHead.for_target``,
     load one with ``DraftHead.from_pretrained``; ``attach(target)`` shares the target's
-    embeddings and output head before use."""
+    embeddings and output head before use.
+
+    ``first_pair``: the prompt's first token is paired with a zero feature (mmspec's heads
+    train so); heads trained elsewhere (EAGLE-3 checkpoints, MTP modules) see no pair for it,
+    so the pair (f_t, x_{t+1}) sits at the target's position of t, as in vLLM and SGLang.
+    ``mrope``: the head's positions are its target's 3-D rotary positions (M-RoPE heads)."""
+
+    first_pair = True
+    mrope = False
 
     def __init__(self, config: HeadConfig):
         super().__init__()
@@ -176,6 +184,17 @@ class DraftHead(nn.Module):
         self.to(device=out.weight.device, dtype=out.weight.dtype)
         dec.lm_head = out if self.config.draft_vocab_size is None else self._reduced(out)
         return self
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the head's weights (its target's, once attached)."""
+        return next(self.parameters()).dtype
+
+    def own_parameters(self) -> list[nn.Parameter]:
+        """What training updates: the head's weights, not the target's shared embeddings and
+        output head (nor the rows copied from it)."""
+        return [p for n, p in self.named_parameters() if not n.startswith(
+            ("decoder.model.embed_tokens", "decoder.lm_head"))]
 
     def set_draft_ids(self, ids: torch.Tensor) -> None:
         """Draft only ``ids`` (distinct ids of the target's output head, ``draft_vocab_size``
@@ -402,9 +421,27 @@ class DepthHead(DraftHead):
         return self
 
 
-def head_for_target(target, feature_layers=None, **kw) -> DraftHead:
-    """A fresh head of the kind ``target`` takes: a ``FrameHead`` for a delay-pattern
-    decoder, a ``DepthHead`` for a depth-decoder model (CSM), else a ``DraftHead``."""
+# Head architectures a head is trained in (``recipes.train.draft_head --arch``): mmspec's own
+# (a token, frame or depth head by the target's kind) and EAGLE-3 (``mmspec.drafters.eagle3``:
+# the field's checkpoints' architecture, exported to vLLM and SGLang).
+ARCHITECTURES = ("draft-head", "eagle3")
+
+
+def head_for_target(target, feature_layers=None, arch: str = "draft-head", **kw) -> DraftHead:
+    """A fresh head of ``arch`` for ``target``. "draft-head": a ``FrameHead`` for a
+    delay-pattern decoder, a ``DepthHead`` for a depth-decoder model (CSM), else a
+    ``DraftHead``; "eagle3": an ``Eagle3Head`` (single-table targets)."""
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"arch={arch!r}: accepted one of {', '.join(ARCHITECTURES)}")
+    multi = find_delay_decoder(target) is not None or is_depth_model(target)
+    if arch == "eagle3":
+        if multi:
+            raise ValueError(f"arch='eagle3': an EAGLE-3 head drafts from one token table; "
+                             f"{type(target).__name__} is a multi-codebook model (accepted "
+                             "arch='draft-head', its frame or depth head)")
+        from .eagle3 import Eagle3Head
+
+        return Eagle3Head.for_target(target, feature_layers, **kw)
     if find_delay_decoder(target) is not None:
         return FrameHead.for_target(target, feature_layers, **kw)
     if is_depth_model(target):

@@ -43,6 +43,29 @@ class HeadSession(CausalLMSession):
         self.feed: torch.Tensor | None = None
         self.prompt_embeds: torch.Tensor | None = None     # [B, P, d] set before prefill
         self.keep_features((head.config.num_layers,))     # the last layer's (normed) output
+        if head.mrope:              # the prompt's 3-D positions are the call's
+            self.prompt_graphs = False
+        self._offset: torch.Tensor | None = None
+
+    def prefill(self, input_ids, attention_mask, **model_kwargs) -> None:
+        """As ``CausalLMSession.prefill``; an M-RoPE head then keeps its rows' offsets from
+        1-D to the target's 3-D positions (every later slot's: pos + offset, as the target's)."""
+        super().prefill(input_ids, attention_mask, **model_kwargs)
+        if self.head.mrope:
+            p = self.template.position_ids(input_ids.new_zeros(input_ids.shape[0], 1))
+            self._offset = self.persistent("mrope_offset",
+                                           p if p.dim() == 3 else p[None].expand(3, -1, -1))
+
+    def position_ids(self, pos, prompt=False):
+        """1-D positions, or an M-RoPE head's target positions: in the prompt each pair (f_t,
+        x_{t+1}) at the target's position of t (the target's prompt positions shifted one
+        column), later slots ``pos + offset``."""
+        if not self.head.mrope:
+            return pos
+        if prompt:
+            p = self.template.position_ids(pos, prompt=True)
+            return torch.cat([p[..., :1], p[..., :-1]], -1) if p.dim() == 3 else p
+        return self._offset + pos[None]
 
     def embed(self, tokens, first_step=False):
         t = self.template.embed(self.template._rows(tokens), first_step)
@@ -84,10 +107,21 @@ def prefill_pairs(session: HeadSession, input_ids, attention_mask) -> torch.Tens
     feature of the token before it (zeros for the first; the target session has run the
     prompt); returns the feature paired with the first root, [B, 1, d]."""
     tgt, head, b = session.template, session.head, input_ids.shape[0]
-    f = input_ids.new_zeros(b, 1, head.config.hidden_size, dtype=head.fuse.weight.dtype)
+    f = input_ids.new_zeros(b, 1, head.config.hidden_size, dtype=head.dtype)
     if input_ids.shape[1] > 1:
         f = torch.cat([f, head.reduce_features(tgt.features)], 1)                # [B, P, d]
     session.prompt_embeds = token_embeds(tgt, tgt.prompt_inputs(tgt._rows(input_ids)), b)
     session.feed = f[:, :-1]
-    session.prefill(input_ids, attention_mask)
+    session.prefill(input_ids, attention_mask if head.first_pair else
+                    without_first_pair(attention_mask))
     return f[:, -1:]
+
+
+def without_first_pair(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``attention_mask`` [B, P] with each row's first real token marked padding where it is
+    among the prompt's pairs (not the last column, which the first step feeds): the head sees
+    no (zero feature, first token) pair (``DraftHead.first_pair``)."""
+    p = attention_mask.shape[1]
+    first = attention_mask.long().argmax(1)
+    drop = torch.nn.functional.one_hot(first, p).bool() & (first < p - 1)[:, None]
+    return attention_mask.masked_fill(drop, 0)

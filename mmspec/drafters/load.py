@@ -2,25 +2,23 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from .head import CONFIG, DraftHead
-from .mtp import MtpHead
+from .head import DraftHead
 
 
 def load_head(head, target):
-    """None, a ``DraftHead``, a folder it was saved in, or a checkpoint folder whose model
-    ships an MTP module (``mmspec.drafters.mtp``; told apart by its config, which has no
-    ``feature_layers``), attached to ``target`` (the model whose features it reads)."""
+    """None, a head (``DraftHead`` or one of its kinds: ``Eagle3Head``, MTP heads), or a
+    folder in any layout ``mmspec.drafters.layouts`` reads (mmspec's own, EAGLE-3 checkpoints
+    of SafeAILab, SpecForge / SGLang, AngelSlim and ``speculators``, a checkpoint with an MTP
+    module), attached to ``target`` (the model whose features it reads)."""
     if head is None:
         return None
     if isinstance(head, (str, Path)):
-        cfg = Path(head) / CONFIG
-        if cfg.is_file() and "feature_layers" not in json.loads(cfg.read_text()):
-            return MtpHead.from_checkpoint(head, target)
-        return DraftHead.from_pretrained(head, target)
+        from .layouts import load
+
+        return load(head, target)
     if not isinstance(head, DraftHead):
-        raise ValueError(f"head={type(head).__name__}: accepted a mmspec DraftHead or the folder "
-                         "it was saved in")
+        raise ValueError(f"head={type(head).__name__}: accepted a mmspec DraftHead (or an "
+                         "Eagle3Head, an MTP head) or the folder it was saved in")
     return head.attach(target)

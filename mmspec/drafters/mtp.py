@@ -76,6 +76,8 @@ def mtp_tensors(folder) -> dict[str, torch.Tensor]:
 class MtpHead(DraftHead):
     """A checkpoint's MTP module (module docstring), a ``DraftHead`` for ``FeatureDrafter``."""
 
+    first_pair = False          # trained without a pair for the first token (``DraftHead``)
+
     def __init__(self, target):
         nn.Module.__init__(self)
         from transformers import AutoModelForCausalLM

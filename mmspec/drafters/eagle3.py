@@ -1,0 +1,422 @@
+"""The EAGLE-3 draft head, exactly the architecture of the field's checkpoints (SafeAILab EAGLE,
+SpecForge / SGLang, Tencent AngelSlim, vLLM's ``speculators``).
+
+Terms (H: the head's width, N: its draft vocabulary, V: the target's vocabulary):
+
+    f_t = fc(concat(h_t^l for l in feature_layers))      the target's hidden states fused;
+                                                          ``norm_before_fc``: one RMSNorm over
+                                                          the concatenation first (``input_norm``),
+                                                          ``fc_norm``: one per layer
+    x   = concat(input_layernorm(embed(x_{t+1})), hidden_norm(f_t))      [.., 2H]
+    g_t = f_t + attention(x)  (the residual: ``hidden_norm(f_t)`` with
+          ``norm_before_residual``), then g_t + mlp(post_attention_layernorm(g_t)),
+          then the other decoder layers, if any (plain Llama layers)
+    q   = softmax(lm_head(norm(g_t)))                     over the N draft ids; the draft id i
+                                                          is the target id i + d2t[i], the
+                                                          rest of the V ids get -inf
+
+Drafting further, g_t (``norm_output``: norm(g_t)) stands in for the next position's f. The
+pair (f_t, x_{t+1}) sits at the target's position of t (``first_pair``: no pair for the
+prompt's first token), with M-RoPE positions where the config gives ``mrope_section`` (the
+target's 3-D positions; sections contiguous, or ``mrope_interleaved``).
+
+``Eagle3Head`` keeps mmspec's head protocol (``reduce_features``, ``inputs``, ``decoder``,
+``full_logits``), so it drafts chains and trees through ``FeatureDrafter`` and the captured
+engine like ``DraftHead``. Its ``decoder`` is a ``LlamaForCausalLM`` whose first layer is an
+``Eagle3DecoderLayer`` (2H-wide q/k/v); the decoder's own norm is the head's ``norm`` with
+``norm_output`` (else an identity: the fed-back output is g_t itself) and its output layer
+applies ``norm`` then ``lm_head``. Tensors are named as vLLM's ``speculators`` names them
+(``state_to_save``); ``mmspec.drafters.layouts`` reads and writes every layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaRMSNorm,
+                                                      LlamaRotaryEmbedding)
+
+from .head import DraftHead
+
+
+@dataclass
+class Eagle3Config:
+    """hidden_size:        H, the head's width (the target's: heads narrower than their target
+                        carry their own embeddings, not supported).
+    intermediate_size, num_attention_heads, num_key_value_heads, head_dim, rms_norm_eps,
+    hidden_act, attention_bias, mlp_bias, rope_theta, rope_scaling, max_position_embeddings:
+                        the decoder layers' (a Llama layer's settings).
+    vocab_size:         V, the target's output width.
+    draft_vocab_size:   N <= V, the ids the head drafts (``d2t`` maps them).
+    feature_layers:     indices into the target's ``hidden_states`` that are fused, in order
+                        (``mmspec.drafters.layouts.hidden_indices``: the field's layer ids
+                        mapped to them).
+    num_layers:         the head's decoder layers (the first takes 2H-wide q/k/v).
+    norm_before_residual, norm_before_fc, fc_norm, norm_output: the variants (module docstring).
+    mrope_section:      None (1-D rotary positions), or three section sizes (time, height,
+                        width) of M-RoPE heads (Qwen2.5-VL, Qwen3-VL targets).
+    mrope_interleaved:  the sections interleaved (Qwen3-VL) rather than contiguous.
+    target:             the target's name or path (informational; written as the verifier).
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    draft_vocab_size: int
+    feature_layers: tuple[int, ...]
+    head_dim: int | None = None
+    num_layers: int = 1
+    rms_norm_eps: float = 1e-6
+    hidden_act: str = "silu"
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 4096
+    norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
+    mrope_section: tuple[int, ...] | None = None
+    mrope_interleaved: bool = False
+    target: str = ""
+    # mmspec's head protocol (a token head over the conditional features)
+    uncond_features: bool = field(default=False, init=False)
+    codebooks: None = field(default=None, init=False)
+    depth_decoder: bool = field(default=False, init=False)
+
+    def __post_init__(self):
+        self.feature_layers = tuple(int(i) for i in self.feature_layers)
+        if self.mrope_section is not None:
+            self.mrope_section = tuple(int(s) for s in self.mrope_section)
+        checks = (
+            ("num_layers", self.num_layers, 1, None),
+            ("draft_vocab_size", self.draft_vocab_size, 1, self.vocab_size),
+            ("feature_layers", len(self.feature_layers), 1, None),
+        )
+        for name, value, low, high in checks:
+            if not isinstance(value, int) or value < low or (high is not None and value > high):
+                span = f"[{low}, {high}]" if high is not None else f">= {low}"
+                raise ValueError(f"{name}={value!r}: accepted an integer {span}")
+        if self.norm_before_fc and self.fc_norm:
+            raise ValueError("norm_before_fc and fc_norm: accepted one of them (one RMSNorm "
+                             "over the fused features, or one per layer), not both")
+        if self.mrope_section is not None and (
+                len(self.mrope_section) != 3 or 2 * sum(self.mrope_section) != self.dim):
+            raise ValueError(f"mrope_section={list(self.mrope_section)}: accepted three sizes "
+                             f"summing to head_dim / 2 = {self.dim // 2}")
+
+    @property
+    def dim(self) -> int:
+        """Each attention head's width."""
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    def llama(self):
+        """The decoder's ``LlamaConfig`` (its layers' settings; the output layer is the head's)."""
+        from transformers import LlamaConfig
+
+        rope = dict(self.rope_scaling or {}, rope_theta=self.rope_theta)
+        rope.setdefault("rope_type", rope.pop("type", "default"))
+        return LlamaConfig(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+                           intermediate_size=self.intermediate_size,
+                           num_hidden_layers=self.num_layers,
+                           num_attention_heads=self.num_attention_heads,
+                           num_key_value_heads=self.num_key_value_heads, head_dim=self.dim,
+                           rms_norm_eps=self.rms_norm_eps, hidden_act=self.hidden_act,
+                           attention_bias=self.attention_bias, mlp_bias=self.mlp_bias,
+                           rope_parameters=rope,
+                           max_position_embeddings=self.max_position_embeddings,
+                           tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
+                           pad_token_id=None)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        for k in ("uncond_features", "codebooks", "depth_decoder"):
+            out.pop(k)
+        out["feature_layers"] = list(self.feature_layers)
+        if self.mrope_section is not None:
+            out["mrope_section"] = list(self.mrope_section)
+        return out
+
+
+class Eagle3DecoderLayer(LlamaDecoderLayer):
+    """The head's first decoder layer: its input [.., 2H] is (token embedding, feature),
+    each half normed by its own RMSNorm (``input_layernorm``, ``hidden_norm``), q/k/v read
+    both halves; the residual is the feature (normed first with ``norm_before_residual``).
+    A Llama layer otherwise (its attention, MLP and post-attention norm), so transformers
+    records its output as a decoder layer's."""
+
+    def __init__(self, config, layer_idx: int = 0, norm_before_residual: bool = False):
+        super().__init__(config, layer_idx)
+        self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm_before_residual = norm_before_residual
+        wide = 2 * config.hidden_size
+        for name in ("q_proj", "k_proj", "v_proj"):
+            old = getattr(self.self_attn, name)
+            setattr(self.self_attn, name, nn.Linear(wide, old.out_features,
+                                                    bias=old.bias is not None))
+
+    def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+        embeds, feature = hidden_states.chunk(2, -1)
+        normed = self.hidden_norm(feature)
+        residual = normed if self.norm_before_residual else feature
+        x = torch.cat([self.input_layernorm(embeds), normed], -1)
+        x, _ = self.self_attn(hidden_states=x, **kwargs)
+        h = residual + x
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class MRopeRotaryEmbedding(nn.Module):
+    """Rotary embedding of 3-axis positions [3, B, n] (time, height, width): each frequency
+    reads one axis's position, the axes in contiguous sections (Qwen2-VL, Qwen2.5-VL) or
+    interleaved (Qwen3-VL); positions [B, n] are text (every axis the same)."""
+
+    def __init__(self, config, section: tuple[int, ...], interleaved: bool):
+        super().__init__()
+        self.inner = LlamaRotaryEmbedding(config)
+        half = sum(section)
+        if interleaved:          # T H W T H W ... up to 3 * section[axis], then T
+            i = torch.arange(half)
+            axis = torch.where((i % 3 == 1) & (i < 3 * section[1]), 1,
+                               torch.where((i % 3 == 2) & (i < 3 * section[2]), 2, 0))
+        else:
+            axis = torch.cat([torch.full((s,), a) for a, s in enumerate(section)])
+        self.axis = nn.Buffer(axis, persistent=False)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor):
+        if position_ids.dim() == 2:
+            position_ids = position_ids[None].expand(3, -1, -1)
+        inv = self.inner.inv_freq.to(device=x.device, dtype=torch.float)
+        freqs = position_ids[..., None].float() * inv                    # [3, B, n, half]
+        pick = self.axis.to(x.device).expand(1, *freqs.shape[1:])
+        freqs = freqs.gather(0, pick)[0]                                 # [B, n, half]
+        emb = torch.cat([freqs, freqs], -1)
+        scale = self.inner.attention_scaling
+        return (emb.cos() * scale).to(x.dtype), (emb.sin() * scale).to(x.dtype)
+
+
+class NormedOutput(nn.Module):
+    """The head's output layer: ``lm_head(norm(g))`` (``norm`` None: already normed)."""
+
+    def __init__(self, norm: nn.Module | None, lm_head: nn.Linear):
+        super().__init__()
+        self.norm, self.lm_head = norm, lm_head
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.lm_head.weight
+
+    def forward(self, g: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(g if self.norm is None else self.norm(g))
+
+
+class Eagle3Head(DraftHead):
+    """The EAGLE-3 head (module docstring). Load one with ``mmspec.drafters.layouts.load``
+    (or a front door's ``head=``); build a fresh one with ``Eagle3Head.for_target``."""
+
+    first_pair = False          # no pair for the prompt's first token (module docstring)
+
+    @property
+    def mrope(self) -> bool:
+        return self.config.mrope_section is not None
+
+    def __init__(self, config: Eagle3Config):
+        nn.Module.__init__(self)
+        from transformers import LlamaForCausalLM
+
+        self.config = c = config
+        llama = c.llama()
+        n, h, eps = len(c.feature_layers), c.hidden_size, c.rms_norm_eps
+        # the head's own modules, registered first: their names are the checkpoints'
+        self.input_norm = LlamaRMSNorm(n * h, eps=eps) if c.norm_before_fc else None
+        self.fc_norm = (nn.ModuleList(LlamaRMSNorm(h, eps=eps) for _ in range(n))
+                        if c.fc_norm else None)
+        self.fc = nn.Linear(n * h, h, bias=False)
+        self.norm = LlamaRMSNorm(h, eps=eps)
+        self.lm_head = nn.Linear(h, c.draft_vocab_size, bias=False)
+        self.d2t = nn.Buffer(torch.zeros(c.draft_vocab_size, dtype=torch.long))
+        self.decoder = LlamaForCausalLM(llama)
+        model = self.decoder.model
+        model.layers[0] = Eagle3DecoderLayer(llama, 0, c.norm_before_residual)
+        if c.mrope_section is not None:
+            model.rotary_emb = MRopeRotaryEmbedding(llama, c.mrope_section, c.mrope_interleaved)
+        model.norm = self.norm if c.norm_output else nn.Identity()
+        self.target_layers: int | None = None      # the attached target's decoder layers
+        self.decoder.lm_head = NormedOutput(None if c.norm_output else self.norm, self.lm_head)
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self.decoder.model.layers
+
+    @property
+    def draft_ids(self) -> torch.Tensor:
+        """The target id of each draft id: i + d2t[i]."""
+        return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
+
+    @classmethod
+    def for_target(cls, target, feature_layers=None, draft_vocab_size=None, num_layers=1,
+                   **kw) -> "Eagle3Head":
+        """A fresh head for a transformers causal LM or VLM: its text decoder's sizes (an MLP
+        as wide as the target's, or 3H where its config names none, as ``speculators``), the
+        field's default layers (``layouts.default_feature_layers``) unless given, and the
+        target's M-RoPE sections where its rotary embedding is M-RoPE over whole heads."""
+        from ..session import _decoder_config, output_vocab_size
+        from .layouts import default_feature_layers
+
+        cfg = _decoder_config(target)
+        v = output_vocab_size(target)
+        layers = tuple(feature_layers or default_feature_layers(cfg.num_hidden_layers))
+        rope = getattr(cfg, "rope_parameters", None) or {}
+        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        section = rope.get("mrope_section")
+        if section and 2 * sum(section) == dim:        # an M-RoPE target: its 3-D positions
+            kw.setdefault("mrope_section", tuple(section))
+            kw.setdefault("mrope_interleaved", bool(rope.get("mrope_interleaved", False)))
+        head = cls(Eagle3Config(
+            hidden_size=cfg.hidden_size,
+            intermediate_size=getattr(cfg, "intermediate_size", None) or 3 * cfg.hidden_size,
+            num_attention_heads=cfg.num_attention_heads,
+            num_key_value_heads=getattr(cfg, "num_key_value_heads", None)
+            or cfg.num_attention_heads, head_dim=getattr(cfg, "head_dim", None),
+            vocab_size=v, draft_vocab_size=draft_vocab_size or v, feature_layers=layers,
+            num_layers=num_layers, rms_norm_eps=getattr(cfg, "rms_norm_eps", 1e-6),
+            rope_theta=rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)),
+            max_position_embeddings=getattr(cfg, "max_position_embeddings", 4096) or 4096,
+            target=getattr(target, "name_or_path", "") or "", **kw))
+        head.check_layers(cfg.num_hidden_layers)
+        return head.attach(target)
+
+    def check_layers(self, num_layers: int) -> None:
+        """Refuse ``feature_layers`` outside a decoder of ``num_layers`` layers."""
+        from .layouts import check_feature_layers
+
+        check_feature_layers(self.config.feature_layers, num_layers)
+
+    def attach(self, target) -> "Eagle3Head":
+        """Share ``target``'s input embeddings (checked against the config: its hidden size,
+        vocabulary and layer count, each named when they differ)."""
+        from ..session import _decoder_config, output_vocab_size
+
+        c, cfg = self.config, _decoder_config(target)
+        emb = target.get_input_embeddings()
+        have = dict(hidden_size=cfg.hidden_size, vocab_size=output_vocab_size(target))
+        want = dict(hidden_size=c.hidden_size, vocab_size=c.vocab_size)
+        if have != want or not isinstance(emb, nn.Embedding):
+            raise ValueError(f"this EAGLE-3 head was made for a target with {want} (target "
+                             f"{c.target or '?'}); {type(target).__name__} has {have}: "
+                             "accepted the target it was trained for")
+        self.check_layers(cfg.num_hidden_layers)
+        self.shared = (emb,)
+        self.target_layers = cfg.num_hidden_layers
+        self.decoder.model.embed_tokens = emb
+        self.to(device=emb.weight.device, dtype=emb.weight.dtype)
+        self.d2t.data = self.d2t.data.long()
+        return self
+
+    def set_draft_ids(self, ids: torch.Tensor) -> None:
+        """Draft the target ids ``ids`` (distinct, ``draft_vocab_size`` of them, sorted here):
+        ``d2t`` = ids - arange; the output rows start as the attached target's output rows."""
+        c = self.config
+        ids = torch.as_tensor(ids, dtype=torch.long).flatten().sort().values
+        if ids.numel() != c.draft_vocab_size or ids.unique().numel() != ids.numel() \
+                or int(ids.min()) < 0 or int(ids.max()) >= c.vocab_size:
+            raise ValueError(f"ids: accepted {c.draft_vocab_size} distinct ids in [0, "
+                             f"{c.vocab_size - 1}] (the head's draft_vocab_size)")
+        self.d2t.copy_(ids.to(self.d2t.device) - torch.arange(len(ids), device=self.d2t.device))
+
+    def init_output(self, target_head: nn.Linear) -> None:
+        """Start ``lm_head`` from the target's output rows of the draft ids (training's start,
+        as the field's trainers do)."""
+        with torch.no_grad():
+            self.lm_head.weight.copy_(target_head.weight[self.draft_ids.to(
+                target_head.weight.device)])
+
+    def full_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.config.draft_vocab_size == self.config.vocab_size and not self.d2t.any():
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        ids = self.draft_ids.to(logits.device).expand(*logits.shape[:-1], -1)
+        return full.scatter(-1, ids, logits)
+
+    def reduce_features(self, features: torch.Tensor) -> torch.Tensor:
+        if self.input_norm is not None:
+            features = self.input_norm(features)
+        if self.fc_norm is not None:
+            parts = features.chunk(len(self.fc_norm), -1)
+            features = torch.cat([norm(p) for norm, p in zip(self.fc_norm, parts)], -1)
+        return self.fc(features)
+
+    def inputs(self, token_embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        return torch.cat([token_embeds, features], -1)
+
+    # -- files -------------------------------------------------------------------------
+    def own_parameters(self) -> list[nn.Parameter]:
+        """What training updates: everything but the target's shared embeddings."""
+        shared = {id(p) for p in self.decoder.model.embed_tokens.parameters()}
+        return [p for p in self.parameters() if id(p) not in shared]
+
+    def state_to_save(self) -> dict:
+        """The head's tensors under the ``speculators`` names (``layers.{i}.*``, ``fc``,
+        ``norm``, ``lm_head``, ``d2t``, ``t2d``; the optional norms), the target's
+        embeddings left out."""
+        out = {}
+        for k, v in self.state_dict().items():
+            if k.startswith("decoder."):
+                if not k.startswith("decoder.model.layers."):
+                    continue
+                k = k[len("decoder.model."):]
+            out[k] = v
+        t2d = torch.zeros(self.config.vocab_size, dtype=torch.bool, device=self.d2t.device)
+        out["t2d"] = t2d.index_fill(0, self.draft_ids, True)
+        return out
+
+    def load_state(self, tensors: dict[str, torch.Tensor], where: str = "") -> None:
+        """Load tensors named as ``state_to_save`` names them; a missing or unexpected name,
+        a tensor of another shape, or a ``t2d`` that disagrees with ``d2t`` is an error
+        naming it (``where``: the file, for the message)."""
+        own = self.state_to_save()
+        tensors = dict(tensors)
+        t2d = tensors.pop("t2d", None)
+        missing = sorted(k for k in own if k not in tensors and k != "t2d")
+        unexpected = sorted(k for k in tensors if k not in own)
+        shapes = [f"{k} {list(tensors[k].shape)} (accepted {list(own[k].shape)})"
+                  for k in tensors if k in own and tensors[k].shape != own[k].shape]
+        if missing or unexpected or shapes:
+            raise ValueError(f"{where or 'tensors'}: " + "; ".join(
+                f"{what} {names}" for what, names in (("missing", missing),
+                                                      ("not read by this head", unexpected),
+                                                      ("misshaped", shapes)) if names))
+        cfg = self.config
+        ids = torch.arange(cfg.draft_vocab_size) + tensors["d2t"].long().cpu()
+        if ids.unique().numel() != len(ids) or int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size:
+            raise ValueError(f"{where or 'tensors'}: d2t maps draft ids outside [0, "
+                             f"{cfg.vocab_size - 1}] or two draft ids to one target id")
+        if t2d is not None:
+            mask = torch.zeros(cfg.vocab_size, dtype=torch.bool).index_fill(0, ids, True)
+            if t2d.shape != mask.shape or not torch.equal(t2d.bool().cpu(), mask):
+                raise ValueError(f"{where or 'tensors'}: t2d does not mark the target ids "
+                                 "that d2t maps the draft ids to")
+        with torch.no_grad():
+            params = dict(self.named_parameters())
+            params.update(self.named_buffers())
+            for k, v in tensors.items():
+                name = f"decoder.model.{k}" if k.startswith("layers.") else k
+                params[name].copy_(v.to(params[name].dtype) if v.is_floating_point() else v)
+
+    def save_pretrained(self, path, **kw) -> None:
+        """Write the head in the ``speculators`` layout (vLLM reads it as it is;
+        ``mmspec.drafters.layouts.export`` writes the others)."""
+        from .layouts import export
+
+        export(self, path, "speculators", **kw)
+
+    @classmethod
+    def from_pretrained(cls, path, target=None) -> "Eagle3Head":
+        """A head saved in any layout ``mmspec.drafters.layouts`` reads."""
+        from .layouts import load
+
+        return load(path, target)
