@@ -13,12 +13,13 @@ from mmspec.drafters import DraftHead, FeatureDrafter
 from recipes.train import draft_head as recipe
 
 
-def _collect(target, n_batches=6, rows=16, seed=0, new=16):
+def _collect(target, n_batches=6, rows=16, seed=0, new=16, layers=None):
     batches = []
+    layers = layers or DraftHead.for_target(target).config.feature_layers
     for i in range(n_batches):
         g = torch.Generator().manual_seed(seed + i)
         ids = torch.randint(1, target.config.vocab_size, (rows, 4), generator=g)
-        rec = recipe.Recorder(DraftHead.for_target(target).config.feature_layers)
+        rec = recipe.Recorder(layers)
         mmspec.generate(target, input_ids=ids, drafter=rec, temperature=0, max_new_tokens=new,
                         seed=i)
         batches.append(rec.batch())
@@ -182,7 +183,7 @@ def test_a_reduced_draft_vocabulary_drafts_only_its_ids_and_trains(tmp_path):
     target = tiny_llama(vocab=16, hidden=32, layers=2, scale=4.0)
     batches, template = _collect(target)
     head = DraftHead.for_target(target, draft_vocab_size=8)
-    ids = recipe.draft_vocab(head, batches, target.config.num_hidden_layers)
+    ids = recipe.draft_vocab(batches, 8)
     assert ids.shape == (8,) and ids.unique().numel() == 8
     head.set_draft_ids(ids)
     assert torch.equal(head.decoder.lm_head.weight, target.lm_head.weight[ids.sort().values])

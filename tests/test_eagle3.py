@@ -314,3 +314,77 @@ def test_chains_and_trees_give_plain_greedy_on_ragged_rows(variant):
                                   drafter=FeatureDrafter(head, depth=3, branch=branch,
                                                          width=width))
             assert torch.equal(out.sequences, plain), (branch, width, static)
+
+
+# -- training (recipes.train.draft_head --arch eagle3) ----------------------------------------
+
+def test_training_an_eagle3_head_raises_acceptance_with_a_reduced_vocabulary():
+    """A tiny sharp target's greedy generations, a reduced draft vocabulary from their target
+    mass, 150 steps: the chain accepts more than the untrained head; q is zero outside the
+    draft ids; greedy tokens are plain greedy's."""
+    import argparse
+
+    from accelerate import Accelerator
+
+    from recipes.train import draft_head as recipe
+    from test_draft_head import _collect, _tokens_per_step
+
+    torch.manual_seed(0)
+    target = tiny_llama(vocab=16, hidden=32, layers=4, scale=4.0)
+    batches, template = _collect(target, layers=(1, 2, 3))
+    head = Eagle3Head.for_target(target, feature_layers=(1, 2, 3), draft_vocab_size=10)
+    ids = recipe.draft_vocab(batches, 10)
+    head.set_draft_ids(ids)
+    head.init_output(target.lm_head)
+    assert torch.equal(head.draft_ids, ids.sort().values)
+    before = _tokens_per_step(target, head)
+    args = argparse.Namespace(lr=3e-3, steps=150, unroll=2, seed=0, save_every=10_000,
+                              out="unused")
+    recipe.train(head, template, batches, args, Accelerator(cpu=True))
+    after = _tokens_per_step(target, head)
+    assert after > before + 0.3, (before, after)
+    ref = torch.randint(1, 16, (3, 4), generator=torch.Generator().manual_seed(7))
+    kw = dict(input_ids=ref, temperature=0, max_new_tokens=12)
+    assert torch.equal(mmspec.generate(target, drafter=FeatureDrafter(head), **kw).sequences,
+                       mmspec.generate(target, **kw).sequences)
+
+
+def test_the_recipe_trains_exports_and_compares_an_eagle3_head(tmp_path):
+    """--arch eagle3 on a text target: a head in the speculators layout, --export sglang
+    beside it, measured beside --compare-head (an mmspec head) on the same prompts; the card
+    names both; bad flags refused in one line before any work."""
+    from recipes.train import draft_head as recipe
+    from recipes.train.vlm import WORDS, tokenizer
+
+    target = tiny_llama(vocab=len(WORDS), layers=7)
+    target.config.eos_token_id = None
+    target.save_pretrained(tmp_path / "lm")
+    tokenizer().save_pretrained(tmp_path / "lm")
+    lines = [" ".join(WORDS[12 + (i * 7 + j) % 20] for j in range(3 + i % 4)) for i in range(7)]
+    (tmp_path / "prompts.txt").write_text("\n".join(lines) + "\n")
+    lm = str(tmp_path / "lm")
+    common = ["--modality", "text", "--target", lm, "--data", str(tmp_path / "prompts.txt"),
+              "--samples", "4", "--eval", "2", "--max-new-tokens", "6", "--collect-batch", "2",
+              "--steps", "3", "--tree", "3x2x2", "--device", "cpu"]
+    recipe.main(common + ["--out", str(tmp_path / "mine")])
+    recipe.main(common + ["--out", str(tmp_path / "e3"), "--arch", "eagle3", "--draft-vocab",
+                          "20", "--export", "sglang", str(tmp_path / "e3-sglang"),
+                          "--compare-head", str(tmp_path / "mine")])
+    assert layouts.recognise(tmp_path / "e3").name == "speculators"
+    assert layouts.recognise(tmp_path / "e3-sglang").name == "sglang"
+    spec = json.loads((tmp_path / "e3" / "config.json").read_text())
+    assert spec["eagle_aux_hidden_state_layer_ids"] == [2, 3, 4]
+    assert spec["speculators_config"]["verifier"]["name_or_path"] == lm
+    back = load_head(str(tmp_path / "e3-sglang"), target)
+    assert back.config.draft_vocab_size == 20 and back.config.feature_layers == (2, 3, 4)
+    rows = {r["method"] for r in json.loads((tmp_path / "e3" / "metrics.json").read_text())}
+    assert rows == {"plain", "head chain", "head tree", "mmspec DraftHead chain",
+                    "mmspec DraftHead tree"}
+    card = " ".join((tmp_path / "e3" / "README.md").read_text().split())
+    assert "Eagle3Head" in card and "mmspec DraftHead" in card and "20 of the target's" in card
+    for flags, message in ((["--export", "speculators", "x"], "accepted with --arch eagle3"),
+                           (["--arch", "eagle3", "--export", "vllm", "x"], "accepted one of"),
+                           (["--arch", "eagle3", "--uncond-features"], "conditional branch")):
+        with pytest.raises(ValueError, match=message):
+            recipe.main(common + ["--out", str(tmp_path / "no")] + flags)
+    assert not (tmp_path / "no").exists()

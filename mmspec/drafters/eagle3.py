@@ -414,6 +414,14 @@ class Eagle3Head(DraftHead):
 
         export(self, path, "speculators", **kw)
 
+    def reload(self, path) -> None:
+        """Load the head's tensors saved in ``path`` (``save_pretrained``) into it."""
+        from pathlib import Path
+
+        from .layouts import read_tensors
+
+        self.load_state(read_tensors(Path(path)), str(path))
+
     @classmethod
     def from_pretrained(cls, path, target=None) -> "Eagle3Head":
         """A head saved in any layout ``mmspec.drafters.layouts`` reads."""

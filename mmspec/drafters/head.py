@@ -256,6 +256,10 @@ class DraftHead(nn.Module):
         save_file({k: v.detach().contiguous().cpu() for k, v in self.state_to_save().items()},
                   str(path / WEIGHTS))
 
+    def reload(self, path) -> None:
+        """Load the head's own weights saved in ``path`` (``save_pretrained``) into it."""
+        self.load_state_dict(type(self).from_pretrained(path).state_to_save(), strict=False)
+
     @classmethod
     def from_pretrained(cls, path, target=None) -> "DraftHead":
         """A saved head (a folder with config.json and model.safetensors); ``target``:

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mmspec.drafters.base import NoDraft
+from mmspec.drafters.head import ARCHITECTURES
 from mmspec.drafters.head_session import token_embeds
 from recipes.cli import COUNT, Number, Parser, TreeShape, describe, run, tree_name
 
@@ -407,9 +408,15 @@ def _soft_ce(head, template, batch: dict, g: torch.Tensor, predicted: slice) -> 
 
 
 def head_loss(head, template, batch: dict, steps: int) -> torch.Tensor:
-    """The unrolled soft cross-entropy of one collected batch (module docstring, step 2)."""
-    dev = head.fuse.weight.device
+    """The unrolled soft cross-entropy of one collected batch (module docstring, step 2). A
+    head without a first-token pair (``DraftHead.first_pair``: EAGLE-3) trains without it,
+    as it drafts."""
+    from mmspec.drafters.head_session import without_first_pair
+
+    dev = next(head.parameters()).device
     e, mask = batch["embeds"].to(dev), batch["mask"].to(dev)
+    if not head.first_pair:
+        mask = without_first_pair(mask)
     b, t, d = e.shape
     p_len, s = int(batch["prompt"]), int(batch["steps"])
     feats = head.reduce_features(batch["features"].to(dev))                 # [B, T-1, d]
@@ -437,25 +444,21 @@ def head_loss(head, template, batch: dict, steps: int) -> torch.Tensor:
     return total
 
 
-def draft_vocab(head, batches: list[dict], num_layers: int, accelerator=None) -> torch.Tensor:
-    """The ``draft_vocab_size`` ids of the target's output head with the most probability
-    mass over the collected positions (every process's): the target's output head applied to
-    its last layer's features (which the head fuses)."""
-    cfg = head.config
-    if num_layers not in cfg.feature_layers:
-        raise ValueError(f"--draft-vocab reads the target's last layer ({num_layers}) among "
-                         f"the fused features: accepted --feature-layers with {num_layers}")
-    out, d = head.shared[1], cfg.hidden_size
-    i = cfg.feature_layers.index(num_layers)
-    mass = torch.zeros(cfg.vocab_size, dtype=torch.float64, device=out.weight.device)
-    with torch.no_grad():
-        for batch in batches:
-            h = batch["features"][..., i * d:(i + 1) * d].to(out.weight.device, out.weight.dtype)
-            keep = batch["mask"][:, :-1].to(out.weight.device).bool()
-            mass += torch.softmax(out(h).double(), -1)[keep].sum(0)
+def draft_vocab(batches: list[dict], size: int, accelerator=None) -> torch.Tensor:
+    """The ``size`` ids with the most target probability mass over the collected generated
+    positions (every process's): each id's expected count in the target's generations."""
+    mass = None
+    for batch in batches:
+        p_len, s = int(batch["prompt"]), int(batch["steps"])
+        keep = batch["mask"][:, p_len - 1:p_len - 1 + s].bool()
+        add = batch["probs"][keep].double().sum(0)
+        mass = add if mass is None else mass + add
     if accelerator is not None and accelerator.num_processes > 1:
-        mass = accelerator.reduce(mass, reduction="sum")
-    return mass.topk(cfg.draft_vocab_size).indices
+        mass = accelerator.reduce(mass.to(accelerator.device), reduction="sum").cpu()
+    if size > mass.numel():
+        raise ValueError(f"--draft-vocab {size}: accepted at most the target's {mass.numel()} "
+                         "ids")
+    return mass.topk(size).indices
 
 
 @dataclass
@@ -473,8 +476,7 @@ def train(head, template, batches: list[dict], args, accelerator, start: int = 0
           optimizer=None, clock: Clock | None = None) -> None:
     from tqdm.auto import tqdm
 
-    own = [p for n, p in head.named_parameters() if not n.startswith(
-        ("decoder.model.embed_tokens", "decoder.lm_head"))]
+    own = head.own_parameters()
     for p in getattr(template, "model", torch.nn.Module()).parameters():
         p.requires_grad_(False)       # the target is frozen (a depth head's loss runs through it)
     for p in head.parameters():
@@ -570,10 +572,8 @@ def load_checkpoint(head, out: str, lr: float):
     from safetensors.torch import load_file
 
     path = os.path.join(out, "checkpoint")
-    saved = head.from_pretrained(path)
-    head.load_state_dict(saved.state_to_save(), strict=False)
-    own = [p for n, p in head.named_parameters() if not n.startswith(
-        ("decoder.model.embed_tokens", "decoder.lm_head"))]
+    head.reload(path)
+    own = head.own_parameters()
     opt = torch.optim.AdamW(own, lr=lr, weight_decay=0.0)
     with open(os.path.join(path, "trainer.json")) as f:
         meta = json.load(f)
@@ -600,26 +600,30 @@ TREE = "5x2x4"          # the head tree a card measures unless --tree says other
 DRAFT_K = 4
 
 
-def measure(source: Source, head, args) -> list[dict]:
+def measure(source: Source, head, args, compare=None) -> list[dict]:
     """Tokens per target step on the held-out prompts: plain, the head's chain, its tree of
-    ``--tree``'s shape (a frame head: its chain, each prompt its own call), and with
-    ``--draft`` the draft model's chain (exact rule, ``DRAFT_K`` drafts per step)."""
+    ``--tree``'s shape (a frame head: its chain, each prompt its own call), with ``compare``
+    (``--compare-head``: another head of the target) its chain and tree on the same prompts,
+    and with ``--draft`` the draft model's chain (exact rule, ``DRAFT_K`` drafts per step)."""
     from mmspec.drafters import DepthHead, FeatureDrafter, FrameHead
     from mmspec.registry import MethodContext
 
     frames = isinstance(head, FrameHead)
-    runs = [("plain", None, {}), ("head chain", CHAIN, {})]
+    runs = [("plain", None, {}, None), ("head chain", CHAIN, {}, head)]
     if not isinstance(head, (FrameHead, DepthHead)):       # frame heads draft chains only
-        runs.append(("head tree", args.tree, {}))
+        runs.append(("head tree", args.tree, {}, head))
+    if compare is not None:
+        kind = _arch_name(compare)
+        runs += [(f"{kind} chain", CHAIN, {}, compare), (f"{kind} tree", args.tree, {}, compare)]
     if args.draft is not None:                  # the front door's draft model
         runs.append((f"draft model, K = {DRAFT_K}", None,
-                     dict(method="exact", num_draft_tokens=DRAFT_K)))
+                     dict(method="exact", num_draft_tokens=DRAFT_K), None))
     rows = []
-    for name, tree, params in runs:
+    for name, tree, params, which in runs:
         t0 = time.perf_counter()
         # method "head"'s drafter for this head's kind (token, frame or depth head)
         drafter = (None if tree is None else
-                   FeatureDrafter.from_params(tree, MethodContext(head=head)))
+                   FeatureDrafter.from_params(tree, MethodContext(head=which)))
         # a delay-pattern call commits its rows to the shortest accepted run: one at a time
         calls = [[x] for x in source.held_out] if frames else [source.held_out]
         stats = [source.generate(c, args.seed, args.temperature, drafter, **params).stats
@@ -633,10 +637,17 @@ def measure(source: Source, head, args) -> list[dict]:
     return rows
 
 
+def _arch_name(head) -> str:
+    """How a card names a head's architecture."""
+    from mmspec.drafters.eagle3 import Eagle3Head
+
+    return "EAGLE-3 head" if isinstance(head, Eagle3Head) else "mmspec DraftHead"
+
+
 def _vocab_line(cfg) -> str:
     if cfg.codebooks:
         return f"It drafts over each codebook's {cfg.vocab_size} ids."
-    if cfg.draft_vocab_size is None:
+    if cfg.draft_vocab_size in (None, cfg.vocab_size):
         return "It drafts over the target's whole output head."
     return (f"It drafts {cfg.draft_vocab_size} of the target's {cfg.vocab_size} ids (those with "
             "the most target probability mass in the training data; `draft_ids`).")
@@ -678,11 +689,18 @@ def model_card(target: str, head, rows, trained: dict) -> str:
                "take no trees)")
         shapes = "chain = depth 4"
     else:
-        branches = (", of the conditional and the unconditional branch," if cfg.uncond_features
-                    else "")
-        kind = (f"A `mmspec.DraftHead` (EAGLE-3 style: the target's hidden states of layers "
-                f"{list(cfg.feature_layers)}{branches} fused, {layers}, the target's "
-                "embeddings and output head shared)")
+        if _arch_name(head) == "EAGLE-3 head":
+            kind = (f"An `mmspec.drafters.Eagle3Head` (the EAGLE-3 architecture of the field's "
+                    f"checkpoints: the target's hidden_states {list(cfg.feature_layers)} fused, "
+                    f"{layers} with 2H-wide q/k/v, its own norm and output layer, 1-D rotary "
+                    "positions; saved in vLLM's `speculators` layout, which vLLM serves as it "
+                    "is: `speculative_config={\"model\": this folder, \"method\": \"eagle3\"}`)")
+        else:
+            branches = (", of the conditional and the unconditional branch,"
+                        if cfg.uncond_features else "")
+            kind = (f"A `mmspec.DraftHead` (EAGLE-3 style: the target's hidden states of layers "
+                    f"{list(cfg.feature_layers)}{branches} fused, {layers}, the target's "
+                    "embeddings and output head shared)")
         use = ("then `method=\"head\"` (a tree: `tree_depth`, `tree_branch`, `tree_width`; a "
                "chain: `tree_branch=1, tree_width=1`)")
         tree = TreeShape()(t.get("tree", TREE))
@@ -694,8 +712,8 @@ def model_card(target: str, head, rows, trained: dict) -> str:
         f"{t['temperature']}, {t['steps']} steps, unroll {t['unroll']}, {t['seconds']:.0f} s on "
         f"{t['device']}). {_data_note(t)}{_vocab_line(cfg)}", 96)
     usage = textwrap.fill(
-        "Use: `head=DraftHead.from_pretrained(this folder, target)` on the front door (or "
-        f"`head=\"this folder\"`), {use}. Exact: the target's distribution is unchanged.", 96)
+        "Use: `head=\"this folder\"` on the front door (or `mmspec.drafters.layouts.load(this "
+        f"folder, target)`), {use}. Exact: the target's distribution is unchanged.", 96)
     unit = "frames" if cfg.codebooks else "tokens"
     most = ""                            # the generation limit (images have a fixed length)
     if t["modality"] != "t2i" and "max_new_tokens" in t:
@@ -706,6 +724,8 @@ def model_card(target: str, head, rows, trained: dict) -> str:
     measured = textwrap.fill(
         f"Measured on {t['eval']} held-out prompts (data `{t.get('measured_data', t['data'])}`, "
         f"{most}temperature {t['temperature']}, seed {t['seed']}{on}); {shapes}"
+        + (f"; the {t['compare_kind']} `{t['compare']}`'s chain and tree on the same prompts"
+           if t.get("compare") else "")
         + (f"; the draft model `{t['draft']}` with the exact rule, K = {DRAFT_K}, on the same "
            "prompts" if t.get("draft") else "")
         + " (`python -m recipes.train.draft_head ... --measure-only` measures again):", 96,
@@ -759,6 +779,15 @@ def build_parser():
                          "the target's whole output head)")
     ap.add_argument("--head-layers", type=Number(int, 1, 8), default=1,
                     help="decoder layers of the head (EAGLE-3's: 1)")
+    ap.add_argument("--arch", choices=ARCHITECTURES, default="draft-head",
+                    help="the head's architecture: mmspec's DraftHead, or eagle3 (the field's "
+                         "checkpoints' architecture, exported to vLLM and SGLang)")
+    ap.add_argument("--export", nargs=2, metavar=("LAYOUT", "DIR"), default=None,
+                    help="also write the (eagle3) head in LAYOUT (speculators: vLLM; sglang: "
+                         "SGLang; safeailab, angelslim) to DIR")
+    ap.add_argument("--compare-head", default=None, metavar="FOLDER",
+                    help="another head of the target (any layout) measured beside this one on "
+                         "the same held-out prompts, chain and tree, for the card")
     ap.add_argument("--uncond-features", action="store_true",
                     help="t2i under guidance: the head fuses the unconditional branch's "
                          "features too (default: the conditional branch's only)")
@@ -777,9 +806,20 @@ def build_parser():
 def main(argv=None) -> None:
     from accelerate import Accelerator
 
-    from mmspec.drafters import DraftHead
+    from mmspec.drafters import layouts
+    from mmspec.drafters.load import load_head
 
     args = build_parser().parse_args(argv)
+    if args.export is not None:
+        if args.arch != "eagle3":
+            raise ValueError("--export: accepted with --arch eagle3 (an mmspec DraftHead is "
+                             "another architecture than the engines' EAGLE-3)")
+        if args.export[0] not in layouts.writable():
+            raise ValueError(f"--export {args.export[0]}: accepted one of "
+                             f"{', '.join(layouts.writable())}")
+    if args.uncond_features and args.arch == "eagle3":
+        raise ValueError("--uncond-features: an EAGLE-3 head fuses the conditional branch "
+                         "only; accepted with --arch draft-head")
     if args.resume and not os.path.isdir(os.path.join(args.out, "checkpoint")):
         raise ValueError(f"--resume: {args.out}/checkpoint does not exist")
     if args.uncond_features and args.modality != "t2i":
@@ -795,7 +835,7 @@ def main(argv=None) -> None:
     clock = Clock()
     source = load_source(args)
     if args.measure_only:
-        head = DraftHead.from_pretrained(args.out, source.model)
+        head = load_head(args.out, source.model)
         with open(os.path.join(args.out, "training.json")) as f:
             trained = json.load(f)
     else:
@@ -808,10 +848,16 @@ def main(argv=None) -> None:
             trained["describe_every"] = DESCRIBE_EVERY[args.data]
     if accelerator.is_main_process:
         head.eval()
-        rows = measure(source, head, args)
+        if args.export is not None:
+            layouts.export(head, args.export[1], args.export[0], target=args.target)
+        compare = (None if args.compare_head is None else
+                   load_head(args.compare_head, source.model).eval())
+        rows = measure(source, head, args, compare)
         for r in rows:
-            print(f"{r['method']:>10}: {r['tokens_per_step']:.2f} tokens/step, acceptance "
+            print(f"{r['method']:>20}: {r['tokens_per_step']:.2f} tokens/step, acceptance "
                   f"{r['acceptance']:.3f}, {r['steps']} steps")
+        if compare is not None:
+            trained.update(compare=args.compare_head, compare_kind=_arch_name(compare))
         trained.update(eval=args.eval, seed=args.seed, temperature=args.temperature,
                        draft=args.draft, tree=tree_name(args.tree), measured_data=args.data,
                        max_new_tokens=source.max_new_tokens,
@@ -831,8 +877,12 @@ def fit(source: Source, args, accelerator, clock: Clock | None = None):
     if (source.frames or source.depth) and args.draft_vocab is not None:
         raise ValueError(f"--draft-vocab {args.draft_vocab}: a frame head drafts over the "
                          "codebooks' whole vocabulary: accepted with token targets only")
-    head = head_for_target(source.model, args.feature_layers, draft_vocab_size=args.draft_vocab,
-                           uncond_features=args.uncond_features, num_layers=args.head_layers)
+    kw = dict(draft_vocab_size=args.draft_vocab, num_layers=args.head_layers)
+    if args.arch == "eagle3":
+        kw["mrope_section"] = None          # trained on 1-D positions (the card says so)
+    else:
+        kw["uncond_features"] = args.uncond_features
+    head = head_for_target(source.model, args.feature_layers, arch=args.arch, **kw)
     head.config.target = args.target
     os.makedirs(args.out, exist_ok=True)
     data = os.path.join(args.out, "data.safetensors")
@@ -842,8 +892,9 @@ def fit(source: Source, args, accelerator, clock: Clock | None = None):
         batches = collect(source, head.config, args, accelerator)
         share_data(batches, data, accelerator)
     if args.draft_vocab is not None:
-        head.set_draft_ids(draft_vocab(head, batches, _decoder_layers(source.model),
-                                       accelerator))
+        head.set_draft_ids(draft_vocab(batches, args.draft_vocab, accelerator))
+    if args.arch == "eagle3":             # its output layer starts as the target's rows
+        head.init_output(source.model.get_output_embeddings())
     template = _template(source, head, args.temperature)
     start, opt = (load_checkpoint(head, args.out, args.lr) if args.resume else (0, None))
     clock = clock or Clock()
@@ -853,12 +904,6 @@ def fit(source: Source, args, accelerator, clock: Clock | None = None):
     if accelerator.is_main_process:
         head.save_pretrained(args.out)
     return head
-
-
-def _decoder_layers(model) -> int:
-    from mmspec.session import _decoder_config
-
-    return _decoder_config(model).num_hidden_layers
 
 
 def _device_name(device: str, processes: int = 1) -> str:
