@@ -653,6 +653,11 @@ def _vocab_line(cfg) -> str:
             "the most target probability mass in the training data; `draft_ids`).")
 
 
+def _init_note(t: dict) -> str:
+    """Where a head's training started, if from another head's weights (``--init``)."""
+    return f", starting from the weights of `{t['init']}`" if t.get("init") else ""
+
+
 def _data_note(t: dict) -> str:
     """What a VLM head's shapes data asked, as recorded when it was trained."""
     every = t.get("describe_every")
@@ -710,7 +715,7 @@ def model_card(target: str, head, rows, trained: dict) -> str:
         f"{kind} trained by `python -m recipes.train.draft_head` on the target's own "
         f"generations ({t['modality']}, data `{t['data']}`, {t['samples']} prompts, temperature "
         f"{t['temperature']}, {t['steps']} steps, unroll {t['unroll']}, {t['seconds']:.0f} s on "
-        f"{t['device']}). {_data_note(t)}{_vocab_line(cfg)}", 96)
+        f"{t['device']}{_init_note(t)}). {_data_note(t)}{_vocab_line(cfg)}", 96)
     usage = textwrap.fill(
         "Use: `head=\"this folder\"` on the front door (or `mmspec.drafters.layouts.load(this "
         f"folder, target)`), {use}. Exact: the target's distribution is unchanged.", 96)
@@ -795,6 +800,9 @@ def build_parser():
                     help="the head tree measured for the card (token heads)")
     ap.add_argument("--save-every", type=COUNT, default=500, help="checkpoint interval (steps)")
     ap.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+    ap.add_argument("--init", default=None, metavar="FOLDER",
+                    help="start from the weights of a head saved in FOLDER (same architecture "
+                         "and sizes; a fresh optimizer and schedule, new data)")
     ap.add_argument("--measure-only", action="store_true",
                     help="measure the head saved in OUT again (no collection, no training)")
     ap.add_argument("--seed", type=Number(int, 0), default=0, help="seed of data and training")
@@ -822,6 +830,8 @@ def main(argv=None) -> None:
                          "only; accepted with --arch draft-head")
     if args.resume and not os.path.isdir(os.path.join(args.out, "checkpoint")):
         raise ValueError(f"--resume: {args.out}/checkpoint does not exist")
+    if args.init is not None and not os.path.isfile(os.path.join(args.init, "config.json")):
+        raise ValueError(f"--init {args.init}: accepted a folder with a saved head")
     if args.uncond_features and args.modality != "t2i":
         raise ValueError(f"--uncond-features: accepted with --modality t2i (a target sampled "
                          f"with guidance), not {args.modality}")
@@ -846,6 +856,8 @@ def main(argv=None) -> None:
                        device=_device_name(args.device, accelerator.num_processes))
         if args.modality == "vlm" and args.data in DESCRIBE_EVERY:
             trained["describe_every"] = DESCRIBE_EVERY[args.data]
+        if args.init is not None:
+            trained["init"] = args.init
     if accelerator.is_main_process:
         head.eval()
         if args.export is not None:
@@ -895,6 +907,8 @@ def fit(source: Source, args, accelerator, clock: Clock | None = None):
         head.set_draft_ids(draft_vocab(batches, args.draft_vocab, accelerator))
     if args.arch == "eagle3":             # its output layer starts as the target's rows
         head.init_output(source.model.get_output_embeddings())
+    if args.init is not None:             # or every weight from a saved head of its kind
+        head.reload(args.init)
     template = _template(source, head, args.temperature)
     start, opt = (load_checkpoint(head, args.out, args.lr) if args.resume else (0, None))
     clock = clock or Clock()
