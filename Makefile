@@ -5,10 +5,15 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# vLLM's own environment (its CPU build pins torch and transformers): the tests that serve
+# mmspec's heads in vLLM and compare them with vLLM's speculators package.
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PYTHONWARNINGS := ignore::UserWarning:setuptools
 
-.PHONY: setup demo test bench docs serve clean speech-deps browser-deps
+.PHONY: setup demo test bench docs serve clean speech-deps browser-deps vllm-env
 
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +22,18 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PY) -m pip install -q --no-deps -e . > $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
 	$(PY) -c "import mmspec, torch, torchaudio, transformers, diffusers; print('mmspec', mmspec.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__, '| diffusers', diffusers.__version__)"
 	touch $(STAMP)
+
+# vLLM's CPU build and speculators, pinned in requirements-vllm.lock; its torchvision,
+# torchaudio and torchcodec builds fail to load beside its torch and are removed (nothing
+# here uses them).
+$(VLLM_STAMP): requirements-vllm.lock
+	@test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q -r requirements-vllm.lock > $(VLLM_VENV)/pip.log 2>&1 || { grep -v "^WARNING: Location" $(VLLM_VENV)/pip.log; exit 1; }
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec > /dev/null 2>&1 || true
+	$(VLLM_PY) -c "import vllm, speculators.models.eagle3, torch, transformers; print('vllm', vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"
+	touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
 
 # espeak-ng (Debian package) speaks the reference sentences of the speech tests and demo.
 speech-deps:
@@ -42,8 +59,10 @@ demo: setup
 	$(PY) -m recipes.demo
 
 # The tests spread over the cores (pytest-xdist, at most 4 workers; `-n 0` runs them in
-# one process).
-test: setup
+# one process). The two environments install side by side.
+test:
+	$(MAKE) -j2 $(STAMP) $(VLLM_STAMP)
+	$(MAKE) setup
 	$(PY) -m pytest -n auto --maxprocesses 4
 
 bench: setup
@@ -58,4 +77,4 @@ serve: setup
 	$(VENV)/bin/mmspec serve
 
 clean:
-	rm -rf $(VENV) out site .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) out site .pytest_cache

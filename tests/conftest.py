@@ -91,3 +91,15 @@ def ragged_prompts():
     ids = torch.tensor([[0, 0, 3, 4, 5], [2, 1, 2, 3, 4], [0, 0, 0, 7, 8]])
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 1, 1]])
     return ids, mask
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The figures tests record as ``parity`` (``record_property``), printed after the run:
+    what the field's own code gave beside mmspec's."""
+    lines = [value for reports in terminalreporter.stats.values() for r in reports
+             for name, value in getattr(r, "user_properties", ()) if name == "parity"
+             and getattr(r, "when", "call") == "call"]
+    if lines:
+        terminalreporter.section("parity with the field's code")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -219,6 +219,7 @@ class Eagle3Head(DraftHead):
     (or a front door's ``head=``); build a fresh one with ``Eagle3Head.for_target``."""
 
     first_pair = False          # no pair for the prompt's first token (module docstring)
+    train_output = True         # training updates lm_head (``own_parameters``)
 
     @property
     def mrope(self) -> bool:
@@ -239,6 +240,9 @@ class Eagle3Head(DraftHead):
         self.norm = LlamaRMSNorm(h, eps=eps)
         self.lm_head = nn.Linear(h, c.draft_vocab_size, bias=False)
         self.d2t = nn.Buffer(torch.zeros(c.draft_vocab_size, dtype=torch.long))
+        # d2t is not zeros: a reduced (or permuted) draft vocabulary (kept on the host: no
+        # step reads the device for it)
+        self.reduced = c.draft_vocab_size < c.vocab_size
         self.decoder = LlamaForCausalLM(llama)
         model = self.decoder.model
         model.layers[0] = Eagle3DecoderLayer(llama, 0, c.norm_before_residual)
@@ -326,7 +330,9 @@ class Eagle3Head(DraftHead):
                 or int(ids.min()) < 0 or int(ids.max()) >= c.vocab_size:
             raise ValueError(f"ids: accepted {c.draft_vocab_size} distinct ids in [0, "
                              f"{c.vocab_size - 1}] (the head's draft_vocab_size)")
-        self.d2t.copy_(ids.to(self.d2t.device) - torch.arange(len(ids), device=self.d2t.device))
+        d2t = ids - torch.arange(len(ids))
+        self.d2t.copy_(d2t.to(self.d2t.device))
+        self.reduced = bool(d2t.any())
 
     def init_output(self, target_head: nn.Linear) -> None:
         """Start ``lm_head`` from the target's output rows of the draft ids (training's start,
@@ -336,7 +342,7 @@ class Eagle3Head(DraftHead):
                 target_head.weight.device)])
 
     def full_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.config.draft_vocab_size == self.config.vocab_size and not self.d2t.any():
+        if not self.reduced:
             return logits
         full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
         ids = self.draft_ids.to(logits.device).expand(*logits.shape[:-1], -1)
@@ -355,14 +361,18 @@ class Eagle3Head(DraftHead):
 
     # -- files -------------------------------------------------------------------------
     def own_parameters(self) -> list[nn.Parameter]:
-        """What training updates: everything but the target's shared embeddings."""
-        shared = {id(p) for p in self.decoder.model.embed_tokens.parameters()}
-        return [p for p in self.parameters() if id(p) not in shared]
+        """What training updates: everything but the target's shared embeddings, and with
+        ``train_output`` False the output layer (kept at the target's rows, as ``speculators``
+        trains)."""
+        fixed = {id(p) for p in self.decoder.model.embed_tokens.parameters()}
+        if not self.train_output:
+            fixed.add(id(self.lm_head.weight))
+        return [p for p in self.parameters() if id(p) not in fixed]
 
     def state_to_save(self) -> dict:
         """The head's tensors under the ``speculators`` names (``layers.{i}.*``, ``fc``,
-        ``norm``, ``lm_head``, ``d2t``, ``t2d``; the optional norms), the target's
-        embeddings left out."""
+        ``norm``, ``lm_head``; ``d2t`` and ``t2d`` where the vocabulary is reduced, as the
+        field writes them; the optional norms), the target's embeddings left out."""
         out = {}
         for k, v in self.state_dict().items():
             if k.startswith("decoder."):
@@ -370,36 +380,47 @@ class Eagle3Head(DraftHead):
                     continue
                 k = k[len("decoder.model."):]
             out[k] = v
+        if not self.reduced:
+            del out["d2t"]
+            return out
         t2d = torch.zeros(self.config.vocab_size, dtype=torch.bool, device=self.d2t.device)
         out["t2d"] = t2d.index_fill(0, self.draft_ids, True)
         return out
 
     def load_state(self, tensors: dict[str, torch.Tensor], where: str = "") -> None:
-        """Load tensors named as ``state_to_save`` names them; a missing or unexpected name,
-        a tensor of another shape, or a ``t2d`` that disagrees with ``d2t`` is an error
+        """Load tensors named as ``state_to_save`` names them (``d2t`` and ``t2d`` required
+        where the draft vocabulary is reduced, optional otherwise); a missing or unexpected
+        name, a tensor of another shape, or a ``t2d`` that disagrees with ``d2t`` is an error
         naming it (``where``: the file, for the message)."""
-        own = self.state_to_save()
+        cfg = self.config
+        where = where or "tensors"
         tensors = dict(tensors)
         t2d = tensors.pop("t2d", None)
-        missing = sorted(k for k in own if k not in tensors and k != "t2d")
+        own = {k: v for k, v in self.state_dict().items() if not k.startswith("decoder.")}
+        own.update({k[len("decoder.model."):]: v for k, v in self.state_dict().items()
+                    if k.startswith("decoder.model.layers.")})
+        optional = {"d2t"} if cfg.draft_vocab_size == cfg.vocab_size else set()
+        missing = sorted(k for k in own if k not in tensors and k not in optional)
         unexpected = sorted(k for k in tensors if k not in own)
         shapes = [f"{k} {list(tensors[k].shape)} (accepted {list(own[k].shape)})"
                   for k in tensors if k in own and tensors[k].shape != own[k].shape]
         if missing or unexpected or shapes:
-            raise ValueError(f"{where or 'tensors'}: " + "; ".join(
+            raise ValueError(f"{where}: " + "; ".join(
                 f"{what} {names}" for what, names in (("missing", missing),
                                                       ("not read by this head", unexpected),
                                                       ("misshaped", shapes)) if names))
-        cfg = self.config
-        ids = torch.arange(cfg.draft_vocab_size) + tensors["d2t"].long().cpu()
-        if ids.unique().numel() != len(ids) or int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size:
-            raise ValueError(f"{where or 'tensors'}: d2t maps draft ids outside [0, "
-                             f"{cfg.vocab_size - 1}] or two draft ids to one target id")
+        d2t = tensors.setdefault("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        ids = torch.arange(cfg.draft_vocab_size) + d2t.long().cpu()
+        if ids.unique().numel() != len(ids) or int(ids.min()) < 0 \
+                or int(ids.max()) >= cfg.vocab_size:
+            raise ValueError(f"{where}: d2t maps draft ids outside [0, {cfg.vocab_size - 1}] "
+                             "or two draft ids to one target id")
         if t2d is not None:
             mask = torch.zeros(cfg.vocab_size, dtype=torch.bool).index_fill(0, ids, True)
             if t2d.shape != mask.shape or not torch.equal(t2d.bool().cpu(), mask):
-                raise ValueError(f"{where or 'tensors'}: t2d does not mark the target ids "
-                                 "that d2t maps the draft ids to")
+                raise ValueError(f"{where}: t2d does not mark the target ids that d2t maps the "
+                                 "draft ids to")
+        self.reduced = bool(d2t.any())
         with torch.no_grad():
             params = dict(self.named_parameters())
             params.update(self.named_buffers())

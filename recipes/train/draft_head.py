@@ -715,7 +715,9 @@ def model_card(target: str, head, rows, trained: dict) -> str:
         f"{kind} trained by `python -m recipes.train.draft_head` on the target's own "
         f"generations ({t['modality']}, data `{t['data']}`, {t['samples']} prompts, temperature "
         f"{t['temperature']}, {t['steps']} steps, unroll {t['unroll']}, {t['seconds']:.0f} s on "
-        f"{t['device']}{_init_note(t)}). {_data_note(t)}{_vocab_line(cfg)}", 96)
+        f"{t['device']}{_init_note(t)}). {_data_note(t)}{_vocab_line(cfg)}"
+        + (" Its output layer is the target's rows, kept fixed in training (--freeze-output)."
+           if t.get("freeze_output") else ""), 96)
     usage = textwrap.fill(
         "Use: `head=\"this folder\"` on the front door (or `mmspec.drafters.layouts.load(this "
         f"folder, target)`), {use}. Exact: the target's distribution is unchanged.", 96)
@@ -787,6 +789,9 @@ def build_parser():
     ap.add_argument("--arch", choices=ARCHITECTURES, default="draft-head",
                     help="the head's architecture: mmspec's DraftHead, or eagle3 (the field's "
                          "checkpoints' architecture, exported to vLLM and SGLang)")
+    ap.add_argument("--freeze-output", action="store_true",
+                    help="eagle3: keep the output layer at the target's rows of the draft ids "
+                         "(as speculators trains; default: trained with the rest)")
     ap.add_argument("--export", nargs=2, metavar=("LAYOUT", "DIR"), default=None,
                     help="also write the (eagle3) head in LAYOUT (speculators: vLLM; sglang: "
                          "SGLang; safeailab, angelslim) to DIR")
@@ -825,6 +830,9 @@ def main(argv=None) -> None:
         if args.export[0] not in layouts.writable():
             raise ValueError(f"--export {args.export[0]}: accepted one of "
                              f"{', '.join(layouts.writable())}")
+    if args.freeze_output and args.arch != "eagle3":
+        raise ValueError("--freeze-output: accepted with --arch eagle3 (a DraftHead's output "
+                         "layer is the target's already)")
     if args.uncond_features and args.arch == "eagle3":
         raise ValueError("--uncond-features: an EAGLE-3 head fuses the conditional branch "
                          "only; accepted with --arch draft-head")
@@ -858,6 +866,8 @@ def main(argv=None) -> None:
             trained["describe_every"] = DESCRIBE_EVERY[args.data]
         if args.init is not None:
             trained["init"] = args.init
+        if args.freeze_output:
+            trained["freeze_output"] = True
     if accelerator.is_main_process:
         head.eval()
         if args.export is not None:
@@ -909,6 +919,9 @@ def fit(source: Source, args, accelerator, clock: Clock | None = None):
         head.init_output(source.model.get_output_embeddings())
     if args.init is not None:             # or every weight from a saved head of its kind
         head.reload(args.init)
+    if args.freeze_output:                # kept at the target's rows
+        head.init_output(source.model.get_output_embeddings())
+        head.train_output = False
     template = _template(source, head, args.temperature)
     start, opt = (load_checkpoint(head, args.out, args.lr) if args.resume else (0, None))
     clock = clock or Clock()
