@@ -20,7 +20,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import mmspec
-from mmspec.drafters.head import head_for_target
+from mmspec.drafters.architectures import head_for_target
 from mmspec.drafters.head_session import HeadSession, prefill_pairs
 from mmspec.session import CausalLMSession
 

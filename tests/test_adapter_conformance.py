@@ -22,7 +22,7 @@ from typing import Callable
 import pytest
 import torch
 
-from mmspec.drafters.head import ARCHITECTURES
+from mmspec.drafters.architectures import ARCHITECTURES
 from modalities.registry import adapters
 
 
@@ -45,7 +45,7 @@ class Case:
     def give_head(self, arch: str = "draft-head") -> None:
         """A (random) draft head of ``arch`` of the kind the front door's target takes, for
         method 'head' (EAGLE-3: the first layers, up to three, fused)."""
-        from mmspec.drafters.head import head_for_target
+        from mmspec.drafters.architectures import head_for_target
         from mmspec.drafters.load import load_head
         from mmspec.session import _decoder_config
 
@@ -336,7 +336,7 @@ def test_draft_heads_give_plain_greedy(case, request, arch):
     Multi-codebook targets refuse a token head and an EAGLE-3 head."""
     if request.node.callspec.params["case"] in ("delay-pattern", "csm"):
         from mmspec.drafters import DraftHead
-        from mmspec.drafters.head import head_for_target
+        from mmspec.drafters.architectures import head_for_target
 
         with pytest.raises(ValueError, match="multi-codebook"):
             DraftHead.for_target(case.model)

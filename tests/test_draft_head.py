@@ -524,3 +524,76 @@ def test_the_recipe_records_what_its_vlm_data_asked_and_where_it_measured(tmp_pa
     card = " ".join((tmp_path / "README.md").read_text().split())
     assert 'Every training scene was asked "describe the image."' in card
     assert ", on CPU)" in card
+
+
+def _deepseek_checkpoint(folder, layers=2):
+    """A tiny DeepSeek-V3 checkpoint with its MTP layer as DeepSeek ships it: transformers
+    writes a model of ``layers + 1`` layers (layer ``layers`` an MoE block), the MTP layer's
+    enorm, hnorm, eh_proj and shared_head.norm are added beside that block, and the config
+    says ``layers``. Returns the target loaded from the folder, naming the MTP layer's index
+    in ``_keys_to_ignore_on_load_unexpected`` as its class does for its released size (where
+    transformers' ``MtpModel`` looks for MTP layers)."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    cfg = dict(vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+               num_attention_heads=2, num_key_value_heads=2, n_shared_experts=1,
+               n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+               first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8,
+               v_head_dim=16, qk_nope_head_dim=8, max_position_embeddings=128,
+               num_mtp_layers=1, pad_token_id=0, eos_token_id=None, bos_token_id=None)
+    torch.manual_seed(0)
+    DeepseekV3ForCausalLM(DeepseekV3Config(num_hidden_layers=layers + 1, **cfg)).save_pretrained(
+        folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    g = torch.Generator().manual_seed(5)
+    for name, shape in (("enorm.weight", (32,)), ("hnorm.weight", (32,)),
+                        ("shared_head.norm.weight", (32,)), ("eh_proj.weight", (32, 64))):
+        tensors[f"model.layers.{layers}.{name}"] = 1 + 0.3 * torch.randn(shape, generator=g) \
+            if "norm" in name else 0.2 * torch.randn(shape, generator=g)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config["num_hidden_layers"] = layers
+    (folder / "config.json").write_text(json.dumps(config))
+    target = DeepseekV3ForCausalLM.from_pretrained(folder).eval()
+    target._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{layers}.*"]
+    return target
+
+
+def test_a_deepseek_mtp_layer_drafts_what_transformers_own_mtp_drafts(tmp_path):
+    """A DeepSeek-V3-style MTP layer (``model.layers.{N}.*``) loaded by ``head=`` the target's
+    folder: its draft logits equal transformers' ``MTPCandidateGenerator``'s (batch 1, after
+    the prompt); mmspec drafts with it on ragged batches, plain greedy's tokens; another
+    folder than the target's is refused."""
+    from transformers import GenerationConfig
+    from transformers.generation.candidate_generator import MTPCandidateGenerator
+
+    from mmspec.drafters.load import load_head
+    from mmspec.drafters.mtp import DeepSeekMtpHead
+
+    target = _deepseek_checkpoint(tmp_path)
+    head = load_head(str(tmp_path), target)
+    assert isinstance(head, DeepSeekMtpHead)
+    prompt = torch.tensor([[5, 9, 3, 17, 22, 8]])
+    with torch.no_grad():
+        out = target(prompt, output_hidden_states=True)
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        full = torch.cat([prompt, nxt], 1)
+        gen = MTPCandidateGenerator(target, GenerationConfig(do_sample=False), {})
+        pos = torch.arange(full.shape[1])[None]
+        _, theirs = gen.get_candidates(full, {"position_ids": pos}, out, False, 0)
+        # mmspec's pairs: (h_t, x_{t+1}) at the target's position of t
+        x = head.inputs(target.get_input_embeddings()(full[:, 1:]),
+                        head.reduce_features(out.hidden_states[-1]))
+        g = head.decoder.model(inputs_embeds=x, position_ids=pos[:, :-1]).last_hidden_state
+        mine = head.decoder.lm_head(g[:, -1:])
+    torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
+    ids = torch.tensor([[0, 0, 5, 6, 7, 8], [5, 6, 7, 8, 9, 10]])
+    kw = dict(attention_mask=(ids != 0).long(), temperature=0, max_new_tokens=10)
+    plain = mmspec.generate(target, None, ids, **kw)
+    drafted = mmspec.generate(target, None, ids, drafter=FeatureDrafter(head, depth=3), **kw)
+    assert torch.equal(drafted.sequences, plain.sequences)
+    with pytest.raises(ValueError, match="the target's own checkpoint"):
+        DeepSeekMtpHead.from_checkpoint(tmp_path / "elsewhere", target)

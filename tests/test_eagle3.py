@@ -16,6 +16,7 @@ import mmspec
 from conftest import tiny_llama
 from mmspec.drafters import FeatureDrafter
 from mmspec.drafters import layouts
+from mmspec.drafters import eagle3
 from mmspec.drafters.eagle3 import Eagle3Head, MRopeRotaryEmbedding
 from mmspec.drafters.load import load_head
 
@@ -174,7 +175,7 @@ def test_mrope_positions_match_transformers_own_rotary_embeddings(interleaved):
 def test_every_writable_layout_round_trips(tmp_path, name):
     """Written in the layout, recognised as it, read back: the same tensors and logits."""
     target = _target()
-    head = _head(target, layers=layouts.default_feature_layers(8), fc_norm=name != "sglang")
+    head = _head(target, layers=eagle3.default_feature_layers(8), fc_norm=name != "sglang")
     layouts.export(head, tmp_path / name, name)
     assert layouts.recognise(tmp_path / name).name == name
     back = load_head(str(tmp_path / name), target)
@@ -208,11 +209,11 @@ def test_layer_ids_follow_each_engines_convention(tmp_path):
     sgl.pop("eagle_config")
     (tmp_path / "g" / "config.json").write_text(json.dumps(sgl))
     assert layouts.load(tmp_path / "g", target).config.feature_layers == (2, 4, 5)
-    assert layouts.default_feature_layers(32) == (2, 16, 29)
+    assert eagle3.default_feature_layers(32) == (2, 16, 29)
     with pytest.raises(ValueError, match=r"\[2, 3, 3\]"):
-        layouts.default_feature_layers(6)
+        eagle3.default_feature_layers(6)
     with pytest.raises(ValueError, match="before the final norm"):
-        layouts.check_feature_layers((2, 4, 8), 8)
+        eagle3.check_feature_layers((2, 4, 8), 8)
     with torch.no_grad():
         hs = target(torch.tensor([[3, 1, 4, 1, 5]]), output_hidden_states=True).hidden_states
     embeds = target.get_input_embeddings()(torch.tensor([3, 1, 4, 1, 5]))

@@ -308,7 +308,7 @@ def test_a_head_on_both_branches_features_gives_plain_greedy(name, vq):
     under guidance and gives plain greedy's tokens, static and dynamic caches; the target
     session keeps both branches' features side by side; without guidance it is refused
     before any work."""
-    from mmspec.drafters.head import head_for_target
+    from mmspec.drafters.architectures import head_for_target
     from mmspec.drafters.load import load_head
 
     pipe, prompts = PIPES[name](vq)

@@ -25,7 +25,7 @@ import torch
 import mmspec
 from conftest import tiny_llama
 from mmspec.drafters import FeatureDrafter, layouts
-from mmspec.drafters.eagle3 import Eagle3Head
+from mmspec.drafters.eagle3 import Eagle3Head, default_feature_layers
 from test_eagle3 import VARIANTS, _head, _pairs, forward
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,7 +72,7 @@ def test_speculators_reads_mmspecs_heads_and_computes_their_logits(tmp_path, rec
         jobs += [["logits", str(tmp_path / f"h{i}"), str(tmp_path / f"x{i}"),
                   str(tmp_path / f"y{i}")],
                  ["resave", str(tmp_path / f"h{i}"), str(tmp_path / f"r{i}")]]
-    safe = _head(target, seed=9, layers=layouts.default_feature_layers(8))
+    safe = _head(target, seed=9, layers=default_feature_layers(8))
     layouts.export(safe, tmp_path / "safe", "safeailab")
     jobs.append(["convert", str(tmp_path / "safe"), str(tmp_path / "converted"),
                  str(tmp_path / "target")])

@@ -2,15 +2,18 @@
 
 from .base import Drafter, NoDraft
 from .depth import DepthDrafter
+from .eagle3 import Eagle3Config, Eagle3Head
 from .feature import FeatureDrafter
 from .frame import FrameDrafter
-from .head import DepthHead, DraftHead, FrameHead, HeadConfig, head_for_target
+from .architectures import ARCHITECTURES, head_for_target
+from .head import DepthHead, DraftHead, FrameHead, HeadConfig
 from .jacobi import Jacobi
 from .model import ModelDrafter
-from .mtp import MtpHead
+from .mtp import DeepSeekMtpHead, MtpHead
 from .prefill import Prefilled
 from .tree import TreeDrafter
 
 __all__ = ["Drafter", "NoDraft", "ModelDrafter", "TreeDrafter", "FeatureDrafter", "DraftHead",
            "HeadConfig", "FrameHead", "FrameDrafter", "DepthHead",
-           "DepthDrafter", "head_for_target", "MtpHead", "Jacobi", "Prefilled"]
+           "DepthDrafter", "head_for_target", "MtpHead", "DeepSeekMtpHead", "Eagle3Head",
+           "Eagle3Config", "Jacobi", "Prefilled"]

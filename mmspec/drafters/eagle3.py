@@ -31,14 +31,124 @@ applies ``norm`` then ``lm_head``. Tensors are named as vLLM's ``speculators`` n
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+
+import json
+from pathlib import Path
 
 import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaRMSNorm,
                                                       LlamaRotaryEmbedding)
 
+from .files import CONFIG, WEIGHTS, read_config, read_tensors, write
 from .head import DraftHead
+
+
+# -- which target layers (module docstring of mmspec.drafters.layouts) ------------------------
+
+def default_feature_layers(num_layers: int) -> tuple[int, ...]:
+    """The field's default fused layers for a target of ``num_layers`` layers: hidden_states
+    indices [2, N/2, N - 3] (vLLM's ids; SpecForge's [1, N/2 - 1, N - 4] as outputs)."""
+    layers = (2, num_layers // 2, num_layers - 3)
+    if len(set(layers)) != 3 or not 0 < min(layers) or sorted(layers) != list(layers):
+        raise ValueError(f"a target of {num_layers} layers: the field's default layers [2, N/2, "
+                         f"N - 3] = {list(layers)} are not three distinct layers in order: "
+                         "accepted feature layers given explicitly (--feature-layers)")
+    return layers
+
+
+def check_feature_layers(layers, num_layers: int) -> tuple[int, ...]:
+    """``layers`` (hidden_states indices) checked against a target of ``num_layers`` layers."""
+    layers = tuple(layers)
+    if num_layers in layers:
+        raise ValueError(f"feature layer {num_layers} (the last layer's output): vLLM's id "
+                         f"{num_layers} is taken before the final norm, transformers' "
+                         f"hidden_states[{num_layers}] after it; accepted indices in [0, "
+                         f"{num_layers - 1}]")
+    if any(not 0 <= i < num_layers for i in layers) or len(set(layers)) != len(layers):
+        raise ValueError(f"feature layers {list(layers)}: accepted distinct indices in [0, "
+                         f"{num_layers - 1}] (a target of {num_layers} layers)")
+    return layers
+
+
+def hidden_indices(ids, outputs: bool) -> tuple[int, ...]:
+    """hidden_states indices of the field's layer ``ids``: vLLM's as they are, SGLang's
+    (``outputs``: layer outputs) + 1; ascending, as the engines fuse them."""
+    out = sorted(int(i) + int(outputs) for i in ids)
+    if len(set(out)) != len(out):
+        raise ValueError(f"layer ids {list(ids)}: accepted distinct ids")
+    return tuple(out)
+
+
+# -- settings in the field's spelling ------------------------------------------------------------
+
+def _rope(config: dict) -> tuple[float, dict | None, tuple | None, bool]:
+    """(rope_theta, other scaling or None, mrope_section or None, interleaved) of a Llama
+    config dict in any transformers version's spelling."""
+    scaling = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    theta = float(scaling.pop("rope_theta", config.get("rope_theta", 10000.0)))
+    section = scaling.pop("mrope_section", None)
+    interleaved = bool(scaling.pop("mrope_interleaved", False))
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind in ("default", "mrope"):
+        scaling = None
+    return theta, scaling, tuple(section) if section else None, interleaved
+
+
+def config_from_layer(layer: dict, *, vocab_size: int, draft_vocab_size: int | None,
+                  feature_layers, target: str = "", **variants):
+    """An ``Eagle3Config`` from a Llama config dict of the head's layers (flat layouts: the
+    config itself; speculators: ``transformer_layer_config``)."""
+    if layer.get("model_type", "llama") != "llama":
+        raise ValueError(f"model_type {layer.get('model_type')!r} decoder layers: accepted "
+                         "llama (EAGLE-3 heads in the Llama layout)")
+    theta, scaling, section, interleaved = _rope(layer)
+    h = layer["hidden_size"]
+    heads = layer["num_attention_heads"]
+    return Eagle3Config(
+        hidden_size=h, intermediate_size=layer["intermediate_size"], num_attention_heads=heads,
+        num_key_value_heads=layer.get("num_key_value_heads") or heads,
+        head_dim=layer.get("head_dim"), num_layers=layer.get("num_hidden_layers", 1),
+        rms_norm_eps=layer.get("rms_norm_eps", 1e-6), hidden_act=layer.get("hidden_act", "silu"),
+        attention_bias=bool(layer.get("attention_bias", False)),
+        mlp_bias=bool(layer.get("mlp_bias", False)), rope_theta=theta, rope_scaling=scaling,
+        max_position_embeddings=layer.get("max_position_embeddings", 4096),
+        vocab_size=vocab_size, draft_vocab_size=draft_vocab_size or vocab_size,
+        feature_layers=feature_layers, mrope_section=section, mrope_interleaved=interleaved,
+        target=target, **variants)
+
+
+def layer_config(c, rope_key: str = "rope_parameters") -> dict:
+    """The Llama config dict of an ``Eagle3Config``'s layers, as the field writes it: rotary
+    settings under ``rope_parameters`` (transformers 5, speculators) or, with ``rope_key``
+    "rope_scaling", beside ``rope_theta`` (the flat layouts' transformers-4 spelling)."""
+    rope = dict(c.rope_scaling or {})
+    rope.setdefault("rope_type", "default")
+    if c.mrope_section is not None:
+        rope.update(mrope_section=list(c.mrope_section), mrope_interleaved=c.mrope_interleaved)
+    out = dict(model_type="llama", architectures=["LlamaForCausalLM"],
+               hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+               num_hidden_layers=c.num_layers, num_attention_heads=c.num_attention_heads,
+               num_key_value_heads=c.num_key_value_heads, head_dim=c.dim,
+               rms_norm_eps=c.rms_norm_eps, hidden_act=c.hidden_act,
+               attention_bias=c.attention_bias, mlp_bias=c.mlp_bias,
+               max_position_embeddings=c.max_position_embeddings, vocab_size=c.vocab_size,
+               tie_word_embeddings=False)
+    if rope_key == "rope_parameters":
+        out["rope_parameters"] = dict(rope, rope_theta=c.rope_theta)
+    else:
+        out.update(rope_theta=c.rope_theta,
+                   rope_scaling=None if rope == {"rope_type": "default"} else rope)
+    return out
+
+
+def _architectures(name: str) -> list:
+    """The verifier's architectures from its config, where ``name`` is a local folder."""
+    path = Path(name) / CONFIG if name else None
+    if path is not None and path.is_file():
+        return json.loads(path.read_text()).get("architectures") or []
+    return []
 
 
 @dataclass
@@ -133,15 +243,6 @@ class Eagle3Config:
                            tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
                            pad_token_id=None)
 
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        for k in ("uncond_features", "codebooks", "depth_decoder"):
-            out.pop(k)
-        out["feature_layers"] = list(self.feature_layers)
-        if self.mrope_section is not None:
-            out["mrope_section"] = list(self.mrope_section)
-        return out
-
 
 class Eagle3DecoderLayer(LlamaDecoderLayer):
     """The head's first decoder layer: its input [.., 2H] is (token embedding, feature),
@@ -223,6 +324,7 @@ class Eagle3Head(DraftHead):
 
     @property
     def mrope(self) -> bool:
+        """The head's positions are its target's 3-D rotary positions (``mrope_section``)."""
         return self.config.mrope_section is not None
 
     def __init__(self, config: Eagle3Config):
@@ -254,6 +356,7 @@ class Eagle3Head(DraftHead):
 
     @property
     def layers(self) -> nn.ModuleList:
+        """The head's decoder layers (the first an ``Eagle3DecoderLayer``)."""
         return self.decoder.model.layers
 
     @property
@@ -269,7 +372,6 @@ class Eagle3Head(DraftHead):
         field's default layers (``layouts.default_feature_layers``) unless given, and the
         target's M-RoPE sections where its rotary embedding is M-RoPE over whole heads."""
         from ..session import _decoder_config, output_vocab_size
-        from .layouts import default_feature_layers
 
         cfg = _decoder_config(target)
         v = output_vocab_size(target)
@@ -296,8 +398,6 @@ class Eagle3Head(DraftHead):
 
     def check_layers(self, num_layers: int) -> None:
         """Refuse ``feature_layers`` outside a decoder of ``num_layers`` layers."""
-        from .layouts import check_feature_layers
-
         check_feature_layers(self.config.feature_layers, num_layers)
 
     def attach(self, target) -> "Eagle3Head":
@@ -428,24 +528,109 @@ class Eagle3Head(DraftHead):
                 name = f"decoder.model.{k}" if k.startswith("layers.") else k
                 params[name].copy_(v.to(params[name].dtype) if v.is_floating_point() else v)
 
-    def save_pretrained(self, path, **kw) -> None:
-        """Write the head in the ``speculators`` layout (vLLM reads it as it is;
-        ``mmspec.drafters.layouts.export`` writes the others)."""
-        from .layouts import export
+    def speculators_config(self, target: str | None = None, speculative_tokens: int = 3) -> dict:
+        """The head's ``config.json`` in the ``speculators`` layout, every key vLLM's reader
+        needs written (it defaults ``norm_before_residual`` to true; the layer ids are its own;
+        the target as the verifier)."""
+        c = self.config
+        name = target or c.target
+        return {
+            "architectures": ["Eagle3DraftModel"],
+            "speculators_model_type": "eagle3",
+            "speculators_version": "0.9.0",
+            "speculators_config": {
+                "algorithm": "eagle3",
+                "proposal_methods": [{"proposal_type": "greedy",
+                                      "speculative_tokens": int(speculative_tokens),
+                                      "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+                "default_proposal_method": "greedy",
+                "verifier": {"name_or_path": name, "architectures": _architectures(name)}},
+            "transformer_layer_config": layer_config(c),
+            "draft_vocab_size": c.draft_vocab_size,
+            "target_hidden_size": c.hidden_size,
+            "eagle_aux_hidden_state_layer_ids": list(c.feature_layers),
+            "norm_before_residual": c.norm_before_residual, "norm_before_fc": c.norm_before_fc,
+            "fc_norm": c.fc_norm, "norm_output": c.norm_output,
+            "embed_requires_grad": False, "dtype": str(self.fc.weight.dtype).removeprefix("torch."),
+        }
 
-        export(self, path, "speculators", **kw)
+    def save_pretrained(self, path, target: str | None = None, speculative_tokens: int = 3) -> None:
+        """Write the head in vLLM's ``speculators`` layout (vLLM serves it as it is;
+        ``mmspec.drafters.layouts.export`` writes the others): ``target`` the verifier's name
+        or path written in it (default the head's), ``speculative_tokens`` the chain vLLM
+        drafts by default."""
+        write(path, self.speculators_config(target, speculative_tokens), self.state_to_save())
 
     def reload(self, path) -> None:
         """Load the head's tensors saved in ``path`` (``save_pretrained``) into it."""
-        from pathlib import Path
-
-        from .layouts import read_tensors
-
-        self.load_state(read_tensors(Path(path)), str(path))
+        self.load_state(read_tensors(Path(path)), str(Path(path) / WEIGHTS))
 
     @classmethod
     def from_pretrained(cls, path, target=None) -> "Eagle3Head":
-        """A head saved in any layout ``mmspec.drafters.layouts`` reads."""
-        from .layouts import load
+        """A head in the ``speculators`` layout (``save_pretrained``), attached to ``target``
+        (needed: its layer count resolves default layer ids; ``mmspec.drafters.layouts.load``
+        reads every layout)."""
+        path = Path(path)
+        if target is None:
+            raise ValueError(f"{path}: an EAGLE-3 head reads its target's sizes: accepted a "
+                             "target model")
+        tensors = read_tensors(path)
+        head = cls(config_from_speculators(read_config(path), target))
+        return head.attach(target).load_checked(tensors, str(path / WEIGHTS))
 
-        return load(path, target)
+    def load_checked(self, tensors: dict, where: str) -> "Eagle3Head":
+        """``load_state`` after checking a checkpoint's ``embed_tokens.weight``: it must be the
+        target's input embeddings (a copy, as the field's trainers save it), dropped for the
+        target's shared table."""
+        tensors = dict(tensors)
+        emb = tensors.pop("embed_tokens.weight", None)
+        mine = self.shared[0].weight
+        if emb is not None and (emb.shape != mine.shape or not torch.equal(
+                emb, mine.detach().to("cpu", emb.dtype))):
+            raise ValueError(f"{where}: embed_tokens.weight {list(emb.shape)} is not the "
+                             f"target's input embeddings {list(mine.shape)}: heads with their own "
+                             "trained embeddings are not supported (accepted a head trained with "
+                             "the target's embeddings frozen, as the field's trainers do by "
+                             "default)")
+        self.load_state(tensors, where)
+        return self
+
+
+def _target_layers(target) -> int:
+    from ..session import _decoder_config
+
+    return _decoder_config(target).num_hidden_layers
+
+
+NARROWER = "a head narrower or wider than its target (its own embeddings) is not supported"
+
+
+def config_from_speculators(config: dict, target) -> Eagle3Config:
+    """An ``Eagle3Config`` from a ``speculators`` config (its ids are hidden_states indices;
+    none: the default layers of ``target``)."""
+    kind = config.get("speculators_model_type")
+    if kind != "eagle3":
+        raise ValueError(f"speculators_model_type {kind!r}: accepted 'eagle3'")
+    layer = config.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise ValueError("a speculators config without transformer_layer_config: accepted the "
+                         "layout speculators writes")
+    ids = config.get("eagle_aux_hidden_state_layer_ids")
+    layers = (hidden_indices(ids, outputs=False) if ids
+              else default_feature_layers(_target_layers(target)))
+    th = config.get("target_hidden_size")
+    if th is not None and th != layer.get("hidden_size"):
+        raise ValueError(f"target_hidden_size {th} != hidden_size {layer.get('hidden_size')}: "
+                         f"{NARROWER}")
+    verifier = config.get("speculators_config", {}).get("verifier", {})
+    try:
+        return config_from_layer(
+            layer, vocab_size=layer["vocab_size"],
+            draft_vocab_size=config.get("draft_vocab_size"), feature_layers=layers,
+            target=verifier.get("name_or_path") or "",
+            norm_before_residual=bool(config.get("norm_before_residual", False)),
+            norm_before_fc=bool(config.get("norm_before_fc", False)),
+            fc_norm=bool(config.get("fc_norm", False)),
+            norm_output=bool(config.get("norm_output", False)))
+    except KeyError as e:
+        raise ValueError(f"the speculators config lacks {e.args[0]!r}") from None

@@ -423,31 +423,3 @@ class DepthHead(DraftHead):
         self.to(device=out.weight.device, dtype=out.weight.dtype)
         self.decoder.model.embed_tokens = target.backbone_model.embed_tokens.embed_audio_tokens
         return self
-
-
-# Head architectures a head is trained in (``recipes.train.draft_head --arch``): mmspec's own
-# (a token, frame or depth head by the target's kind) and EAGLE-3 (``mmspec.drafters.eagle3``:
-# the field's checkpoints' architecture, exported to vLLM and SGLang).
-ARCHITECTURES = ("draft-head", "eagle3")
-
-
-def head_for_target(target, feature_layers=None, arch: str = "draft-head", **kw) -> DraftHead:
-    """A fresh head of ``arch`` for ``target``. "draft-head": a ``FrameHead`` for a
-    delay-pattern decoder, a ``DepthHead`` for a depth-decoder model (CSM), else a
-    ``DraftHead``; "eagle3": an ``Eagle3Head`` (single-table targets)."""
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"arch={arch!r}: accepted one of {', '.join(ARCHITECTURES)}")
-    multi = find_delay_decoder(target) is not None or is_depth_model(target)
-    if arch == "eagle3":
-        if multi:
-            raise ValueError(f"arch='eagle3': an EAGLE-3 head drafts from one token table; "
-                             f"{type(target).__name__} is a multi-codebook model (accepted "
-                             "arch='draft-head', its frame or depth head)")
-        from .eagle3 import Eagle3Head
-
-        return Eagle3Head.for_target(target, feature_layers, **kw)
-    if find_delay_decoder(target) is not None:
-        return FrameHead.for_target(target, feature_layers, **kw)
-    if is_depth_model(target):
-        return DepthHead.for_target(target, feature_layers, **kw)
-    return DraftHead.for_target(target, feature_layers, **kw)

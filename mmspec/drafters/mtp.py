@@ -1,4 +1,5 @@
-"""A checkpoint's own multi-token-prediction module as a draft head (Qwen3.5, Qwen3-Next).
+"""A checkpoint's own multi-token-prediction module as a draft head: Qwen3.5 and Qwen3-Next
+(``MtpHead``), DeepSeek-V3 style (``DeepSeekMtpHead``).
 
 Qwen3.5 checkpoints ship one MTP layer next to the model's weights (``mtp.*`` tensors), which
 transformers drops when it loads the model. It is a draft head of the same shape as
@@ -131,3 +132,77 @@ class MtpHead(DraftHead):
         raise ValueError("an MTP head is the checkpoint's own: load it again with "
                          "MtpHead.from_checkpoint(folder, target) (save_pretrained writes "
                          "trained heads)")
+
+
+class DeepSeekMtpHead(DraftHead):
+    """A DeepSeek-V3-style checkpoint's MTP layer as a draft head (DeepSeek-V3, GLM-4.5 and
+    the other classes transformers gives ``num_mtp_layers``): checkpoint tensors
+    ``model.layers.{N}.{enorm, hnorm, eh_proj, shared_head.norm}`` and a decoder block of the
+    target's kind (an MoE block where the target's later layers are), read by transformers'
+    own ``MtpModel`` (its renamings and expert packing):
+
+        g_t = post_norm(block(eh_proj(concat(enorm(embed(x_{t+1})), hnorm(h_t)))))
+        q   = softmax(lm_head(g_t))                 the target's output head, shared
+
+    h_t is the target's last hidden state (normed output), then the head's own g for further
+    drafts, as transformers' ``MTPCandidateGenerator`` and vLLM's MTP proposer chain it.
+    Checkpoints of one MTP layer (DeepSeek-V3's, GLM-4.5's)."""
+
+    first_pair = False
+
+    def __init__(self, target, mtp_model):
+        nn.Module.__init__(self)
+        from transformers import AutoModelForCausalLM
+
+        from ..session import _decoder_config, output_vocab_size
+
+        text = _decoder_config(target)
+        one = target.config.get_mtp_config()       # transformers': one block of the MTP kind
+        if one.num_hidden_layers != 1:
+            raise ValueError(f"num_mtp_layers={one.num_hidden_layers}: accepted checkpoints of "
+                             "one MTP layer (a head drafts by feeding its own output back)")
+        layer = mtp_model.layers[0]
+        self.config = HeadConfig(hidden_size=text.hidden_size,
+                                 feature_layers=(text.num_hidden_layers,),
+                                 vocab_size=output_vocab_size(target),
+                                 target=getattr(target, "name_or_path", "") or "")
+        self.decoder = AutoModelForCausalLM.from_config(one)
+        self.decoder.model.layers[0].load_state_dict(layer.mtp_block.state_dict())
+        norm = layer.post_norm if layer.use_post_norm else (
+            mtp_model.shared_post_norm if mtp_model.use_shared_post_norm else None)
+        if norm is None:
+            self.decoder.model.norm = nn.Identity()
+        else:
+            self.decoder.model.norm.load_state_dict(norm.state_dict())
+        self.reduce = nn.Identity()        # the target's normed output, as the checkpoint's
+        self.enorm, self.hnorm, self.fuse = layer.enorm, layer.hnorm, layer.eh_proj
+        self.hidden_first = bool(getattr(one, "mtp_hidden_states_first", False))
+
+    def inputs(self, token_embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        parts = [self.enorm(token_embeds), self.hnorm(features)]
+        return self.fuse(torch.cat(parts[::-1] if self.hidden_first else parts, -1))
+
+    @classmethod
+    def from_checkpoint(cls, folder, target) -> "DeepSeekMtpHead":
+        """The MTP layer of the checkpoint in ``folder``: the target's own, loaded from it
+        (``target.config.name_or_path`` must be ``folder``), attached to ``target``."""
+        from transformers.modeling_layers import MtpModel
+
+        own = Path(getattr(target.config, "name_or_path", "") or "")
+        if not own.is_dir() or own.resolve() != Path(folder).resolve():
+            raise ValueError(f"{folder}: the deepseek-mtp layout reads the MTP layer from the "
+                             "target's own checkpoint: accepted the folder the target was "
+                             f"loaded from ({str(own) or 'unknown: load it with from_pretrained'})")
+        if not hasattr(target.config, "get_mtp_config"):
+            raise ValueError("this transformers version has no MTP models (get_mtp_config): "
+                             "accepted transformers >= 5.24")
+        try:
+            mtp = MtpModel.from_pretrained(target, device_map={"": str(target.device)})
+        except (RuntimeError, ValueError) as e:
+            raise ValueError(f"{folder}: MTP weights that do not fit the target's MTP layer "
+                             f"({e})") from None
+        return cls(target, mtp).attach(target)
+
+    def save_pretrained(self, path) -> None:
+        raise ValueError("an MTP head is the checkpoint's own: load it again with "
+                         "DeepSeekMtpHead.from_checkpoint(folder, target)")

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mmspec.drafters.base import NoDraft
-from mmspec.drafters.head import ARCHITECTURES
+from mmspec.drafters.architectures import ARCHITECTURES
 from mmspec.drafters.head_session import token_embeds
 from recipes.cli import COUNT, Number, Parser, TreeShape, describe, run, tree_name
 
