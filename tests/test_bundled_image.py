@@ -72,9 +72,9 @@ def test_model_cards_and_sizes():
             assert size < 15_000_000, f
             total += size
         assert not any(f.endswith((".bin", ".pt", ".pth", ".pkl")) for f in os.listdir(folder))
-    # the bundled pairs of every modality, LLaVA, Qwen-VL, the heads (the image head in
-    # float32, as measured: 6.6 MB)
-    assert total < 85_000_000
+    # the bundled pairs of every modality, LLaVA, Qwen-VL, the heads (the image heads in
+    # float32, as measured: 6.6 MB and 8.5 MB; the EAGLE-3 answer head 8.0 MB)
+    assert total < 105_000_000
 
 
 def test_bundled_feature_net_reads_scenes():
