@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", default=None, help="folder or id (default: the bundled model)")
     ap.add_argument("--draft", default=None,
                     help="draft folder or id (default: the bundled draft with the bundled model)")
+    ap.add_argument("--head", default=None,
+                    help="a draft head for method 'head' (a folder in any layout "
+                         "docs/drafters.md lists; default: none)")
     ap.add_argument("--methods", default=None,
                     help="comma-separated method names (default: plain,exact,sjd,sjd-maximal,"
                          "lantern,gsd)")
@@ -243,20 +246,22 @@ def check_options(args) -> list[str]:
         v = getattr(args, name)
         if v is not None and not (math.isfinite(v) and v >= 0):
             raise ValueError(f"--{name} {v!r}: accepted a finite number >= 0")
+    if args.head is not None and not os.path.isfile(os.path.join(args.head, "config.json")):
+        raise ValueError(f"--head {args.head}: accepted a folder with a saved head")
     methods = [m.strip() for m in str(args.methods).split(",") if m.strip()]
     if not methods:
         raise ValueError(f"--methods {args.methods!r}: accepted one or more method names")
     return methods if "plain" in methods else ["plain"] + methods   # the baseline
 
 
-def check_methods(methods: list[str], grid: dict, has_draft: bool) -> None:
+def check_methods(methods: list[str], grid: dict, has_draft: bool, has_head: bool = False) -> None:
     """Every method and setting parsed (unknown names and parameters raise) before any unit."""
     for m in grid:
         if m not in methods:
             raise ValueError(f"--param for {m!r}, which is not among --methods {methods}")
     for method in methods:
         for params in settings(method, grid):
-            parse_method(method, params, has_draft=has_draft)
+            parse_method(method, params, has_draft=has_draft, has_head=has_head)
 
 
 def _model_identity(path) -> str | None:
@@ -275,7 +280,8 @@ def run_identity(args, task, prompts: list) -> dict:
     --out is made with (run.json), and what its report states."""
     digest = hashlib.sha1("\n".join(map(str, prompts)).encode()).hexdigest()[:12]
     return dict(modality=args.modality, model=_model_identity(task.model_path),
-                draft=_model_identity(task.draft_path), prompts=f"{len(prompts)} ({digest})",
+                draft=_model_identity(task.draft_path), head=_model_identity(task.head_path),
+                prompts=f"{len(prompts)} ({digest})",
                 batch=args.batch, temperature=args.temperature, guidance=args.guidance,
                 dtype=task.dtype, device=str(task.device),
                 deterministic=bool(args.deterministic))
@@ -340,8 +346,8 @@ def main(argv=None) -> str:
         gen["guidance_scale"] = args.guidance
     if args.temperature is not None:
         gen["temperature"] = args.temperature
-    task = task_cls(args.model, args.draft, device=device, **gen)
-    check_methods(methods, grid, task.has_draft)
+    task = task_cls(args.model, args.draft, device=device, head=args.head, **gen)
+    check_methods(methods, grid, task.has_draft, task.has_head)
     identity = run_identity(args, task, prompts)
     if state.is_main_process:
         claim_out(args.out, identity, args.overwrite)

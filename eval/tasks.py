@@ -43,11 +43,12 @@ class ImageTask:
     quality_metrics = ("compositional_accuracy",)
     higher_is_better = {"compositional_accuracy": True, "fid": False}
 
-    def __init__(self, model=None, draft=None, device=None, **gen):
+    def __init__(self, model=None, draft=None, device=None, head=None, **gen):
         from modalities.image import TextToImage
 
         model, draft = self.model_path, self.draft_path = resolve_models(type(self), model, draft)
-        self.pipe = TextToImage.from_pretrained(model, draft=draft)
+        self.pipe = TextToImage.from_pretrained(model, draft=draft, head=head)
+        self.head_path, self.has_head = head, head is not None
         self.has_draft, self.dtype = draft is not None, _dtype(self.pipe.target.model)
         self.device = self.pipe.to(device).device
         self.gen = gen
@@ -146,12 +147,13 @@ class VLMTask:
     higher_is_better = {"answer_accuracy": True, "greedy_agreement": True}
 
     def __init__(self, model=None, draft=None, device=None, draft_mode=None, max_new_tokens=24,
-                 **gen):
+                 head=None, **gen):
         from modalities.vlm import VisionLanguageGenerator
 
         model, draft = self.model_path, self.draft_path = resolve_models(type(self), model, draft)
         self.gen_obj = VisionLanguageGenerator.from_pretrained(
-            model, draft=draft, draft_mode=draft_mode or ("image" if draft else None))
+            model, draft=draft, draft_mode=draft_mode or ("image" if draft else None), head=head)
+        self.head_path, self.has_head = head, head is not None
         self.has_draft, self.dtype = draft is not None, _dtype(self.gen_obj.target)
         self.device = self.gen_obj.to(device).device
         gen.setdefault("temperature", 0.0)
@@ -253,11 +255,12 @@ class SpeechTask:
     higher_is_better = {"mcd": False, "log_f0_rmse": False, "duration_ratio": None,
                         "code_nll": False}
 
-    def __init__(self, model=None, draft=None, device=None, **gen):
+    def __init__(self, model=None, draft=None, device=None, head=None, **gen):
         from modalities.speech import TextToSpeech
 
         model, draft = self.model_path, self.draft_path = resolve_models(type(self), model, draft)
-        self.tts = TextToSpeech.from_pretrained(model, draft=draft)
+        self.tts = TextToSpeech.from_pretrained(model, draft=draft, head=head)
+        self.head_path, self.has_head = head, head is not None
         self.has_draft, self.dtype = draft is not None, _dtype(self.tts.target.model)
         self.device = self.tts.to(device).device
         self.gen = gen

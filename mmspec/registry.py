@@ -231,7 +231,9 @@ def parse_method(spec: str, params: Mapping | None = None, *, has_draft: bool,
                          f"method ('sjd', 'sjd-maximal', 'sjd+{rule}')")
     if method.uses_head and not has_head:
         raise ValueError(f"method={spec!r} drafts with a head on the target's features: pass "
-                         "head=DraftHead.from_pretrained(path) (recipes.train.draft_head trains one)")
+                         "head= a head's folder (any layout docs/drafters.md lists) or a head, "
+                         "--head FOLDER on the command line (recipes.train.draft_head trains "
+                         "one)")
     known = set(SHARED_PARAMS) | set(method.drafter_class.param_names) | set(
         method.rule_class.param_names())
     unknown = sorted(set(params) - known)

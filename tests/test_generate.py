@@ -1168,3 +1168,13 @@ def test_a_plain_chain_settles_in_one_trace():
         for w, g in zip((want[0].tokens, want[1].produced, want[1].active, want[2], want[3]),
                         (got[0].tokens, got[1].produced, got[1].active, got[2], got[3])):
             assert torch.equal(w, g)
+
+
+def test_the_greedy_rule_at_temperature_above_zero_is_refused_before_any_work(pair):
+    """Sampling with rule 'greedy' would silently decode greedily: refused, naming the rule
+    and the temperature, on the text and head front doors alike."""
+    target, draft = pair
+    ids = torch.tensor([[1, 2, 3]])
+    for kw in (dict(rule="greedy"), dict(rule="greedy", temperature=0.7)):
+        with pytest.raises(ValueError, match="rule 'greedy'.*temperature=0"):
+            mmspec.generate(target, draft, ids, max_new_tokens=4, seed=0, **kw)

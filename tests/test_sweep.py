@@ -166,6 +166,19 @@ def test_vlm_sweep_on_the_bundled_models(tmp_path):
     assert "answer_accuracy" in report and (out / "comparison.png").exists()
 
 
+def test_a_sweep_evaluates_a_draft_head_given_on_the_command_line(tmp_path):
+    """--head: the bundled VLM's EAGLE-3 head as method 'head' beside plain decoding, its
+    greedy answers plain greedy's; the head is named in the run's options."""
+    out = tmp_path / "head"
+    sweep_main(["--modality", "vlm", "--methods", "plain,head", "--num-prompts", "2",
+                "--batch", "2", "--seeds", "0", "--out", str(out), "--no-report",
+                "--head", os.path.join(ROOT, "samples", "models", "shapes-vlm-eagle3")])
+    rows = read_rows(out / "results.jsonl")
+    assert {r["method"] for r in rows} == {"plain", "head"}
+    assert all(r["greedy_agreement"] == 1.0 for r in rows if r["method"] == "head")
+    assert "shapes-vlm-eagle3" in (out / "run.json").read_text()
+
+
 def test_speech_sweep_on_the_bundled_models(tmp_path):
     out = tmp_path / "speech"
     sweep_main(["--modality", "speech", "--methods", "plain,pcg", "--param", "pcg.theta=0.45",
@@ -254,6 +267,9 @@ def test_an_out_made_with_other_options_is_refused_and_the_report_states_them(ti
     (["--methods", "plain,foo"], r"method='foo'"),
     (["--param", "lantern.detla=0.1", "--methods", "plain,lantern"],
      r"unknown parameter\(s\) \['detla'\]"),
+    (["--methods", "plain,head"], r"method='head' drafts with a head.*--head FOLDER"),
+    (["--head", "no-such-folder", "--methods", "plain,head"],
+     r"--head no-such-folder: accepted a folder with a saved head"),
 ])
 def test_bad_options_are_refused_before_any_unit_runs(tiny_models, tmp_path, extra, match):
     out = tmp_path / "bad"

@@ -552,3 +552,22 @@ def test_a_draft_head_gives_plain_greedy(pair, ragged_prompts, static, shape):
                           max_new_tokens=12, drafter=_head_drafter(target, **shape),
                           static_cache=static)
     assert out.sequences.tolist() == plain.sequences.tolist()
+
+
+def test_more_children_than_the_draft_has_ids_are_refused_before_any_work(pair):
+    """tree_branch above the draft's vocabulary (a draft model's, a head's draft ids) is
+    refused when the drafter is built, naming the parameter and the bound."""
+    from mmspec.drafters import FeatureDrafter, TreeDrafter
+    from mmspec.drafters.eagle3 import Eagle3Head
+    from mmspec.sampling import SamplingParams
+    from mmspec.session import CausalLMSession
+
+    target, draft = pair
+    v = target.config.vocab_size
+    session = CausalLMSession(draft, SamplingParams(temperature=0))
+    with pytest.raises(ValueError, match=f"tree_branch={v + 1}: accepted at most the draft's {v}"):
+        TreeDrafter(session, branch=v + 1)
+    head = Eagle3Head.for_target(target, feature_layers=(0, 1), draft_vocab_size=5)
+    with pytest.raises(ValueError, match="tree_branch=6: accepted at most the draft's 5 ids"):
+        FeatureDrafter(head, branch=6)
+    assert FeatureDrafter(head, branch=5).branch == 5

@@ -280,3 +280,40 @@ def test_transformers_conventions():
         g.generate(ims, prompts, streamer=streamer, **kw)
     with pytest.raises(ValueError, match="processor outputs .* instead of images and prompts"):
         g.generate(ims[1], prompts[1], **inputs, **kw)
+
+
+CHAT_REFUSALS = {
+    "an unknown role": ([{"role": "robot", "content": [{"type": "text", "text": "hi"}]}],
+                        "a role in"),
+    "no content": ([{"role": "user"}], "a role in"),
+    "content as a dict": ([{"role": "user", "content": {"type": "text", "text": "hi"}}],
+                          "content accepted as a string or a list"),
+    "an audio part": ([{"role": "user", "content": [{"type": "audio", "audio": "a.wav"}]}],
+                      "a part of type 'audio'"),
+    "a dropped system turn": ([{"role": "system", "content": [{"type": "text", "text": "be brief"}]},
+                               {"role": "user", "content": [{"type": "image"},
+                                                            {"type": "text", "text": "what colour ?"}]}],
+                              r"message 0 \(system\).*drops 'system' turns"),
+    "an empty question": ([{"role": "user", "content": [{"type": "image"},
+                                                        {"type": "text", "text": "  "}]}],
+                          "only blank text"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CHAT_REFUSALS))
+def test_chat_messages_the_template_would_drop_are_refused_before_any_work(case):
+    """Roles, content and parts checked, and every text required in the prompt the bundled
+    processor's chat template renders: nothing dropped silently, no empty question answered."""
+    import os
+
+    from transformers import AutoProcessor
+
+    from modalities.vlm.generator import chat_prompt
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = AutoProcessor.from_pretrained(os.path.join(root, "samples", "models", "shapes-vlm"))
+    messages, message = CHAT_REFUSALS[case]
+    with pytest.raises(ValueError, match=message):
+        chat_prompt(proc, messages)
+    ok = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "what colour ?"}]}]
+    assert chat_prompt(proc, ok).startswith("USER: <image> what colour ?")

@@ -61,6 +61,15 @@ class Greedy(Rule):
     def verify_tree(self, tree, draft_tokens, draft_probs, target_probs, generator=None):
         return greedy_tree(tree, draft_tokens, draft_probs, target_probs, generator)
 
+    def for_target(self, greedy: bool) -> Rule:
+        # Sampling at temperature > 0 with this rule would emit the argmax chain anyway:
+        # greedy decoding the caller did not ask for, refused rather than done silently.
+        if not greedy:
+            raise ValueError("rule 'greedy' emits the target's argmax chain: accepted with "
+                             "temperature=0 (sampling at temperature > 0: rule 'exact', "
+                             "lossless at any temperature)")
+        return self
+
     def accept_prob(self, x, p, q):
         return (x == p.argmax(-1)).to(p.dtype)
 

@@ -70,6 +70,7 @@ class FeatureDrafter(TreeDrafter):
         self._asked = dict(branch=branch, width=width, nodes=nodes)
         super().__init__(_Unattached(), depth=depth, branch=2 if branch is None else branch,
                          width=4 if width is None else width, nodes=nodes, sample=sample)
+        self.check_branch(head.config.draft_vocab_size or head.config.vocab_size)
         self.target: Session | None = None
 
     @classmethod

@@ -78,6 +78,14 @@ class TreeDrafter(Drafter):
         self.num_tokens = made if nodes is None else nodes
         self._backlog = self._backlog_valid = None
         self.check_sampling()
+        if session.vocab_size:              # 0: not known yet (a head's session, attached later)
+            self.check_branch(session.vocab_size)
+
+    def check_branch(self, vocab: int) -> None:
+        """A node's children are distinct ids of the draft's ``vocab``: more are refused."""
+        if self.branch > vocab:
+            raise ValueError(f"tree_branch={self.branch}: accepted at most the draft's {vocab} "
+                             "ids (a node's children are distinct ids)")
 
     def check_sampling(self) -> None:
         """Sampled children may not be pruned by their values (``nodes``): refused."""

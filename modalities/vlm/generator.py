@@ -105,6 +105,49 @@ def check_supported(model, role: str) -> None:
     raise ValueError(f"{role} {name} ({kind}): {why}; accepted {', '.join(supported_classes())}")
 
 
+ROLES = ("system", "user", "assistant")
+PARTS = ("text", "image", "video")
+
+
+def chat_prompt(processor, messages: list) -> str:
+    """The prompt the processor's chat template renders for ``messages``, after checking
+    them: dicts with a role in ``ROLES`` and content (a string, or parts of a type in
+    ``PARTS``, text parts with their text), some text that is not blank, and every text
+    present in the rendered prompt (a template that drops a turn's role is refused by name,
+    not answered without it)."""
+    texts = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES or "content" not in m:
+            raise ValueError(f"message {i}: accepted a dict with a role in {ROLES} and content, "
+                             f"got {m!r}")
+        content = m["content"]
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        if not isinstance(parts, list) or not all(isinstance(x, dict) for x in parts):
+            raise ValueError(f"message {i}: content accepted as a string or a list of parts "
+                             f"(dicts with a type), got {type(content).__name__}")
+        for x in parts:
+            if x.get("type") not in PARTS:
+                raise ValueError(f"message {i}: a part of type {x.get('type')!r}; accepted "
+                                 f"{', '.join(PARTS)}")
+            if x["type"] == "text":
+                if not isinstance(x.get("text"), str):
+                    raise ValueError(f"message {i}: a text part without a text string")
+                texts.append((i, m["role"], x["text"]))
+    if not any(t.strip() for _, _, t in texts):
+        raise ValueError("messages: no text, or only blank text; accepted a question")
+    try:
+        prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
+    except Exception as e:         # the template's own error (jinja's), named as the template's
+        raise ValueError(f"messages: the processor's chat template cannot render them "
+                         f"({type(e).__name__}: {e})") from None
+    for i, role, text in texts:
+        if text.strip() and text.strip() not in prompt:
+            raise ValueError(f"message {i} ({role}): its text is not in the prompt the "
+                             f"processor's chat template renders (it drops {role!r} turns); "
+                             "accepted roles and parts the template renders")
+    return prompt
+
+
 class VisionLanguageGenerator:
     """target: a LLaVA- or Qwen-VL-family model; processor: its processor (tokenizer, image
     processor, chat template); draft: a causal LM (text draft) or a VLM of the target's family
@@ -201,9 +244,11 @@ class VisionLanguageGenerator:
         out = []
         for p in prompts:
             if isinstance(p, str):
+                if not p.strip():
+                    raise ValueError("prompt_or_messages: an empty prompt; accepted a question")
                 out.append(p)
             elif isinstance(p, list):       # chat messages
-                out.append(self.processor.apply_chat_template(p, add_generation_prompt=True))
+                out.append(chat_prompt(self.processor, p))
             else:
                 raise ValueError("prompt_or_messages: accepted strings or chat message lists")
         return out
