@@ -389,3 +389,38 @@ def test_the_recipe_trains_exports_and_compares_an_eagle3_head(tmp_path):
         with pytest.raises(ValueError, match=message):
             recipe.main(common + ["--out", str(tmp_path / "no")] + flags)
     assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.parametrize("kind", ["qwen2.5-vl", "qwen3-vl"])
+def test_an_mrope_head_drafts_at_its_targets_3d_positions(kind):
+    """An M-RoPE head on a Qwen-VL target, ragged rows with images: in the prompt each pair
+    (f_t, x_{t+1}) at the target's 3-D position of t (the model's own get_rope_index), the
+    first token's pair left out; each step's pairs at the target's positions of their t."""
+    from modalities.vlm import VisionLanguageGenerator
+    from test_qwen_vl import _pairs as qwen_pairs
+    from tiny_vlm import tiny_qwen_processor, tiny_qwen_vl
+
+    target, proc = tiny_qwen_vl(kind), tiny_qwen_processor(kind)
+    torch.manual_seed(0)
+    head = Eagle3Head.for_target(target, feature_layers=(0, 1))
+    assert head.mrope
+    seen = []
+    head.decoder.model.rotary_emb.register_forward_hook(
+        lambda module, args, kwargs, out: seen.append(
+            (args[1] if len(args) > 1 else kwargs["position_ids"]).clone()), with_kwargs=True)
+    gen = VisionLanguageGenerator(target, proc, head=head)
+    ims, msgs = qwen_pairs(2)
+    batch = gen.encode(ims, msgs)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    gen.generate(ims, msgs, method="head", temperature=0, max_new_tokens=4,
+                 tree_branch=1, tree_width=1, tree_depth=2)
+    given = {k: batch[k] for k in ("image_grid_thw", "mm_token_type_ids") if k in batch}
+    pos, delta = target.model.get_rope_index(ids, attention_mask=mask, **given)
+    prompt = seen[0]                                     # [3, B, P - 1]
+    for row in range(ids.shape[0]):
+        real = mask[row].nonzero().flatten()
+        cols = real[1:][real[1:] < ids.shape[1] - 1]     # pairs after the first token's
+        assert torch.equal(prompt[:, row, cols], pos[:, row, cols - 1]), row
+    root = seen[1][:, :, 0]                              # the first step's root pair
+    want = pos[:, :, -2]                                 # paired with the feature of P - 2
+    assert torch.equal(root, want)
