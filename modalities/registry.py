@@ -6,6 +6,7 @@ until it has a tiny-model case there, so registering an adapter puts it under te
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass
 
 _ADAPTERS: dict[str, "AdapterInfo"] = {}
@@ -78,9 +79,28 @@ def quiet_loading():
                 lib.enable_progress_bar()
 
 
+# transformers' loading is not safe to run beside other threads building modules (its
+# empty-weights init patches torch.nn.Module process-wide: a module built meanwhile, or a
+# concurrent load, can be left on the meta device); loads take turns.
+_LOADING = threading.RLock()
+
+
+def serialized(load):
+    """A front door's ``from_pretrained`` made to take turns with every other load (safe to
+    call from several threads: the web demo's concurrent first requests)."""
+    import functools
+
+    @functools.wraps(load)
+    def call(*args, **kwargs):
+        with _LOADING:
+            return load(*args, **kwargs)
+    return call
+
+
 def load_pretrained(cls, path, **kwargs):
     """``cls.from_pretrained(path, **kwargs)``, quietly (``quiet_loading``), with errors that
-    name the path: a local folder that does not exist, unreadable or truncated weights."""
+    name the path: a local folder that does not exist, unreadable or truncated weights. Safe to
+    call from several threads (loads take turns)."""
     import os
 
     path = os.fspath(path)
@@ -90,7 +110,7 @@ def load_pretrained(cls, path, **kwargs):
         raise ValueError(f"{path!r}: no such model folder; accepted a folder that exists or a "
                          "Hugging Face id (org/name)")
     try:
-        with quiet_loading():
+        with _LOADING, quiet_loading():
             return cls.from_pretrained(path, **kwargs)
     except Exception as e:   # noqa: BLE001  (transformers, safetensors and OS errors alike)
         raise ValueError(f"{path}: could not load {cls.__name__}: {e}") from e

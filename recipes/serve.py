@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -80,6 +81,9 @@ def _row(method: str, out, quality: str) -> Row:
                out.seconds, quality)
 
 
+MODALITIES = ("t2i", "vlm", "tts")
+
+
 @dataclass
 class Demo:
     """The demo's work without the page: each call runs plain decoding and the chosen methods
@@ -88,12 +92,16 @@ class Demo:
     models: Models = field(default_factory=Models)
     device: str = "cpu"
     _loaded: dict = field(default_factory=dict, repr=False)
+    _locks: dict = field(default_factory=lambda: {k: threading.Lock() for k in MODALITIES},
+                         repr=False)
 
-    # 1. Loading (once per modality, with a warm-up call so the first timing is not a cold one).
+    # 1. Loading (once per modality, with a warm-up call so the first timing is not a cold one;
+    # concurrent first requests wait for the one load; a failed load is tried again next time).
     def _pipe(self, kind: str):
-        if kind not in self._loaded:
-            self._loaded[kind] = getattr(self, f"_load_{kind}")()
-        return self._loaded[kind]
+        with self._locks[kind]:
+            if kind not in self._loaded:
+                self._loaded[kind] = getattr(self, f"_load_{kind}")()
+            return self._loaded[kind]
 
     def _load_t2i(self):
         from modalities.image import TextToImage

@@ -121,3 +121,33 @@ def test_the_page_generates_each_modality_in_a_browser(page):
     assert "exact" in text and ("dB MCD" in text or "n/a" in text)
     for m in ("plain", "exact", "pcg"):                        # each player holds its audio
         assert page.find_elements(By.CSS_SELECTOR, f"#tts-{m} a[download]")
+
+
+def test_concurrent_first_requests_load_each_model_once_and_all_complete():
+    """Six threads, two per modality, ask a fresh demo for its pipelines at once (the page's
+    concurrent first requests): every call completes, each modality loads once; a failed
+    load is tried again by the next request rather than breaking the tab."""
+    import threading
+
+    fresh = Demo(device="cpu")
+    got, errors = {}, []
+
+    def ask(kind):
+        try:
+            got.setdefault(kind, []).append(fresh._pipe(kind))
+        except Exception as e:                 # noqa: BLE001 (the test reports any failure)
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=ask, args=(k,)) for k in ("t2i", "vlm", "tts") * 2]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert all(len(v) == 2 and v[0] is v[1] for v in got.values()) and len(got) == 3
+    broken = Demo(device="cpu")
+    broken.models.t2i = "no/such/model/folder"
+    with pytest.raises(ValueError, match="no such model folder"):
+        broken._pipe("t2i")
+    broken.models.t2i = fresh.models.t2i
+    assert broken._pipe("t2i") is not None

@@ -23,7 +23,7 @@ from mmspec.registry import MethodContext, parse_method
 from mmspec.runner import prepare
 from mmspec.sampling import SamplingParams
 from mmspec.types import StepStats
-from modalities.registry import generation_defaults, load_pretrained
+from modalities.registry import generation_defaults, load_pretrained, serialized
 
 from .adapters import (
     Emu3Adapter,
@@ -97,6 +97,7 @@ class TextToImage:
 
     # -- loading ------------------------------------------------------------------------------
     @classmethod
+    @serialized
     def from_pretrained(cls, target, draft=None, device=None, head=None,
                         **load_kwargs) -> "TextToImage":
         """``target`` / ``draft``: a folder or Hugging Face id, a model object, or an adapter;

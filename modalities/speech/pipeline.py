@@ -28,6 +28,7 @@ from mmspec.engine import Engine
 from mmspec.registry import MethodContext, parse_method
 from mmspec.runner import prepare
 from mmspec.sampling import SamplingParams
+from modalities.registry import serialized
 
 from .audio import AudioOutput
 from .bundled import load_speech_adapter
@@ -46,6 +47,7 @@ class TextToSpeech:
         self.defaults = dict(defaults or {})
 
     @classmethod
+    @serialized
     def from_pretrained(cls, target, draft=None, device=None, head=None, **load_kwargs):
         """``target`` / ``draft``: a folder or Hugging Face id, a model object, or an adapter;
         ``device``: where to put them; ``head``: a draft head's folder (or ``DraftHead``);

@@ -54,7 +54,7 @@ from mmspec.session import (
     output_vocab_size,
 )
 from mmspec.types import StepStats
-from modalities.registry import adapters, load_pretrained, register_adapter
+from modalities.registry import adapters, load_pretrained, register_adapter, serialized
 
 from .mrope import POSITION_INPUTS, MRopeSession, uses_mrope
 
@@ -213,6 +213,7 @@ class VisionLanguageGenerator:
         return self.target.device
 
     @classmethod
+    @serialized
     def from_pretrained(cls, target, draft=None, draft_mode=None, device=None,
                         assistant_model=None, head=None, **load_kwargs):
         """``target`` / ``draft``: folders or Hugging Face ids, or model objects; ``device``:

@@ -17,7 +17,7 @@ from mmspec.engine import Engine
 from mmspec.runner import prepare
 from mmspec.sampling import make_generator
 
-from modalities.registry import load_pretrained
+from modalities.registry import load_pretrained, serialized
 
 from .model import ContinuousARModel, prompt_rows
 from .session import ContinuousSession
@@ -80,6 +80,7 @@ class ContinuousImageGenerator:
         self.decoder, self.tokenizer = decoder, tokenizer
 
     @classmethod
+    @serialized
     def from_pretrained(cls, target, draft=None, **load_kwargs) -> "ContinuousImageGenerator":
         """Folders written by ``recipes.train.continuous`` (or any ContinuousARModel folder).
 
