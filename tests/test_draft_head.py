@@ -347,7 +347,7 @@ def test_mtp_checkpoints_that_do_not_fit_are_refused(tmp_path):
     from mmspec.drafters import MtpHead
 
     target = tiny_qwen_vl("qwen3.5")
-    with pytest.raises(ValueError, match="accepted a checkpoint folder with model.safetensors"):
+    with pytest.raises(ValueError, match="accepted a folder with model.safetensors"):
         MtpHead.from_checkpoint(tmp_path, target)
     save_file({"model.norm.weight": torch.ones(4)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match=r"holds no mtp\.\* tensors \(no native MTP module\)"):

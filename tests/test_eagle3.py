@@ -175,7 +175,7 @@ def test_mrope_positions_match_transformers_own_rotary_embeddings(interleaved):
 def test_every_writable_layout_round_trips(tmp_path, name):
     """Written in the layout, recognised as it, read back: the same tensors and logits."""
     target = _target()
-    head = _head(target, layers=eagle3.default_feature_layers(8), fc_norm=name != "sglang")
+    head = _head(target, layers=eagle3.default_feature_layers(8), fc_norm=name == "speculators")
     layouts.export(head, tmp_path / name, name)
     assert layouts.recognise(tmp_path / name).name == name
     back = load_head(str(tmp_path / name), target)
@@ -255,6 +255,8 @@ REFUSALS = {
                        "before the final norm"),
     "another algorithm": (lambda c: c.update(speculators_model_type="dflash"), None,
                           "accepted 'eagle3'"),
+    "an unstated residual norm": (lambda c: c.pop("norm_before_residual"), None,
+                                  "vLLM to true"),
 }
 
 
@@ -284,10 +286,11 @@ def test_pickle_files_and_unknown_configs_are_refused_by_name(tmp_path):
 
 def test_flat_layouts_refuse_what_their_engines_do_not_run(tmp_path):
     target = _target()
-    with pytest.raises(ValueError, match="fc_norm"):
-        layouts.export(_head(target, fc_norm=True), tmp_path / "g", "sglang")
-    with pytest.raises(ValueError, match="export this one to 'speculators'"):
-        layouts.export(_head(target, norm_output=True), tmp_path / "a", "sglang")
+    for name in ("sglang", "safeailab", "angelslim"):
+        for variant in ("fc_norm", "norm_before_residual", "norm_output", "norm_before_fc"):
+            with pytest.raises(ValueError, match="export this one to 'speculators'"):
+                layouts.export(_head(target, layers=(2, 4, 5), **{variant: True}),
+                               tmp_path / "g", name)
     with pytest.raises(ValueError, match=r"names no layers.*fuses \[1, 2, 4\]"):
         layouts.export(_head(target), tmp_path / "a", "safeailab")
     layouts.export(_head(target, layers=(2, 4, 5)), tmp_path / "s", "safeailab")
@@ -424,3 +427,20 @@ def test_an_mrope_head_drafts_at_its_targets_3d_positions(kind):
     root = seen[1][:, :, 0]                              # the first step's root pair
     want = pos[:, :, -2]                                 # paired with the feature of P - 2
     assert torch.equal(root, want)
+
+
+
+def test_a_vocabulary_of_the_first_ids_and_unsorted_layers_round_trip(tmp_path):
+    """Draft ids 0..N-1 (d2t all zeros, still a reduced vocabulary) and feature layers given
+    out of order (fused in ascending order, as the engines capture them): the head maps its
+    logits to the target's width, and its files read back as the same head."""
+    target = _target()
+    head = Eagle3Head.for_target(target, feature_layers=(4, 1, 2), draft_vocab_size=10)
+    head.set_draft_ids(torch.arange(10))
+    assert head.config.feature_layers == (1, 2, 4) and head.reduced
+    assert head.full_logits(torch.zeros(1, 1, 10)).shape == (1, 1, 40)
+    layouts.export(head, tmp_path, "speculators")
+    back = layouts.load(tmp_path, target)
+    assert back.reduced and torch.equal(back.draft_ids, torch.arange(10))
+    assert json.loads((tmp_path / "config.json").read_text())[
+        "eagle_aux_hidden_state_layer_ids"] == [1, 2, 4]

@@ -1172,7 +1172,8 @@ def test_a_plain_chain_settles_in_one_trace():
 
 def test_the_greedy_rule_at_temperature_above_zero_is_refused_before_any_work(pair):
     """Sampling with rule 'greedy' would silently decode greedily: refused, naming the rule
-    and the temperature, on the text and head front doors alike."""
+    and the temperature (``mmspec.generate``; every front door meets the rule in
+    ``mmspec.runner.prepare``)."""
     target, draft = pair
     ids = torch.tensor([[1, 2, 3]])
     for kw in (dict(rule="greedy"), dict(rule="greedy", temperature=0.7)):

@@ -18,6 +18,9 @@ def head_for_target(target, feature_layers=None, arch: str = "draft-head", **kw)
         raise ValueError(f"arch={arch!r}: accepted one of {', '.join(ARCHITECTURES)}")
     multi = find_delay_decoder(target) is not None or is_depth_model(target)
     if arch == "eagle3":
+        if kw.pop("uncond_features", False):
+            raise ValueError("uncond_features: an EAGLE-3 head fuses the conditional branch "
+                             "only; accepted with arch='draft-head'")
         if multi:
             raise ValueError(f"arch='eagle3': an EAGLE-3 head drafts from one token table; "
                              f"{type(target).__name__} is a multi-codebook model (accepted "

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import json
 from pathlib import Path
 
 import torch
@@ -41,7 +40,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaRMSNorm,
                                                       LlamaRotaryEmbedding)
 
-from .files import CONFIG, WEIGHTS, read_config, read_tensors, write
+from .files import WEIGHTS, local_config, read_config, read_tensors, write
 from .head import DraftHead
 
 
@@ -143,14 +142,6 @@ def layer_config(c, rope_key: str = "rope_parameters") -> dict:
     return out
 
 
-def _architectures(name: str) -> list:
-    """The verifier's architectures from its config, where ``name`` is a local folder."""
-    path = Path(name) / CONFIG if name else None
-    if path is not None and path.is_file():
-        return json.loads(path.read_text()).get("architectures") or []
-    return []
-
-
 @dataclass
 class Eagle3Config:
     """hidden_size:        H, the head's width (the target's: heads narrower than their target
@@ -160,9 +151,9 @@ class Eagle3Config:
                         the decoder layers' (a Llama layer's settings).
     vocab_size:         V, the target's output width.
     draft_vocab_size:   N <= V, the ids the head drafts (``d2t`` maps them).
-    feature_layers:     indices into the target's ``hidden_states`` that are fused, in order
-                        (``mmspec.drafters.layouts.hidden_indices``: the field's layer ids
-                        mapped to them).
+    feature_layers:     indices into the target's ``hidden_states`` that are fused, kept in
+                        ascending order as the engines fuse them (``hidden_indices``: the
+                        field's layer ids mapped to them).
     num_layers:         the head's decoder layers (the first takes 2H-wide q/k/v).
     norm_before_residual, norm_before_fc, fc_norm, norm_output: the variants (module docstring).
     mrope_section:      None (1-D rotary positions), or three section sizes (time, height,
@@ -200,7 +191,8 @@ class Eagle3Config:
     depth_decoder: bool = field(default=False, init=False)
 
     def __post_init__(self):
-        self.feature_layers = tuple(int(i) for i in self.feature_layers)
+        # fused in ascending order, as vLLM and SGLang capture them
+        self.feature_layers = tuple(sorted(int(i) for i in self.feature_layers))
         if self.mrope_section is not None:
             self.mrope_section = tuple(int(s) for s in self.mrope_section)
         checks = (
@@ -333,6 +325,7 @@ class Eagle3Head(DraftHead):
 
         self.config = c = config
         llama = c.llama()
+        llama.vocab_size = 1   # the decoder's own table and output layer are never used
         n, h, eps = len(c.feature_layers), c.hidden_size, c.rms_norm_eps
         # the head's own modules, registered first: their names are the checkpoints'
         self.input_norm = LlamaRMSNorm(n * h, eps=eps) if c.norm_before_fc else None
@@ -342,10 +335,9 @@ class Eagle3Head(DraftHead):
         self.norm = LlamaRMSNorm(h, eps=eps)
         self.lm_head = nn.Linear(h, c.draft_vocab_size, bias=False)
         self.d2t = nn.Buffer(torch.zeros(c.draft_vocab_size, dtype=torch.long))
-        # d2t is not zeros: a reduced (or permuted) draft vocabulary (kept on the host: no
-        # step reads the device for it)
-        self.reduced = c.draft_vocab_size < c.vocab_size
-        self.decoder = LlamaForCausalLM(llama)
+        self._ids = nn.Buffer(torch.arange(c.draft_vocab_size), persistent=False)
+        self._set_reduced()
+        self.decoder = LlamaForCausalLM(llama)   # (embeddings: the target's; output: lm_head)
         model = self.decoder.model
         model.layers[0] = Eagle3DecoderLayer(llama, 0, c.norm_before_residual)
         if c.mrope_section is not None:
@@ -361,8 +353,15 @@ class Eagle3Head(DraftHead):
 
     @property
     def draft_ids(self) -> torch.Tensor:
-        """The target id of each draft id: i + d2t[i]."""
-        return torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t
+        """The target id of each draft id: i + d2t[i] (kept beside ``d2t``)."""
+        return self._ids
+
+    def _set_reduced(self) -> None:
+        """After ``d2t`` changes: the target ids, and whether logits need mapping (a reduced
+        vocabulary, or a permuted one), a host flag read by every step without a sync."""
+        self._ids.copy_(torch.arange(len(self.d2t), device=self.d2t.device) + self.d2t)
+        self.reduced = (self.config.draft_vocab_size < self.config.vocab_size
+                        or bool(self.d2t.any()))
 
     @classmethod
     def for_target(cls, target, feature_layers=None, draft_vocab_size=None, num_layers=1,
@@ -401,8 +400,8 @@ class Eagle3Head(DraftHead):
         check_feature_layers(self.config.feature_layers, num_layers)
 
     def attach(self, target) -> "Eagle3Head":
-        """Share ``target``'s input embeddings (checked against the config: its hidden size,
-        vocabulary and layer count, each named when they differ)."""
+        """Share ``target``'s input embeddings (checked against the config: its hidden size
+        and vocabulary named when they differ, the feature layers against its layer count)."""
         from ..session import _decoder_config, output_vocab_size
 
         c, cfg = self.config, _decoder_config(target)
@@ -418,21 +417,20 @@ class Eagle3Head(DraftHead):
         self.target_layers = cfg.num_hidden_layers
         self.decoder.model.embed_tokens = emb
         self.to(device=emb.weight.device, dtype=emb.weight.dtype)
-        self.d2t.data = self.d2t.data.long()
+        self.d2t.data, self._ids.data = self.d2t.data.long(), self._ids.data.long()
         return self
 
     def set_draft_ids(self, ids: torch.Tensor) -> None:
         """Draft the target ids ``ids`` (distinct, ``draft_vocab_size`` of them, sorted here):
-        ``d2t`` = ids - arange; the output rows start as the attached target's output rows."""
+        ``d2t`` = ids - arange (``init_output`` then starts the output rows as the target's)."""
         c = self.config
         ids = torch.as_tensor(ids, dtype=torch.long).flatten().sort().values
         if ids.numel() != c.draft_vocab_size or ids.unique().numel() != ids.numel() \
                 or int(ids.min()) < 0 or int(ids.max()) >= c.vocab_size:
             raise ValueError(f"ids: accepted {c.draft_vocab_size} distinct ids in [0, "
                              f"{c.vocab_size - 1}] (the head's draft_vocab_size)")
-        d2t = ids - torch.arange(len(ids))
-        self.d2t.copy_(d2t.to(self.d2t.device))
-        self.reduced = bool(d2t.any())
+        self.d2t.copy_((ids - torch.arange(len(ids))).to(self.d2t.device))
+        self._set_reduced()
 
     def init_output(self, target_head: nn.Linear) -> None:
         """Start ``lm_head`` from the target's output rows of the draft ids (training's start,
@@ -520,13 +518,13 @@ class Eagle3Head(DraftHead):
             if t2d.shape != mask.shape or not torch.equal(t2d.bool().cpu(), mask):
                 raise ValueError(f"{where}: t2d does not mark the target ids that d2t maps the "
                                  "draft ids to")
-        self.reduced = bool(d2t.any())
         with torch.no_grad():
             params = dict(self.named_parameters())
             params.update(self.named_buffers())
             for k, v in tensors.items():
                 name = f"decoder.model.{k}" if k.startswith("layers.") else k
                 params[name].copy_(v.to(params[name].dtype) if v.is_floating_point() else v)
+        self._set_reduced()
 
     def speculators_config(self, target: str | None = None, speculative_tokens: int = 3) -> dict:
         """The head's ``config.json`` in the ``speculators`` layout, every key vLLM's reader
@@ -544,7 +542,8 @@ class Eagle3Head(DraftHead):
                                       "speculative_tokens": int(speculative_tokens),
                                       "verifier_accept_k": 1, "accept_tolerance": 0.0}],
                 "default_proposal_method": "greedy",
-                "verifier": {"name_or_path": name, "architectures": _architectures(name)}},
+                "verifier": {"name_or_path": name,
+                             "architectures": local_config(name).get("architectures") or []}},
             "transformer_layer_config": layer_config(c),
             "draft_vocab_size": c.draft_vocab_size,
             "target_hidden_size": c.hidden_size,
@@ -584,9 +583,12 @@ class Eagle3Head(DraftHead):
         target's shared table."""
         tensors = dict(tensors)
         emb = tensors.pop("embed_tokens.weight", None)
-        mine = self.shared[0].weight
-        if emb is not None and (emb.shape != mine.shape or not torch.equal(
-                emb, mine.detach().to("cpu", emb.dtype))):
+        mine = self.shared[0].weight.detach()
+        # equal up to the rounding of the coarser of the two dtypes (a bf16 target, an fp16 file)
+        eps = max(torch.finfo(emb.dtype).eps, torch.finfo(mine.dtype).eps) if emb is not None \
+            and emb.is_floating_point() else 0.0
+        if emb is not None and (emb.shape != mine.shape or not torch.allclose(
+                emb.float(), mine.to("cpu").float(), rtol=eps, atol=eps)):
             raise ValueError(f"{where}: embed_tokens.weight {list(emb.shape)} is not the "
                              f"target's input embeddings {list(mine.shape)}: heads with their own "
                              "trained embeddings are not supported (accepted a head trained with "
@@ -622,6 +624,10 @@ def config_from_speculators(config: dict, target) -> Eagle3Config:
     if th is not None and th != layer.get("hidden_size"):
         raise ValueError(f"target_hidden_size {th} != hidden_size {layer.get('hidden_size')}: "
                          f"{NARROWER}")
+    if "norm_before_residual" not in config:
+        raise ValueError("a speculators config without norm_before_residual: speculators "
+                         "defaults it to false and vLLM to true, so the head is another in "
+                         "each; accepted the key written")
     verifier = config.get("speculators_config", {}).get("verifier", {})
     try:
         return config_from_layer(

@@ -75,3 +75,9 @@ def tensor_names(folder: Path) -> list[str]:
             return list(f.keys())
     except (SafetensorError, OSError):
         return []
+
+
+def local_config(name: str | None) -> dict:
+    """The ``config.json`` of ``name`` where it is a local folder (a target's path), else {}."""
+    path = Path(name) / CONFIG if name else None
+    return json.loads(path.read_text()) if path is not None and path.is_file() else {}

@@ -34,13 +34,12 @@ error naming it; so is a head made for another target (sizes named).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from .eagle3 import (NARROWER, Eagle3Head, config_from_layer, default_feature_layers,
                      hidden_indices, layer_config)
-from .files import CONFIG, WEIGHTS, read_config, read_tensors, tensor_names, write
+from .files import CONFIG, WEIGHTS, local_config, read_config, read_tensors, tensor_names, write
 
 
 class Layout:
@@ -107,7 +106,8 @@ def load(path, target):
 
 def export(head, folder, layout: str = "speculators", **kw) -> None:
     """Write ``head`` to ``folder`` in ``layout`` (one of ``writable()``): a folder the layout's
-    engine reads without edits. Keywords: ``target`` (the verifier's name or path written in
+    engine reads without edits (a head of variants or layers that engine does not run is
+    refused, naming them). Keywords: ``target`` (the verifier's name or path written in
     it; default the head's), ``speculative_tokens`` (speculators: the chain length vLLM drafts;
     default 3)."""
     unknown = set(kw) - {"target", "speculative_tokens"}
@@ -196,10 +196,12 @@ class FlatLayout(Layout):
 
     def flat_config(self, head, target=None) -> dict:
         c = head.config
-        if c.norm_output or c.norm_before_fc or c.num_layers != 1:
-            raise ValueError(f"the {self.name} layout holds one decoder layer whose output is "
-                             "fed back before the final norm, with no norm before fc: "
-                             "accepted such a head (export this one to 'speculators')")
+        if c.norm_output or c.norm_before_fc or c.fc_norm or c.norm_before_residual \
+                or c.num_layers != 1:
+            raise ValueError(f"the {self.name} layout's engine runs one decoder layer whose "
+                             "output is fed back before the final norm, with no norm before "
+                             "fc, no fc_norm and the residual normed after it: accepted such "
+                             "a head (export this one to 'speculators')")
         if self.default_layers_only and (head.target_layers is None or c.feature_layers !=
                                          default_feature_layers(head.target_layers)):
             raise ValueError(f"the {self.name} layout names no layers (its engine fuses [2, N/2, "
@@ -209,10 +211,6 @@ class FlatLayout(Layout):
         config = layer_config(c, "rope_scaling")
         config.update(architectures=[self.architecture], draft_vocab_size=c.draft_vocab_size,
                       torch_dtype=str(head.fc.weight.dtype).removeprefix("torch."))
-        if c.fc_norm:
-            config["fc_norm"] = True
-        if c.norm_before_residual:
-            config["norm_before_residual"] = True
         return config
 
     def write(self, head, folder, target=None, speculative_tokens: int = 3):
@@ -239,17 +237,11 @@ class SglangLayout(FlatLayout):
 
     def flat_config(self, head, target=None):
         c = head.config
-        if c.fc_norm or c.norm_before_residual:
-            raise ValueError("SGLang's EAGLE-3 model reads no fc_norm and norms the residual "
-                             "after it: accepted a head without fc_norm and "
-                             "norm_before_residual (export this one to 'speculators')")
         config = super().flat_config(head, target)
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids":
                                   [i - 1 for i in c.feature_layers],
                                   "use_aux_hidden_state": True}
-        path = Path(target or c.target) / CONFIG
-        config["target_model_type"] = (json.loads(path.read_text()).get("model_type", "")
-                                       if path.is_file() else "")
+        config["target_model_type"] = local_config(target or c.target).get("model_type", "")
         return config
 
 

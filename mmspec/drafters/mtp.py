@@ -23,12 +23,12 @@ on Qwen3.5, whose linear-attention layers take no tree steps. Checkpoint names:
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from .files import read_tensors
 from .head import DraftHead, HeadConfig
 
 PREFIX = "mtp."
@@ -50,23 +50,7 @@ def head_name(name: str) -> str | None:
 def mtp_tensors(folder) -> dict[str, torch.Tensor]:
     """The ``mtp.*`` tensors of a checkpoint folder (``model.safetensors`` or the files a
     ``model.safetensors.index.json`` names for them), read without loading the rest."""
-    from safetensors import safe_open
-
-    folder = Path(folder)
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        files = sorted({f for k, f in weight_map.items() if k.startswith(PREFIX)})
-    elif (folder / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    else:
-        raise ValueError(f"{folder}: accepted a checkpoint folder with model.safetensors or "
-                         "model.safetensors.index.json (a local copy: "
-                         "huggingface_hub.snapshot_download(repo_id))")
-    out = {}
-    for name in files:
-        with safe_open(str(folder / name), framework="pt") as f:
-            out.update({k: f.get_tensor(k) for k in f.keys() if k.startswith(PREFIX)})
+    out = read_tensors(Path(folder), keep=lambda name: name.startswith(PREFIX))
     if not out:
         raise ValueError(f"{folder}: the checkpoint holds no {PREFIX}* tensors (no native MTP "
                          "module): accepted a checkpoint that ships one (Qwen3.5, Qwen3-Next), "
@@ -166,14 +150,17 @@ class DeepSeekMtpHead(DraftHead):
                                  feature_layers=(text.num_hidden_layers,),
                                  vocab_size=output_vocab_size(target),
                                  target=getattr(target, "name_or_path", "") or "")
-        self.decoder = AutoModelForCausalLM.from_config(one)
-        self.decoder.model.layers[0].load_state_dict(layer.mtp_block.state_dict())
+        # a one-layer model of the target's class around MtpModel's own modules (built on the
+        # meta device: its tables and block are replaced, nothing of it is allocated)
+        with torch.device("meta"):
+            self.decoder = AutoModelForCausalLM.from_config(one)
+        model = self.decoder.model
+        model.layers[0] = layer.mtp_block
+        model.rotary_emb = mtp_model.rotary_emb
         norm = layer.post_norm if layer.use_post_norm else (
             mtp_model.shared_post_norm if mtp_model.use_shared_post_norm else None)
-        if norm is None:
-            self.decoder.model.norm = nn.Identity()
-        else:
-            self.decoder.model.norm.load_state_dict(norm.state_dict())
+        model.norm = nn.Identity() if norm is None else norm
+        self.decoder.lm_head = nn.Identity()          # the target's, at ``attach``
         self.reduce = nn.Identity()        # the target's normed output, as the checkpoint's
         self.enorm, self.hnorm, self.fuse = layer.enorm, layer.hnorm, layer.eh_proj
         self.hidden_first = bool(getattr(one, "mtp_hidden_states_first", False))
@@ -186,8 +173,6 @@ class DeepSeekMtpHead(DraftHead):
     def from_checkpoint(cls, folder, target) -> "DeepSeekMtpHead":
         """The MTP layer of the checkpoint in ``folder``: the target's own, loaded from it
         (``target.config.name_or_path`` must be ``folder``), attached to ``target``."""
-        from transformers.modeling_layers import MtpModel
-
         own = Path(getattr(target.config, "name_or_path", "") or "")
         if not own.is_dir() or own.resolve() != Path(folder).resolve():
             raise ValueError(f"{folder}: the deepseek-mtp layout reads the MTP layer from the "
@@ -196,6 +181,8 @@ class DeepSeekMtpHead(DraftHead):
         if not hasattr(target.config, "get_mtp_config"):
             raise ValueError("this transformers version has no MTP models (get_mtp_config): "
                              "accepted transformers >= 5.24")
+        from transformers.modeling_layers import MtpModel
+
         try:
             mtp = MtpModel.from_pretrained(target, device_map={"": str(target.device)})
         except (RuntimeError, ValueError) as e:

@@ -415,10 +415,10 @@ def head_loss(head, template, batch: dict, steps: int) -> torch.Tensor:
 
     dev = next(head.parameters()).device
     e, mask = batch["embeds"].to(dev), batch["mask"].to(dev)
-    if not head.first_pair:
-        mask = without_first_pair(mask)
     b, t, d = e.shape
     p_len, s = int(batch["prompt"]), int(batch["steps"])
+    if not head.first_pair:          # the prompt's pairs, as drafting leaves its first out
+        mask = torch.cat([without_first_pair(mask[:, :p_len]), mask[:, p_len:]], 1)
     feats = head.reduce_features(batch["features"].to(dev))                 # [B, T-1, d]
     feature = torch.cat([feats.new_zeros(b, 1, d), feats], 1)                # paired with x_t
     pos = (mask.cumsum(1) - 1).clamp(min=0)
@@ -840,6 +840,9 @@ def main(argv=None) -> None:
         raise ValueError(f"--resume: {args.out}/checkpoint does not exist")
     if args.init is not None and not os.path.isfile(os.path.join(args.init, "config.json")):
         raise ValueError(f"--init {args.init}: accepted a folder with a saved head")
+    if args.init is not None and args.draft_vocab is not None:
+        raise ValueError("--init and --draft-vocab: the head's draft ids come with --init's "
+                         "weights; accepted one of them")
     if args.uncond_features and args.modality != "t2i":
         raise ValueError(f"--uncond-features: accepted with --modality t2i (a target sampled "
                          f"with guidance), not {args.modality}")
