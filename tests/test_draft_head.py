@@ -597,3 +597,28 @@ def test_a_deepseek_mtp_layer_drafts_what_transformers_own_mtp_drafts(tmp_path):
     assert torch.equal(drafted.sequences, plain.sequences)
     with pytest.raises(ValueError, match="the target's own checkpoint"):
         DeepSeekMtpHead.from_checkpoint(tmp_path / "elsewhere", target)
+
+
+@pytest.mark.parametrize("damage", ["truncated weights", "weights not safetensors",
+                                    "config not JSON", "config of another kind"])
+def test_a_damaged_head_folder_is_refused_naming_the_file(tmp_path, damage):
+    """Truncated or foreign files in a head's folder: one ValueError naming the file, through
+    ``head=`` (the front doors' loader) as through ``DraftHead.from_pretrained``."""
+    from mmspec.drafters.load import load_head
+
+    target = tiny_llama()
+    DraftHead.for_target(target).save_pretrained(tmp_path)
+    weights, config = tmp_path / "model.safetensors", tmp_path / "config.json"
+    if damage == "truncated weights":
+        weights.write_bytes(weights.read_bytes()[:200])
+    elif damage == "weights not safetensors":
+        weights.write_bytes(b"\x80\x02not a tensor file")
+    elif damage == "config not JSON":
+        config.write_text("{feature_layers")
+    else:
+        config.write_text('{"feature_layers": [1], "color": "red"}')
+    name = "config.json" if "config" in damage else "model.safetensors"
+    for load in (lambda: load_head(str(tmp_path), target),
+                 lambda: DraftHead.from_pretrained(tmp_path, target)):
+        with pytest.raises(ValueError, match=name):
+            load()

@@ -36,15 +36,13 @@ the frame is drawn from it by the target's own backbone head and depth decoder
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-CONFIG = "config.json"
-WEIGHTS = "model.safetensors"
+from .files import CONFIG, WEIGHTS, read_config, read_tensors, write
 
 
 def default_layers(num_layers: int) -> tuple[int, ...]:
@@ -246,15 +244,9 @@ class DraftHead(nn.Module):
 
     def save_pretrained(self, path) -> None:
         """Write ``config.json`` and ``model.safetensors`` (the head's own weights) to ``path``."""
-        from safetensors.torch import save_file
-
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
         cfg = asdict(self.config)
         cfg["feature_layers"] = list(cfg["feature_layers"])
-        (path / CONFIG).write_text(json.dumps(cfg, indent=2) + "\n")
-        save_file({k: v.detach().contiguous().cpu() for k, v in self.state_to_save().items()},
-                  str(path / WEIGHTS))
+        write(path, cfg, self.state_to_save())
 
     def reload(self, path) -> None:
         """Load the head's own weights saved in ``path`` (``save_pretrained``) into it."""
@@ -263,21 +255,23 @@ class DraftHead(nn.Module):
     @classmethod
     def from_pretrained(cls, path, target=None) -> "DraftHead":
         """A saved head (a folder with config.json and model.safetensors); ``target``:
-        attach to it now."""
-        from safetensors.torch import load_file
-
+        attach to it now. A config or weights file that cannot be read is named."""
         path = Path(path)
         if not (path / CONFIG).is_file() or not (path / WEIGHTS).is_file():
             raise ValueError(f"{path}: accepted a folder with {CONFIG} and {WEIGHTS} (a head "
                              "saved by DraftHead.save_pretrained)")
-        raw = json.loads((path / CONFIG).read_text())
-        raw["feature_layers"] = tuple(raw["feature_layers"])
-        if raw.get("depth_decoder"):                      # frame heads: their own attach
-            cls = DepthHead
-        elif raw.get("codebooks"):
-            cls = FrameHead
-        head = cls(HeadConfig(**raw))
-        missing, unexpected = head.load_state_dict(load_file(str(path / WEIGHTS)), strict=False)
+        raw = read_config(path)
+        try:
+            raw["feature_layers"] = tuple(raw["feature_layers"])
+            if raw.get("depth_decoder"):                      # frame heads: their own attach
+                cls = DepthHead
+            elif raw.get("codebooks"):
+                cls = FrameHead
+            config = HeadConfig(**raw)
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{path / CONFIG}: not a DraftHead config ({e})") from None
+        head = cls(config)
+        missing, unexpected = head.load_state_dict(read_tensors(path), strict=False)
         own_missing = [k for k in missing if not k.startswith(("decoder.model.embed_tokens",
                                                                "decoder.lm_head"))]
         if own_missing or unexpected:
