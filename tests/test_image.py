@@ -324,3 +324,20 @@ def test_a_head_on_both_branches_features_gives_plain_greedy(name, vq):
         assert torch.equal(out.tokens, plain.tokens), static
     with pytest.raises(ValueError, match="uncond features: accepted only with classifier-free"):
         pipe(prompts, method="head", **{**kw, "guidance_scale": None})
+
+
+@pytest.mark.parametrize("prompt,match", [(5, r"prompt 0: 5: accepted a string or a list"),
+                                          ([[3, 10_000]], r"token ids \[10000\]: accepted ids"),
+                                          ([[3, -1]], r"token ids \[-1\]"),
+                                          ([["a", 3]], "accepted a string or a list of token ids")])
+def test_prompts_that_are_not_text_or_ids_of_the_vocabulary_are_refused(prompt, match):
+    """A number, ids past the vocabulary, mixed lists: named before any model runs (they
+    raised TypeError or IndexError inside the model)."""
+    import os
+
+    from modalities.image import TextToImage
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pipe = TextToImage.from_pretrained(os.path.join(root, "samples", "models", "shapes-t2i"))
+    with pytest.raises(ValueError, match=match):
+        pipe(prompt, progress=False, decode=False)

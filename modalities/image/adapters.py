@@ -48,6 +48,10 @@ class ImageAdapter:
     class_conditional = False
     jacobi_init = "uniform"
 
+    def check_prompts(self, prompts: list) -> None:
+        """Refuse prompts this adapter cannot encode, naming them, before any model runs
+        (default: the encoding itself checks)."""
+
     def __init__(self, model, grid: tuple[int, int], num_visual: int):
         self.model = model
         self.grid = tuple(grid)
@@ -156,6 +160,21 @@ class TokenSpanAdapter(ImageAdapter):
     def session(self, params, guidance_scale, **engine):
         return TokenSpanSession(self.model, params, guidance_scale, self.to_vocab,
                                 None if self.eol_id is None else self.grid[1], **engine)
+
+    def check_prompts(self, prompts: list) -> None:
+        """Strings, or token-id lists of the model's vocabulary."""
+        vocab = self.model.get_input_embeddings().weight.shape[0]
+        for i, p in enumerate(prompts):
+            if isinstance(p, str):
+                continue
+            if not isinstance(p, (list, tuple)) or not all(
+                    isinstance(t, int) and not isinstance(t, bool) for t in p):
+                raise ValueError(f"prompt {i}: {p!r:.60}: accepted a string or a list of token "
+                                 "ids")
+            bad = [t for t in p if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"prompt {i} holds token ids {bad[:4]}: accepted ids in [0, "
+                                 f"{vocab - 1}] (the target's vocabulary)")
 
     def _encode(self, prompt) -> list[int]:
         if isinstance(prompt, str):

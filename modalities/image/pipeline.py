@@ -139,6 +139,7 @@ class TextToImage:
             raise ValueError("prompt: accepted at least one prompt (got an empty list)")
         if any(isinstance(p, str) and not p.strip() for p in prompts):
             raise ValueError("prompt: accepted non-empty strings")
+        self.target.check_prompts(prompts)
         check_count("num_images_per_prompt", num_images_per_prompt)
         negative = None
         if negative_prompt is not None:
