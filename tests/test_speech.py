@@ -322,3 +322,14 @@ def test_guidance_keeps_masked_logits_masked():
 def test_audio_output_has_the_transformers_names(delay_pair):
     out = TextToSpeech.from_pretrained(*delay_pair)(TEXTS, max_frames=4, progress=False, seed=0)
     assert out.audio is out.waveforms and out.sampling_rate == out.sample_rate
+
+
+def test_text_ids_outside_the_models_text_vocabulary_are_refused(delay_pair):
+    """Token-id texts past the text vocabulary: named before any model runs (they raised an
+    IndexError inside the embedding)."""
+    from modalities.speech import TextToSpeech
+
+    tts = TextToSpeech.from_pretrained(*delay_pair)
+    vocab = tts.target.text_vocab_size()
+    with pytest.raises(ValueError, match=rf"token ids \[{vocab}\]: accepted ids in \[0, {vocab - 1}\]"):
+        tts([[1, 2, vocab]], progress=False, max_frames=4)

@@ -57,9 +57,18 @@ class CodecAdapter:
             body = list(enc["input_ids"] if isinstance(enc, dict) else enc)
         else:
             body = [int(x) for x in t]
+            vocab = self.text_vocab_size()
+            bad = [x for x in body if not 0 <= x < vocab]
+            if bad:
+                raise ValueError(f"text holds token ids {bad[:4]}: accepted ids in [0, "
+                                 f"{vocab - 1}] (the model's text vocabulary)")
         if not body:
             raise ValueError("text: accepted non-empty token lists")
         return body
+
+    def text_vocab_size(self) -> int:
+        """The ids a text may hold (the embedding table its ids index)."""
+        return int(self.model.get_input_embeddings().weight.shape[0])
 
     def encode_text(self, texts) -> dict:
         """Texts -> the padded text batch (``input_ids``, ``attention_mask``) with the model's
@@ -150,6 +159,9 @@ class DelayPatternAdapter(CodecAdapter):
     """
 
     text_padding = "right"         # the text encoder's input
+
+    def text_vocab_size(self) -> int:
+        return int(self.model.text_encoder.get_input_embeddings().weight.shape[0])
 
     def __init__(self, model, codec, tokenizer=None, pad_token_id=None, eos_token_id=None,
                  max_frames: int = 256, frames_per_char: float | None = None, text_encoder=None,

@@ -160,6 +160,9 @@ class CsmAdapter(CodecAdapter):
         self.pad_id = pad if pad is not None and 0 <= pad < cfg.text_vocab_size else 0
         self.codec = codec if codec is not None else TransformersCodec(model.codec_model)
 
+    def text_vocab_size(self) -> int:
+        return int(self.model.config.text_vocab_size)
+
     def session(self, params, guidance_scale, num_frames=None, **cache):
         if guidance_scale is not None:
             raise ValueError("guidance_scale: CSM has no unconditional branch; accepted None")
