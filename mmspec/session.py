@@ -357,6 +357,7 @@ class CausalLMSession(Session):
         self._text_sdpa = text_sdpa
         self.cache = None
         self.seq: SequenceMask | StaticSequenceMask | None = None
+        self._prompt_embeds: torch.Tensor | None = None   # ``prefill(inputs_embeds=)``
         self.features: torch.Tensor | None = None     # ``keep_features``: the last forward's
         self._feature_layers: tuple[int, ...] = ()
         self._uncond_features = False
@@ -399,7 +400,12 @@ class CausalLMSession(Session):
     def embed(self, tokens: torch.Tensor, first_step: bool = False) -> dict:
         """Model inputs for ids [R, n] (R = rows incl. unconditional): default input_ids.
 
-        On the first step after the prompt, column 0 is the prompt's last token."""
+        On the first step after the prompt, column 0 is the prompt's last token: where the
+        prompt came as embeddings (``prefill(inputs_embeds=)``), its embedding."""
+        if first_step and self._prompt_embeds is not None:
+            e = self.model.get_input_embeddings()(tokens)
+            return {"inputs_embeds": torch.cat([self._prompt_embeds[:, -1:].to(e.dtype),
+                                                e[:, 1:]], 1)}
         return {"input_ids": tokens}
 
     def position_ids(self, pos: torch.Tensor, prompt: bool = False) -> torch.Tensor:
@@ -433,13 +439,22 @@ class CausalLMSession(Session):
     # -- prompt -----------------------------------------------------------------------------
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 uncond_ids: torch.Tensor | None = None,
-                uncond_mask: torch.Tensor | None = None, **model_kwargs) -> None:
+                uncond_mask: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None, **model_kwargs) -> None:
         """Feed the prompt's context: every prompt token but the last column.
 
         input_ids, attention_mask: [B, P] left-padded. The last column (a real token in every
         row) is fed by the first ``step``. With guidance, ``uncond_ids``/``uncond_mask``
         [B, P'] are the unconditional prompts (left-padded to the same width P' = P).
+        inputs_embeds: [B, P, d] the prompt's input embeddings where they are not its ids'
+        (a VLM prompt that ends on an image: its merged features); the prompt pass feeds
+        them, the first step the last column's.
         """
+        if inputs_embeds is not None and (self.guided or inputs_embeds.shape[:2] !=
+                                          input_ids.shape):
+            raise ValueError(f"inputs_embeds: accepted [B, P, d] of the prompt's shape "
+                             f"{tuple(input_ids.shape)}, without guidance")
+        self._prompt_embeds = inputs_embeds
         b = input_ids.shape[0]
         self.batch_size = b
         if self.guided:
@@ -501,7 +516,10 @@ class CausalLMSession(Session):
         return torch.cat([tokens, uncond], 0)
 
     def prompt_inputs(self, tokens: torch.Tensor) -> dict:
-        """Model inputs for the prompt's ids (default: input_ids)."""
+        """Model inputs for the prompt's ids (default: input_ids; the prompt's embeddings
+        where ``prefill`` was given them)."""
+        if self._prompt_embeds is not None:
+            return {"inputs_embeds": self._prompt_embeds[:, :tokens.shape[1]]}
         return {"input_ids": tokens}
 
     def _forward(self, tokens: torch.Tensor, valid: torch.Tensor, prompt: bool = False,
@@ -765,7 +783,9 @@ class CausalLMSession(Session):
         fed_valid = (_take(valid, at).view(b, paths, depth) * (nodes >= 0)).view(-1, depth)
         self._snapshot = StateSnapshot.take(self._recurrent)
         self._fed, self._fed_first, self._tree_fed = [(tokens, valid)], self._first, True
-        seq, saved = self.seq, {k: getattr(self, k) for k in self.row_buffers}
+        seq = self.seq
+        saved = {k: getattr(self, k) for k in (*self.row_buffers, "_prompt_embeds")
+                 if getattr(self, k) is not None}
         self.seq, self._uncaptured = seq.repeat_rows(paths), True
         for k, v in saved.items():
             setattr(self, k, v.repeat_interleave(paths, 0))

@@ -317,3 +317,45 @@ def test_chat_messages_the_template_would_drop_are_refused_before_any_work(case)
         chat_prompt(proc, messages)
     ok = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "what colour ?"}]}]
     assert chat_prompt(proc, ok).startswith("USER: <image> what colour ?")
+
+
+def _own_rows(gen, target, ims, prompts, n):
+    rows = []
+    for im, p in zip(ims, prompts):
+        batch = gen.encode([im], [p])
+        out = target.generate(**batch, do_sample=False, max_new_tokens=n)
+        rows.append(out[0, batch["input_ids"].shape[1]:].tolist())
+    return rows
+
+
+@pytest.mark.parametrize("kind", ["llava", "llava-next", "qwen2-vl", "qwen2.5-vl", "qwen3-vl",
+                                  "qwen3.5"])
+def test_prompts_that_end_on_the_image_decode_as_the_models_own_generate(kind):
+    """A prompt whose last token is an image placeholder (completion-style prompts, and the
+    layout transformers' own Qwen3-VL tester builds): plain, draft-model, Jacobi and head
+    decoding give the model's own greedy tokens, a batch with a row that ends on text too,
+    dynamic and static caches (it raised "Image features and image tokens do not match")."""
+    from mmspec.drafters.architectures import head_for_target
+    from tiny_vlm import tiny_qwen_processor, tiny_qwen_vl
+
+    if kind.startswith("llava"):
+        target, draft, proc = _models(kind)
+        ims, _ = _pairs(kind)
+        prompts = ["USER: what colour is the circle ? <image>", "USER: <image> a ASSISTANT:"]
+    else:
+        target, proc = tiny_qwen_vl(kind), tiny_qwen_processor(kind)
+        draft = tiny_qwen_vl(kind, seed=1, layers=1)
+        rng = np.random.default_rng(0)
+        ims = [Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8))] * 2
+        prompts = ["what colour is the circle ? <|vision_start|><|image_pad|>",
+                   "<|vision_start|><|image_pad|><|vision_end|> a"]
+    torch.manual_seed(0)
+    gen = VisionLanguageGenerator(target, proc, draft, "image",
+                                  head=head_for_target(target, (0, 1), arch="eagle3"))
+    own = _own_rows(gen, target, ims, prompts, 6)
+    assert gen.encode(ims[:1], prompts[:1])["input_ids"][0, -1] == target.config.image_token_id
+    for method in ("plain", "exact", "sjd", "head"):
+        for static in (False, True):
+            out = gen.generate(ims, prompts, method=method, temperature=0, max_new_tokens=6,
+                               static_cache=static, seed=0)
+            assert out.token_ids == own, (method, static)

@@ -450,7 +450,8 @@ class VisionLanguageGenerator:
 
     def _run(self, run, batch, dbatch, streamer=None):
         t0 = time.perf_counter()
-        run.prefill(batch, dbatch)
+        run.prefill(media_last(self.target, batch),
+                    None if dbatch is None or self.draft is None else media_last(self.draft, dbatch))
         if streamer is not None:
             streamer.put(batch["input_ids"][0].cpu())
         tok = self.processor.tokenizer
@@ -487,6 +488,28 @@ def _check_family(target, draft, shared_processor: bool) -> None:
         raise ValueError(f"an image draft of another family ({kinds[1]}) than the target "
                          f"({kinds[0]}) cannot read the target's processor outputs: accepted a "
                          "draft of the target's family, or draft_processor=its own processor")
+
+
+MEDIA_IDS = ("image_token_id", "video_token_id", "image_token_index")
+
+
+def media_last(model, batch: dict) -> dict:
+    """The prompt ``batch`` as a session takes it. Where a row's last token is an image or
+    video placeholder, the first step must feed it, but the model merges each placeholder's
+    features only when it sees them all: the whole prompt's merged input embeddings (the
+    model's own, ``hidden_states[0]`` of one pass) replace the pixels, the session's prefill
+    feeds all but the last column and its first step that one's embedding. Other prompts (a
+    chat template's end on text) as they are."""
+    ids, cfg = batch.get("input_ids"), model.config
+    media = [m for m in (getattr(cfg, k, None) for k in MEDIA_IDS) if isinstance(m, int)]
+    if ids is None or "modes" in batch or not media or not bool(
+            torch.isin(ids[:, -1], torch.tensor(media, device=ids.device)).any()):
+        return batch
+    inputs = {k: v for k, v in batch.items() if k in PROCESSOR_OUTPUTS}
+    with torch.no_grad():
+        embeds = model(**inputs, output_hidden_states=True, use_cache=False).hidden_states[0]
+    keep = ("input_ids", "attention_mask", "mm_token_type_ids", *POSITION_INPUTS)
+    return {**{k: v for k, v in batch.items() if k in keep}, "inputs_embeds": embeds}
 
 
 def _session(model, params, **cache) -> CausalLMSession:

@@ -5,13 +5,14 @@ A Qwen-VL prompt's positions are three axes (time, height, width): text tokens c
 all three, an image's tokens take their grid coordinates from where the image starts, and
 the text after it resumes at the largest position + 1. The model's own position function
 (``model.model.get_rope_index``) computes them from the prompt's ids, token types and image
-or video grids, and returns each row's offset ``rope_delta`` = (largest position + 1) - (the
-row's real prompt tokens). Every token after the prompt then has position
+or video grids. Every token after the prompt then has position
 
-    p_axis = p_1d + rope_delta        on each of the three axes,
+    p_axis = p_1d + (the prompt's last position on that axis - its p_1d),
 
-where p_1d counts the row's real tokens before it: exactly what the session's sequence mask
-gives every slot, for K + 1 draft positions, ragged rows with holes, static caches and
+where p_1d counts the row's real tokens before it: after a prompt that ends on text this is
+``rope_delta`` = (largest position + 1) - (the row's real prompt tokens) on every axis; after
+one that ends on an image each axis continues from the image's last position, as
+transformers' decoding does. p_1d is exactly what the session's sequence mask gives every slot, for K + 1 draft positions, ragged rows with holes, static caches and
 captured steps alike, rolled back with the cache. So the session maps its 1-D positions
 (``position_ids`` hook) and nothing else changes; transformers' own decoding does the same
 (``compute_3d_position_ids``: cumulative mask + delta).
@@ -55,15 +56,21 @@ class MRopeSession(CausalLMSession):
         if model_kwargs.get("mm_token_type_ids") is None:
             model_kwargs["mm_token_type_ids"] = token_types(self.model, input_ids)
         given = {k: model_kwargs[k] for k in POSITION_INPUTS if model_kwargs.get(k) is not None}
-        pos, delta = self.model.model.get_rope_index(input_ids, attention_mask=attention_mask,
-                                                     **given)
+        pos, _ = self.model.model.get_rope_index(input_ids, attention_mask=attention_mask,
+                                                 **given)
         self._prompt_pos = pos[:, :, :-1]       # the last column is fed by the first step
         model_kwargs["mm_token_type_ids"] = model_kwargs["mm_token_type_ids"][:, :-1]
         super().prefill(input_ids, attention_mask, **model_kwargs)
-        self._delta = self.persistent("rope_delta", delta.reshape(-1).to(input_ids.device))
+        # Each axis continues from the prompt's last token (its 1-D position: the row's real
+        # tokens before it), as transformers' decoding does: rope_delta on every axis after a
+        # prompt that ends on text, the image's grid position after one that ends on an image.
+        last = (attention_mask.long().sum(1) - 1)[:, None].to(pos.device)         # [B, 1]
+        delta = pos[:, :, -1].T - last                                           # [B, 3]
+        self._delta = self.persistent("rope_delta", delta.to(input_ids.device))
 
     def position_ids(self, pos: torch.Tensor, prompt: bool = False) -> torch.Tensor:
-        """[3, R, n]: the prompt's from ``get_rope_index``, later slots' p_1d + rope_delta."""
+        """[3, R, n]: the prompt's from ``get_rope_index``, later slots' p_1d plus each
+        axis's offset from the prompt's last token."""
         if prompt:
             return self._prompt_pos
-        return (pos + self._delta[:, None])[None].expand(3, -1, -1)
+        return pos[None] + self._delta.T[:, :, None]
