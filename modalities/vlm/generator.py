@@ -505,6 +505,11 @@ def media_last(model, batch: dict) -> dict:
     if ids is None or "modes" in batch or not media or not bool(
             torch.isin(ids[:, -1], torch.tensor(media, device=ids.device)).any()):
         return batch
+    if getattr(getattr(cfg, "vision_config", None), "deepstack_visual_indexes", None):
+        raise ValueError(f"a prompt that ends on an image: {type(model).__name__} adds its "
+                         "image features to its first decoder layers (deepstack) only in the "
+                         "image's own pass, which the first step cannot repeat; accepted "
+                         "prompts that end on text (a chat template's generation prompt)")
     inputs = {k: v for k, v in batch.items() if k in PROCESSOR_OUTPUTS}
     with torch.no_grad():
         embeds = model(**inputs, output_hidden_states=True, use_cache=False).hidden_states[0]
