@@ -34,21 +34,31 @@ def _tokens_per_step(target, head, seed=100):
     return out.stats.tokens_per_step
 
 
+def _trains(target, head, template, batches) -> None:
+    """150 steps of the recipe's training: the head's chain emits over 0.3 more tokens per
+    target step than before, and its greedy tokens stay plain greedy's."""
+    from accelerate import Accelerator
+
+    before = _tokens_per_step(target, head)
+    args = argparse.Namespace(lr=3e-3, steps=150, unroll=2, seed=0, save_every=10_000,
+                              out="unused")
+    recipe.train(head, template, batches, args, Accelerator(cpu=True))
+    after = _tokens_per_step(target, head)
+    assert after > before + 0.3, (before, after)
+    ref = torch.randint(1, target.config.vocab_size, (3, 4),
+                        generator=torch.Generator().manual_seed(7))
+    kw = dict(input_ids=ref, temperature=0, max_new_tokens=12)
+    assert torch.equal(mmspec.generate(target, drafter=FeatureDrafter(head), **kw).sequences,
+                       mmspec.generate(target, **kw).sequences)
+
+
 def test_training_raises_acceptance_above_an_untrained_head():
     """A tiny sharp target, its greedy generations, 150 steps: the trained head's chain
     emits more tokens per target step than the untrained one (which is near 1)."""
     torch.manual_seed(0)
     target = tiny_llama(vocab=16, hidden=32, layers=2, scale=4.0)
     batches, template = _collect(target)
-    head = DraftHead.for_target(target)
-    before = _tokens_per_step(target, head)
-    args = argparse.Namespace(lr=3e-3, steps=150, unroll=2, seed=0, save_every=10_000,
-                              out="unused")
-    from accelerate import Accelerator
-
-    recipe.train(head, template, batches, args, Accelerator(cpu=True))
-    after = _tokens_per_step(target, head)
-    assert after > before + 0.3, (before, after)
+    _trains(target, DraftHead.for_target(target), template, batches)
 
 
 def test_head_files_round_trip_and_refuse_other_targets(tmp_path):
@@ -191,17 +201,7 @@ def test_a_reduced_draft_vocabulary_drafts_only_its_ids_and_trains(tmp_path):
     outside = torch.ones(16, dtype=torch.bool)
     outside[ids] = False
     assert bool(torch.isinf(wide[..., outside]).all()) and bool(torch.isfinite(wide[..., ids]).all())
-    before = _tokens_per_step(target, head)
-    args = argparse.Namespace(lr=3e-3, steps=150, unroll=2, seed=0, save_every=10_000,
-                              out="unused")
-    from accelerate import Accelerator
-
-    recipe.train(head, template, batches, args, Accelerator(cpu=True))
-    assert _tokens_per_step(target, head) > before + 0.3
-    ref = torch.randint(1, 16, (3, 4), generator=torch.Generator().manual_seed(7))
-    kw = dict(input_ids=ref, temperature=0, max_new_tokens=12)
-    assert torch.equal(mmspec.generate(target, drafter=FeatureDrafter(head), **kw).sequences,
-                       mmspec.generate(target, **kw).sequences)
+    _trains(target, head, template, batches)
     head.save_pretrained(tmp_path / "h")
     back = DraftHead.from_pretrained(tmp_path / "h", target)
     assert torch.equal(back.draft_ids, head.draft_ids)
@@ -359,21 +359,27 @@ def test_mtp_checkpoints_that_do_not_fit_are_refused(tmp_path):
         MtpHead(target).save_pretrained(tmp_path / "out")
 
 
+def _text_lm_folder(folder, layers: int = 2) -> str:
+    """A tiny text LM saved with the bundled word tokenizer in ``folder/lm`` and seven
+    prompts in ``folder/prompts.txt`` (the recipe's ``--modality text`` inputs)."""
+    from recipes.train.vlm import WORDS, tokenizer
+
+    target = tiny_llama(vocab=len(WORDS), layers=layers)
+    target.config.eos_token_id = None
+    target.save_pretrained(folder / "lm")
+    tokenizer().save_pretrained(folder / "lm")
+    lines = [" ".join(WORDS[12 + (i * 7 + j) % 20] for j in range(3 + i % 4)) for i in range(7)]
+    (folder / "prompts.txt").write_text("\n".join(lines) + "\n")
+    return str(folder / "lm")
+
+
 def test_the_recipe_trains_a_text_head_from_a_prompts_file(tmp_path):
     """--modality text on a causal LM folder with its tokenizer and a prompts file: collect,
     train, save, and measure beside --draft (here the target itself: the exact rule accepts
     every draft)."""
     import json
 
-    from recipes.train.vlm import WORDS, tokenizer
-
-    target = tiny_llama(vocab=len(WORDS))
-    target.config.eos_token_id = None
-    target.save_pretrained(tmp_path / "lm")
-    tokenizer().save_pretrained(tmp_path / "lm")
-    lines = [" ".join(WORDS[12 + (i * 7 + j) % 20] for j in range(3 + i % 4)) for i in range(7)]
-    (tmp_path / "prompts.txt").write_text("\n".join(lines) + "\n")
-    lm = str(tmp_path / "lm")
+    lm = _text_lm_folder(tmp_path)
     recipe.main(["--modality", "text", "--target", lm, "--data", str(tmp_path / "prompts.txt"),
                  "--out", str(tmp_path / "head"), "--samples", "4", "--eval", "2",
                  "--max-new-tokens", "6", "--collect-batch", "2", "--steps", "3", "--draft", lm,
@@ -382,6 +388,9 @@ def test_the_recipe_trains_a_text_head_from_a_prompts_file(tmp_path):
     assert set(rows) == {"plain", "head chain", "head tree", "draft model, K = 4"}
     assert rows["draft model, K = 4"]["acceptance"] == 1.0
     assert rows["plain"]["tokens_per_step"] == 1.0
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(lm)
     assert isinstance(DraftHead.from_pretrained(tmp_path / "head", target), DraftHead)
     card = " ".join((tmp_path / "head" / "README.md").read_text().split())
     assert "tree = depth 3, 2 children per node, 2 nodes expanded per level" in card

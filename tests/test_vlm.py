@@ -319,15 +319,6 @@ def test_chat_messages_the_template_would_drop_are_refused_before_any_work(case)
     assert chat_prompt(proc, ok).startswith("USER: <image> what colour ?")
 
 
-def _own_rows(gen, target, ims, prompts, n):
-    rows = []
-    for im, p in zip(ims, prompts):
-        batch = gen.encode([im], [p])
-        out = target.generate(**batch, do_sample=False, max_new_tokens=n)
-        rows.append(out[0, batch["input_ids"].shape[1]:].tolist())
-    return rows
-
-
 @pytest.mark.parametrize("kind", ["llava", "llava-next", "qwen2-vl", "qwen2.5-vl", "qwen3-vl",
                                   "qwen3.5"])
 def test_prompts_that_end_on_the_image_decode_as_the_models_own_generate(kind):
@@ -338,6 +329,7 @@ def test_prompts_that_end_on_the_image_decode_as_the_models_own_generate(kind):
     Qwen3-VL, whose deepstack adds image features to its first layers in the image's own
     pass, refuses such prompts by name (its logits would differ)."""
     from mmspec.drafters.architectures import head_for_target
+    from test_qwen_vl import _own
     from tiny_vlm import tiny_qwen_processor, tiny_qwen_vl
 
     if kind.startswith("llava"):
@@ -359,7 +351,7 @@ def test_prompts_that_end_on_the_image_decode_as_the_models_own_generate(kind):
         with pytest.raises(ValueError, match="ends on an image.*deepstack"):
             gen.generate(ims, prompts, method="plain", temperature=0, max_new_tokens=6)
         return
-    own = _own_rows(gen, target, ims, prompts, 6)
+    own = _own(gen, target, ims, prompts, 6)
     for method in ("plain", "exact", "sjd", "head"):
         for static in (False, True):
             out = gen.generate(ims, prompts, method=method, temperature=0, max_new_tokens=6,
