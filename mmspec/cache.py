@@ -21,7 +21,15 @@ from dataclasses import dataclass
 import torch
 
 try:  # transformers >= 5
-    from transformers.cache_utils import Cache, DynamicCache, StaticCache, StaticLayer
+    from transformers.cache_utils import (
+        Cache,
+        DynamicCache,
+        DynamicLayer,
+        DynamicSlidingWindowLayer,
+        StaticCache,
+        StaticLayer,
+        StaticSlidingWindowLayer,
+    )
 except ImportError:  # pragma: no cover
     Cache = DynamicCache = StaticCache = StaticLayer = None
 
@@ -153,18 +161,60 @@ else:  # pragma: no cover
     SharedPointerLayer = None
 
 
+def dynamic_cache(config):
+    """A transformers ``DynamicCache`` for ``config`` whose sliding-window layers keep every
+    slot (``DynamicLayer``): a rollback past the window needs the slots a window layer drops,
+    and the window is the mask's (``SequenceMask.plan(window=)``)."""
+    cache = DynamicCache(config=config)
+    cache.layers = [DynamicLayer() if type(layer) is DynamicSlidingWindowLayer else layer
+                    for layer in cache.layers]
+    return cache
+
+
 def static_cache(config, max_cache_len: int, shared_pointer: bool = True):
-    """A transformers ``StaticCache`` for ``config``; with ``shared_pointer`` its full
-    attention layers (``StaticLayer``) are ``SharedPointerLayer``s sharing one write pointer
-    (other layer kinds, sliding windows among them, keep their own). After each forward
-    over it, ``advance(cache, n)``."""
+    """A transformers ``StaticCache`` for ``config`` whose sliding-window layers keep every
+    slot, as ``dynamic_cache``'s; with ``shared_pointer`` its full attention layers
+    (``StaticLayer``) are ``SharedPointerLayer``s sharing one write pointer (other layer
+    kinds keep their own). After each forward over it, ``advance(cache, n)``."""
     cache = StaticCache(config=config, max_cache_len=max_cache_len)
+    cache.layers = [StaticLayer(max_cache_len=max_cache_len)
+                    if type(layer) is StaticSlidingWindowLayer else layer for layer in cache.layers]
     if shared_pointer:
         pointer = _Pointer()
         cache.layers = [SharedPointerLayer(layer.max_cache_len, pointer)
                         if type(layer) is StaticLayer else layer for layer in cache.layers]
         cache.shared_pointer = pointer       # what ``advance`` moves (no walk over the layers)
     return cache
+
+
+def additive_masks(masks, dtype: torch.dtype):
+    """Bool masks (a tensor or ``shaped``'s dict) as additive ones of ``dtype``: 0 visible,
+    the dtype's minimum hidden (what eager attention adds to its scores)."""
+    if isinstance(masks, dict):
+        return {k: additive_masks(m, dtype) for k, m in masks.items()}
+    return (~masks).to(dtype) * torch.finfo(dtype).min
+
+
+def shaped(mask: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor, new: torch.Tensor,
+           window: int | None = None, blocks: torch.Tensor | None = None):
+    """A step's bool mask [R, n, W] (new token i sees slot j) as a model takes it: [R, 1, n, W],
+    or for a model with sliding-window layers {"full_attention": it, "sliding_attention": it
+    where the slot's position is less than ``window`` before the query's}.
+
+    seq [R, W] the slots' validity (new slots included); pos [R, n] the new tokens'
+    positions; new [n] their slots. ``blocks`` [R, n] (-1 none): new tokens of one block see
+    each other both ways (an image's tokens, a prefix-LM's prompt), as the model's own prompt
+    pass sees them. Positions are counts of real tokens: a hole or padding between two tokens
+    does not count toward the window, as it does not in decoding without holes."""
+    own = new[None, :, None] == torch.arange(mask.shape[-1], device=mask.device)[None, None]
+    if blocks is not None:
+        same = ((blocks[:, :, None] == blocks[:, None, :]) & (blocks[:, :, None] >= 0)
+                & seq[:, new].bool()[:, None, :])
+        mask = mask | torch.zeros_like(mask).index_copy_(2, new, same)
+    if window is None:
+        return mask[:, None]
+    near = pos[:, :, None] - (seq.cumsum(1) - 1)[:, None, :] < window
+    return {"full_attention": mask[:, None], "sliding_attention": (mask & near | own)[:, None]}
 
 
 def advance(cache, n: int) -> None:
@@ -303,19 +353,28 @@ class SequenceMask:
     def length(self) -> int:
         return int(self.mask.shape[1])
 
-    def plan(self, valid: torch.Tensor, tree: "TreeMask | None" = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+    def plan(self, valid: torch.Tensor, tree: "TreeMask | None" = None,
+             window: int | None = None, blocks: torch.Tensor | None = None):
         """Inputs for a forward appending ``valid.shape[1]`` slots.
 
         valid [B, n] (0/1) -> attention_mask [B, L + n], position_ids [B, n].
         Invalid inputs (padding) repeat the previous position; they are masked out anyway.
         With a ``tree``: a bool 4-D mask [B, 1, n, L + n] (the step's slots see their
-        ancestors only; every slot sees itself) and positions by depth.
+        ancestors only; every slot sees itself) and positions by depth. With a ``window``
+        (sliding-window layers) or prompt ``blocks``: the bool masks of ``shaped``.
         """
         valid = valid.to(torch.long)
         if tree is None:
             pos = self.next_pos[:, None] + valid.cumsum(1) - valid
-            return torch.cat([self.mask, valid], dim=1), pos
+            seq = torch.cat([self.mask, valid], dim=1)
+            if window is None and blocks is None:
+                return seq, pos
+            n, width = valid.shape[1], seq.shape[1]
+            new = torch.arange(width - n, width, device=valid.device)
+            causal = torch.arange(width, device=valid.device)[None] <= new[:, None]
+            mask = (seq.bool()[:, None, :] & causal[None]) | (new[:, None] == torch.arange(
+                width, device=valid.device)[None])[None]
+            return shaped(mask, seq, pos, new, window, blocks), pos
         b, n = valid.shape
         m = tree.ancestors.shape[2]
         cut = self.length - (m - n)                      # the tree covers the last m slots
@@ -404,15 +463,16 @@ class StaticSequenceMask:
                                f"static_len={self.buf.shape[1]}")
 
     def advance(self, valid: torch.Tensor, width: int | None = None,
-                additive: torch.dtype | None = None, tree: "TreeMask | None" = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                additive: torch.dtype | None = None, tree: "TreeMask | None" = None,
+                window: int | None = None, blocks: torch.Tensor | None = None):
         """valid [R, n] long -> (mask [R, 1, n, W] over the first W = ``width`` slots
         (default S; at least L + n), position_ids [R, n]). Slot j is visible to new token i
         when it holds a real token and j <= L + i; every token sees itself (so padding rows
         stay finite). Invalid inputs repeat the previous position. The mask is bool (True =
         visible, what SDPA takes), or with ``additive`` a float mask of that dtype (0 visible,
         the dtype's minimum hidden: what eager attention adds to its scores). With a
-        ``tree`` the step's slots see only their ancestors and positions follow depths."""
+        ``tree`` the step's slots see only their ancestors and positions follow depths. With a
+        ``window`` (sliding-window layers) or prompt ``blocks``: the masks of ``shaped``."""
         n = valid.shape[1]
         w = self.buf.shape[1] if width is None else width
         idx = self.dev_len + self.slots[:n]                                 # the new slots
@@ -430,9 +490,8 @@ class StaticSequenceMask:
             mask = torch.where(ours[None, None], mask & anc, mask)
         self.next_pos.add_(valid.sum(1))
         self.dev_len.add_(n)
-        if additive is not None:
-            mask = (~mask).to(additive) * torch.finfo(additive).min
-        return mask[:, None], pos
+        masks = shaped(mask, self.buf[:, :w], pos, idx, window, blocks)
+        return (masks if additive is None else additive_masks(masks, additive)), pos
 
     def undo(self, valid: torch.Tensor) -> None:
         """Take back one ``advance`` of ``valid`` (a captured step's warm-up runs)."""

@@ -81,7 +81,7 @@ def _small(module) -> bool:
 
 def dynamic_length(cache, mask) -> None:
     """Mark the slots dimension of a static cache's keys and values and the last dimension of
-    the 4-D mask as dynamic (torch.compile then compiles one graph for every length)."""
+    the 4-D mask (or masks, ``cache.shaped``) as dynamic (torch.compile then compiles one graph for every length)."""
     from torch import _dynamo
 
     for layer in getattr(cache, "layers", ()):
@@ -89,8 +89,9 @@ def dynamic_length(cache, mask) -> None:
             t = getattr(layer, name, None)
             if isinstance(t, torch.Tensor) and t.dim() == 4:
                 _dynamo.mark_dynamic(t, 2)
-    if isinstance(mask, torch.Tensor) and mask.dim() == 4:
-        _dynamo.mark_dynamic(mask, 3)
+    for m in (mask.values() if isinstance(mask, dict) else [mask]):
+        if isinstance(m, torch.Tensor) and m.dim() == 4:
+            _dynamo.mark_dynamic(m, 3)
 
 
 def mark_prompt(values, length: int) -> None:

@@ -34,7 +34,8 @@ import torch
 from . import distributions, grouping, regions
 from .attention import bucket, module_configs, prefix, sdpa_configs
 from .cache import (DynamicCache, SequenceMask, StateSnapshot, StaticSequenceMask, TreeMask,
-                    advance, cache_argument, crop, gather_tail, recurrent_layers, repeated_rows,
+                    additive_masks, advance, cache_argument, crop, dynamic_cache, gather_tail,
+                    recurrent_layers, repeated_rows,
                     reset, static_cache)
 from .engine import compile_mode
 from .sampling import SamplingParams, guide
@@ -334,6 +335,12 @@ class CausalLMSession(Session):
         self.vocab_size = output_vocab_size(model)
         facts = net_facts(self.net)
         self.recurrent, sliding = facts.recurrent, facts.sliding
+        # Sliding-window layers: their caches keep every slot (a rollback needs them) and the
+        # step's masks carry the window (``cache.shaped``), counted in positions.
+        self.window = _decoder_config(self.net).sliding_window if sliding else None
+        # every attention layer windowed (Mistral's): the model takes one mask, the windowed
+        kinds = set(getattr(_decoder_config(self.net), "layer_types", None) or ["sliding"])
+        self._windowed_only = sliding and kinds <= {"sliding_attention", "sliding"}
         # Tree steps need every layer to attend through the step's mask: linear attention
         # reads every slot fed before it, sliding windows keep their own slots.
         self.trees = not self.recurrent and not sliding
@@ -440,7 +447,8 @@ class CausalLMSession(Session):
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 uncond_ids: torch.Tensor | None = None,
                 uncond_mask: torch.Tensor | None = None,
-                inputs_embeds: torch.Tensor | None = None, **model_kwargs) -> None:
+                inputs_embeds: torch.Tensor | None = None,
+                prompt_blocks: torch.Tensor | None = None, **model_kwargs) -> None:
         """Feed the prompt's context: every prompt token but the last column.
 
         input_ids, attention_mask: [B, P] left-padded. The last column (a real token in every
@@ -449,6 +457,11 @@ class CausalLMSession(Session):
         inputs_embeds: [B, P, d] the prompt's input embeddings where they are not its ids'
         (a VLM prompt that ends on an image: its merged features); the prompt pass feeds
         them, the first step the last column's.
+        prompt_blocks: [B, P] long, -1 outside a block: tokens of one block see each other
+        both ways in the prompt pass (Gemma 3's images, PaliGemma's prefix), as in the
+        model's own. The pass then feeds every column and the last slot is taken back: the
+        first step feeds the last column again, seeing every slot as it did in the pass,
+        and the slots before it keep what they saw of it.
         """
         if inputs_embeds is not None and (self.guided or inputs_embeds.shape[:2] !=
                                           input_ids.shape):
@@ -488,9 +501,11 @@ class CausalLMSession(Session):
                                                                input_ids.device)
             self.seq = self._static.seq.reset()
         else:
-            self.cache = DynamicCache(config=self.net.config)
+            self.cache = dynamic_cache(self.net.config)
             self.seq = SequenceMask.from_prompt(attention_mask)
-        if input_ids.shape[1] > 1:
+        if prompt_blocks is not None:
+            self._blocks_pass(input_ids, attention_mask, prompt_blocks, model_kwargs)
+        elif input_ids.shape[1] > 1:
             self._forward(input_ids[:, :-1], attention_mask[:, :-1], prompt=True, **model_kwargs)
         # Recurrent layers (linear attention) roll back by snapshot and replay (``commit``).
         self._recurrent = recurrent_layers(self.cache)
@@ -500,6 +515,18 @@ class CausalLMSession(Session):
         # The position of the last prompt token (a captured chain reads it).
         self._base = self.persistent("base", self.seq.next_pos[: self.batch_size].clone())
         self._first = True
+
+    def _blocks_pass(self, input_ids, attention_mask, blocks, model_kwargs) -> None:
+        """The prompt pass over every column with ``blocks`` open (``prefill``), then its last
+        slot taken back (and its features: the first step computes them again)."""
+        if blocks.shape != input_ids.shape or self.guided or self.recurrent:
+            raise ValueError(f"prompt_blocks: accepted [B, P] of the prompt's shape "
+                             f"{tuple(input_ids.shape)}, without guidance or recurrent layers")
+        self._forward(input_ids, attention_mask, prompt=True, blocks=blocks, **model_kwargs)
+        crop(self.cache, 1)
+        self.seq.rollback(1)
+        if self._feature_layers:
+            self.features = self.features[:, :-1]
 
     # -- the protocol -------------------------------------------------------------------------
     def _rows(self, t: torch.Tensor) -> torch.Tensor:
@@ -523,20 +550,21 @@ class CausalLMSession(Session):
         return {"input_ids": tokens}
 
     def _forward(self, tokens: torch.Tensor, valid: torch.Tensor, prompt: bool = False,
-                 tree: TreeMask | None = None, process: bool = False, **model_kwargs
+                 tree: TreeMask | None = None, process: bool = False,
+                 blocks: torch.Tensor | None = None, **model_kwargs
                  ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Feed ``tokens`` [R, n] (``valid`` [R, n] marks padding; ``tree``: the slots'
-        ancestors and depths); returns (None for the prompt, else the ``logits`` hook's result,
+        ancestors and depths; ``blocks``: the prompt's bidirectional blocks); returns (None for the prompt, else the ``logits`` hook's result,
         or with ``process`` the ``distributions`` of the step's rows; position_ids [R, n]). A
         captured step computes its distributions inside its graph (``captures_processing``)."""
         processed = False
         inputs = self.prompt_inputs(tokens) if prompt else self.embed(tokens, self._first)
         valid = valid.to(torch.long)
         if self.static_len is None:
-            attn, pos = self.seq.plan(valid, tree)
-            if tree is not None:          # a 4-D mask, added to the scores (any attention)
-                dtype = next(self.net.parameters()).dtype
-                attn = (~attn).to(dtype) * torch.finfo(dtype).min
+            attn, pos = self.seq.plan(valid, tree, self.window, blocks)
+            attn = attn["sliding_attention"] if self._windowed_only else attn
+            if isinstance(attn, dict) or attn.dim() == 4:   # added to the scores (any attention)
+                attn = additive_masks(attn, next(self.net.parameters()).dtype)
             out = self.net(**inputs, **{self._cache_arg: self.cache}, attention_mask=attn,
                            position_ids=self.position_ids(pos, prompt), use_cache=True,
                            **self._extra, **model_kwargs)
@@ -547,14 +575,14 @@ class CausalLMSession(Session):
             # Attention over the slots in use (a bucket), where the model's attention allows.
             width = (bucket(self.seq.length + n, self.static_len) if self._bucketed
                      else self.static_len)
-            if self.compile and not self._uncaptured and (
+            if self.compile and not self._uncaptured and blocks is None and (
                     not prompt or self._captures_prompt(inputs, valid, width, model_kwargs)):
                 processed = process and not prompt and self.captures_processing
                 out, pos = self._replay(inputs, valid, width, tree, prompt, processed)
             else:
                 with self._prompt_regions(n if prompt else 0):
                     out, pos = self._static_step(self.net, inputs, valid, width, prompt, tree,
-                                                 **model_kwargs)
+                                                 blocks, **model_kwargs)
             self.seq.appended(n)
         if self._feature_layers:
             hs = out.hidden_states
@@ -586,14 +614,17 @@ class CausalLMSession(Session):
         return (self.params, self.guidance_scale)
 
     def _static_step(self, fn, inputs: dict, valid: torch.Tensor, width: int,
-                     prompt: bool = False, tree: TreeMask | None = None, **model_kwargs):
+                     prompt: bool = False, tree: TreeMask | None = None,
+                     blocks: torch.Tensor | None = None, **model_kwargs):
         """One step on the static cache, all on the device (what a captured step replays):
         the mask (``width`` slots wide) and positions from the sequence buffers, the forward,
         the buffers moved."""
         narrow = width < self.static_len or self.compile == "regional"   # prefix attention
         bool_mask = self._text_sdpa and not narrow
         update = type(self.seq).advance if prompt else self._tail(type(self.seq).advance)
-        mask, pos = update(self.seq, valid, width, None if bool_mask else self._additive, tree)
+        mask, pos = update(self.seq, valid, width, None if bool_mask else self._additive, tree,
+                           self.window, blocks)
+        mask = mask["sliding_attention"] if self._windowed_only else mask
         if self.compile == "regional":
             regions.dynamic_length(self.cache, mask)
         kernel = self.decode_kernel and bool(self.compile)          # captured: on CUDA

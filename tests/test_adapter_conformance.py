@@ -6,7 +6,7 @@ on tiny float32 models built from configs, greedy decoding:
   any work, where the layout cannot roll a static cache back);
 - each row of a batch gives the tokens it gives alone (left padding, ragged rows);
 - where transformers can generate with the model (LLaVA, LLaVA-NeXT, LLaVA-OneVision,
-  Mistral3, InternVL, Idefics3, SmolVLM, Chameleon, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, MusicGen, CSM), plain greedy decoding gives the model's own ``generate`` tokens,
+  Mistral3, InternVL, Idefics3, SmolVLM, Chameleon, Gemma 3, PaliGemma, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, MusicGen, CSM), plain greedy decoding gives the model's own ``generate`` tokens,
   on configs in transformers' own layouts (MusicGen's pad id = vocabulary size; CSM's stop
   rule; Qwen-VL's 3-D rotary positions).
 
@@ -160,6 +160,18 @@ def _chameleon() -> Case:
     return _llava_like(tiny_chameleon, tiny_chameleon_processor(), (48, 32), "<image>")
 
 
+def _gemma3() -> Case:
+    from tiny_vlm import tiny_gemma3, tiny_gemma3_processor
+
+    return _llava_like(tiny_gemma3, tiny_gemma3_processor(), (48, 32), "<start_of_image>")
+
+
+def _paligemma() -> Case:
+    from tiny_vlm import tiny_paligemma, tiny_paligemma_processor
+
+    return _llava_like(tiny_paligemma, tiny_paligemma_processor(), (48, 32), "<image>")
+
+
 def _llava_like(build, proc, other_size, token, seed: int = 0) -> Case:
     """Three images, two sizes (other tile grids or token counts), an image draft."""
     from PIL import Image
@@ -250,6 +262,7 @@ CASES = {
     "llava": lambda: _vlm("llava"), "llava-next": lambda: _vlm("llava-next"),
     "llava-onevision": _onevision, "mistral3": _mistral3, "internvl": _internvl,
     "idefics3": _idefics3, "smolvlm": _smolvlm, "chameleon": _chameleon,
+    "gemma3": _gemma3, "paligemma": _paligemma,
     "qwen2-vl": lambda: _qwen("qwen2-vl"), "qwen2.5-vl": lambda: _qwen("qwen2.5-vl"),
     "qwen3-vl": lambda: _qwen("qwen3-vl"), "qwen3.5": lambda: _qwen("qwen3.5"),
     "delay-pattern": _delay_pattern, "single-codebook": _single_codebook, "csm": _csm,
@@ -308,8 +321,8 @@ def test_batch_rows_equal_their_single_row_runs(case):
 # Adapters whose sessions cannot take tree steps: delay patterns (positions follow the cache
 # length), CSM (frames from a depth decoder), Qwen3.5 (recurrent layers: its draft model's
 # trees are refused; as a target it verifies a head's trees, below), the tiny Mistral3
-# (MistralConfig's default sliding window).
-NO_TREES = {"delay-pattern", "csm", "qwen3.5", "mistral3"}
+# and Gemma 3 (sliding windows: MistralConfig's default, Gemma 3's local layers).
+NO_TREES = {"delay-pattern", "csm", "qwen3.5", "mistral3", "gemma3"}
 
 
 def test_greedy_trees_give_plain_greedy_or_are_refused(case, request):
@@ -366,9 +379,38 @@ def test_every_vlm_draft_width_gives_plain_greedy(name, k):
         assert case.run("sjd", rows, static, window=k) == plain, (static, "sjd")
 
 
+IMAGE_LAST = ["llava-onevision", "mistral3", "internvl", "idefics3", "smolvlm", "chameleon",
+              "gemma3", "paligemma"]
+
+
+@pytest.mark.parametrize("name", IMAGE_LAST)
+def test_prompts_that_end_with_the_image_give_the_models_own_tokens(name):
+    """A prompt written with its image last (completion style), beside one with it first:
+    plain, draft-model and Jacobi decoding give each row the model's own greedy tokens,
+    dynamic and static caches, whatever the processor makes of the end (an image
+    placeholder, or its closing token). LLaVA, LLaVA-NeXT and the Qwen-VL kinds:
+    tests/test_vlm.py."""
+    from tiny_vlm import images
+
+    gen = CASES[name]().front
+    token = getattr(gen.processor, "image_token", "<image>")
+    ims = images(2, seed=5)
+    prompts = [f"USER: what colour is the circle ? {token}", f"USER: {token} a ASSISTANT:"]
+    own = []
+    for im, prompt in zip(ims, prompts):
+        batch = gen.encode([im], [prompt])
+        out = gen.target.generate(**batch, do_sample=False, max_new_tokens=6)
+        own.append(out[0, batch["input_ids"].shape[1]:].tolist())
+    for method in ("plain", "exact", "sjd"):
+        for static in (False, True):
+            out = gen.generate(ims, prompts, method=method, temperature=0, max_new_tokens=6,
+                               static_cache=static, seed=0)
+            assert out.token_ids == own, (method, static)
+
+
 OWN = ["llava", "llava-next", "llava-onevision", "mistral3", "internvl", "idefics3", "smolvlm",
-       "chameleon", "qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5", "delay-pattern",
-       "csm"]
+       "chameleon", "gemma3", "paligemma", "qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5",
+       "delay-pattern", "csm"]
 
 
 @pytest.mark.parametrize("name", OWN)

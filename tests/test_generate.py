@@ -86,10 +86,10 @@ def _static_widths(target, draft, ragged_prompts, monkeypatch, check=lambda: Non
     widths = []
     advance = StaticSequenceMask.advance
 
-    def spy(self, valid, width=None, additive=None, tree=None):
+    def spy(self, valid, width=None, additive=None, tree=None, *args):
         widths.append((width, self.buf.shape[1], additive))
         check()
-        return advance(self, valid, width, additive, tree)
+        return advance(self, valid, width, additive, tree, *args)
 
     monkeypatch.setattr(StaticSequenceMask, "advance", spy)
     ids, mask = ragged_prompts
@@ -958,6 +958,44 @@ def test_static_rollback_moves_every_write_pointer_in_one_call(monkeypatch):
     assert keys[0, :, 1].eq(2).all() and keys[0, :, 0].eq(1).all()
 
 
+def _windowed(seed: int, layers: int = 2):
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(seed)
+    cfg = Gemma3TextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                           vocab_size=64, sliding_window=4, max_position_embeddings=128,
+                           layer_types=["sliding_attention", "full_attention"][:layers],
+                           initializer_range=0.3, tie_word_embeddings=False, pad_token_id=0)
+    return Gemma3ForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_sliding_window_layers_decode_past_their_window(static):
+    """Layers of a 4-slot sliding window beside full ones (Gemma 3's), 16 tokens after
+    prompts of 7 and 3: plain, draft-model and Jacobi decoding give each row the model's own
+    ``generate`` tokens alone, on both caches. The caches keep every slot (a rollback past
+    the window needs them; transformers' window layers refuse it) and the step's masks carry
+    the window counted in positions (the ragged batch's holes do not count)."""
+    import mmspec
+
+    target, draft = _windowed(0), _windowed(1, layers=1)
+    prompts = [torch.randint(3, 64, (1, 7), generator=torch.Generator().manual_seed(i))
+               for i in range(2)]
+    prompts[1] = prompts[1][:, :3]
+    own = [target.generate(p, do_sample=False, max_new_tokens=16, pad_token_id=0)[0, p.shape[1]:]
+           .tolist() for p in prompts]
+    ids = torch.zeros(2, 7, dtype=torch.long)
+    mask = torch.zeros(2, 7, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, 7 - p.shape[1]:], mask[i, 7 - p.shape[1]:] = p[0], 1
+    for drafter in (dict(draft=draft), dict(drafter=mmspec.Jacobi(4)), {}):
+        out = mmspec.generate(target, input_ids=ids, attention_mask=mask, max_new_tokens=16,
+                              temperature=0, static_cache=static, stop_token_ids=[],
+                              **drafter)
+        assert out.sequences[:, 7:].tolist() == own, drafter
+
+
 def test_rollback_without_static_crop(monkeypatch):
     """transformers < 5.18, whose static layers have no crop: their write pointers move,
     and a dynamic cache's layers keep their own crop."""
@@ -983,19 +1021,20 @@ def test_rollback_without_static_crop(monkeypatch):
 def test_shared_write_pointer_cache_matches_a_static_cache():
     """``static_cache`` with a shared write pointer, driven as a session drives it (every
     layer's update, then one ``advance``; rollbacks by ``crop``; ``reset``), holds what a
-    StaticCache holds after the same writes, a sliding-window layer keeping its own pointer;
-    the shared pointer moves once per forward and per crop, and the layer's own crop
-    refuses."""
+    StaticCache of full-attention layers holds after the same writes (its sliding-window
+    layer keeps every slot too: the window is the mask's); the shared pointer moves once
+    per forward and per crop, and the layer's own crop refuses."""
     from transformers import LlamaConfig, StaticCache
 
     from mmspec.cache import SharedPointerLayer, advance, crop, reset, static_cache
 
-    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                      num_attention_heads=2, num_key_value_heads=2, vocab_size=64,
-                      layer_types=["full_attention", "sliding_attention", "full_attention"],
+    kw = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2,
+              num_key_value_heads=2, vocab_size=64)
+    cfg = LlamaConfig(**kw, layer_types=["full_attention", "sliding_attention", "full_attention"],
                       sliding_window=4)
-    ours, theirs = static_cache(cfg, 8), StaticCache(config=cfg, max_cache_len=8)
-    assert [type(layer) is SharedPointerLayer for layer in ours.layers] == [True, False, True]
+    full = LlamaConfig(**kw)
+    ours, theirs = static_cache(cfg, 8), StaticCache(config=full, max_cache_len=8)
+    assert [type(layer) is SharedPointerLayer for layer in ours.layers] == [True, True, True]
     g = torch.Generator().manual_seed(0)
     for n, remove in ((3, 0), (2, 1), (1, 2), (3, 0)):
         k, v = torch.randn(2, 1, 2, n, 16, generator=g)
@@ -1005,7 +1044,7 @@ def test_shared_write_pointer_cache_matches_a_static_cache():
         advance(ours, n)
         crop(ours, remove)
         crop(theirs, remove)
-        assert ours.layers[0].cumulative_length is ours.layers[2].cumulative_length
+        assert ours.layers[0].cumulative_length is ours.layers[1].cumulative_length
         for a, b in zip(ours.layers, theirs.layers):
             assert int(a.get_seq_length()) == int(b.get_seq_length())
             assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)

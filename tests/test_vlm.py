@@ -219,9 +219,7 @@ def test_recipe_runs_on_a_saved_tiny_model(tmp_path, capsys):
     assert "tokens/step" in out and "identical to plain: True" in out
 
 
-REFUSED = [("PaliGemmaForConditionalGeneration", "prefix-LM"),
-           ("Gemma3ForConditionalGeneration", "bidirectional attention"),
-           ("Gemma4ForConditionalGeneration", "bidirectional attention"),
+REFUSED = [("Gemma4ForConditionalGeneration", "bidirectional attention"),
            ("Gemma3nForConditionalGeneration", "does not implement")]
 
 
@@ -237,16 +235,17 @@ def test_unsupported_vlm_classes_are_refused_with_the_reason(name, why):
     with torch.device("meta"):
         model = cls(cls.config_class())
     with pytest.raises(ValueError, match=rf"target {name} .*{why}.*accepted "
-                                         r"ChameleonForConditionalGeneration, Idefics3ForConditionalGeneration"):
+                                         r"ChameleonForConditionalGeneration, Gemma3ForConditionalGeneration"):
         VisionLanguageGenerator(model, tiny_processor())
     target, _, proc = _models("llava")
     with pytest.raises(ValueError, match=rf"draft {name} .*{why}"):
         VisionLanguageGenerator(target, proc, model, "image")
     assert supported_classes() == [
-        "ChameleonForConditionalGeneration", "Idefics3ForConditionalGeneration", "InternVLForConditionalGeneration",
+        "ChameleonForConditionalGeneration", "Gemma3ForConditionalGeneration",
+        "Idefics3ForConditionalGeneration", "InternVLForConditionalGeneration",
         "LlavaForConditionalGeneration",
         "LlavaNextForConditionalGeneration", "LlavaOnevisionForConditionalGeneration",
-        "Mistral3ForConditionalGeneration",
+        "Mistral3ForConditionalGeneration", "PaliGemmaForConditionalGeneration",
         "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
         "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
         "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",

@@ -340,3 +340,81 @@ def tiny_chameleon(seed: int = 0, hidden: int = 32, layers: int = 2):
         vq_config=dict(embed_dim=32, num_embeddings=16, latent_channels=32, resolution=32,
                        base_channels=32, channel_multiplier=[1, 1, 1, 1], num_res_blocks=1))
     return ChameleonForConditionalGeneration(cfg).eval()
+
+
+# -- Gemma 3 (SigLIP + Gemma 3 text: sliding windows, bidirectional image blocks) ---------------
+GEMMA_SPECIAL = ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]
+GEMMA_WORDS = [w for w in WORDS if w != "<image>"] + GEMMA_SPECIAL
+
+
+def tiny_gemma3_processor(tokens: int = 4):
+    from transformers import Gemma3ImageProcessor, Gemma3Processor
+
+    from recipes.train.vlm import special_tokenizer
+
+    tok = special_tokenizer(GEMMA_WORDS, GEMMA_SPECIAL, extra_special_tokens={
+        "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+        "image_token": "<image_soft_token>"})
+    ip = Gemma3ImageProcessor(size={"height": 32, "width": 32}, do_pan_and_scan=False)
+    return Gemma3Processor(image_processor=ip, tokenizer=tok, image_seq_length=tokens,
+                           chat_template=CHAT_TEMPLATE.replace("<image> ", "<start_of_image> "))
+
+
+def tiny_gemma3(seed: int = 0, hidden: int = 32, layers: int = 2, window: int = 6,
+                tokens: int = 4):
+    """Layers alternate sliding-window (``window`` slots) and full attention, as Gemma 3's;
+    each image is ``tokens`` soft tokens, bidirectional among themselves."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    cfg = Gemma3Config(
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=16,
+                           intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=8),
+        text_config=dict(model_type="gemma3_text", vocab_size=len(GEMMA_WORDS),
+                         hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
+                         head_dim=hidden // 2, max_position_embeddings=1024, pad_token_id=0,
+                         bos_token_id=1, eos_token_id=2, sliding_window=window,
+                         tie_word_embeddings=False,
+                         layer_types=["sliding_attention", "full_attention"] * (layers // 2)
+                         + ["sliding_attention"] * (layers % 2), initializer_range=0.3),
+        mm_tokens_per_image=tokens, boi_token_index=GEMMA_WORDS.index("<start_of_image>"),
+        eoi_token_index=GEMMA_WORDS.index("<end_of_image>"),
+        image_token_index=GEMMA_WORDS.index("<image_soft_token>"), initializer_range=0.3,
+        tie_word_embeddings=False)
+    model = Gemma3ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():    # initialised to zeros: every image would be the same tokens
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_(0, 0.3)
+    return model
+
+
+def tiny_paligemma_processor(tokens: int = 4):
+    """PaliGemma's processor over the word tokenizer: each prompt becomes its image tokens,
+    ``<s>`` and the prompt (its whole prefix bidirectional in the model)."""
+    from transformers import PaliGemmaProcessor, SiglipImageProcessor
+
+    ip = SiglipImageProcessor(size={"height": 32, "width": 32})
+    ip.image_seq_length = tokens
+    return PaliGemmaProcessor(image_processor=ip, tokenizer=word_tokenizer(),
+                              chat_template=CHAT_TEMPLATE)
+
+
+def tiny_paligemma(seed: int = 0, hidden: int = 32, layers: int = 2, tokens: int = 4):
+    """A PaliGemma (SigLIP + Gemma): the image and the prompt one bidirectional prefix."""
+    from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
+
+    torch.manual_seed(seed)
+    cfg = PaliGemmaConfig(
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=16,
+                           intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=16, projection_dim=hidden,
+                           num_image_tokens=tokens),
+        text_config=dict(model_type="gemma", vocab_size=len(WORDS), hidden_size=hidden,
+                         intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=hidden // 2,
+                         max_position_embeddings=1024, pad_token_id=0, bos_token_id=1,
+                         eos_token_id=2, initializer_range=0.3, tie_word_embeddings=False),
+        image_token_index=WORDS.index("<image>"), projection_dim=hidden,
+        tie_word_embeddings=False)
+    return PaliGemmaForConditionalGeneration(cfg).eval()

@@ -8,16 +8,17 @@
 Targets: LlavaForConditionalGeneration, LlavaNextForConditionalGeneration,
 LlavaOnevisionForConditionalGeneration, Mistral3ForConditionalGeneration (Pixtral),
 InternVLForConditionalGeneration, Idefics3ForConditionalGeneration,
-SmolVLMForConditionalGeneration and ChameleonForConditionalGeneration (its VQ image tokenizer
+SmolVLMForConditionalGeneration, ChameleonForConditionalGeneration (its VQ image tokenizer
 inside the model; ``image_sizes`` and per-image token counts come from the
-processor), and Qwen2-VL,
+processor), Gemma3ForConditionalGeneration and PaliGemmaForConditionalGeneration (their
+prompts' bidirectional blocks, an image's tokens or PaliGemma's whole prefix, opened in the
+prompt pass as the models' own; Gemma 3's sliding windows in every step's mask), and Qwen2-VL,
 Qwen2.5-VL, Qwen3-VL, Qwen3.5 and their MoE variants (3-D rotary positions:
 ``modalities.vlm.mrope``; images of any size and videos, as the processor gives them;
 Qwen3.5's linear-attention layers roll back by snapshot and replay, ``mmspec.cache``), through
 transformers' Auto classes and processors (chat templates). Image features are computed once,
 in the prefill; verification passes carry no pixels. Other VLM classes are refused up front
-with the reason (``check_supported``): prefix-LM attention (PaliGemma, Gemma 3), or not
-implemented.
+with the reason (``check_supported``).
 
 Drafts (``draft_mode``):
 - ``"text"``: a causal LM that never sees the image: the prompt's text with the image
@@ -80,14 +81,12 @@ def _is_vlm(model) -> bool:
 # Processor outputs ``generate(**inputs)`` takes as keyword arguments.
 PROCESSOR_OUTPUTS = ("input_ids", "attention_mask", "pixel_values", "image_sizes",
                      "batch_num_images", "pixel_attention_mask", "pixel_values_videos",
-                     *POSITION_INPUTS)
+                     "token_type_ids", *POSITION_INPUTS)
 
 # Model families mmspec does not implement yet, and why its loop would give other tokens.
 _REFUSED = {
-    "paligemma": "prefix-LM: the image and prompt attend to each other bidirectionally, and a "
-                 "causal verification of the last prompt token would leave that prefix",
-    "gemma3": "bidirectional attention within each image's tokens (prefix-LM style)",
-    "gemma4": "bidirectional attention within each image's tokens on its sliding-window layers",
+    "gemma4": "bidirectional attention within each image's tokens on its sliding-window layers "
+              "only, and layers that read another layer's keys and values (not implemented)",
 }
 
 
@@ -277,10 +276,15 @@ class VisionLanguageGenerator:
         for im in flat:
             if isinstance(im, torch.Tensor) and (im.dim() != 3 or im.shape[0] != 3):
                 raise ValueError(f"image tensors must be [3, H, W], got {tuple(im.shape)}")
+        # one list per prompt where every prompt has images (processors that count images
+        # per prompt, Gemma 3's, take no flat list for a batch)
+        rows = [list(im) if isinstance(im, (list, tuple)) else [im] for im in images]
+        given = rows if all(r and None not in r for r in rows) else (flat or None)
         proc.tokenizer.padding_side = "left"
-        batch = proc(images=flat or None, text=texts, return_tensors="pt", padding=True)
+        batch = proc(images=given, text=texts, return_tensors="pt", padding=True)
         _refuse_unknown_words(proc.tokenizer, texts, batch["input_ids"])
-        return {k: v.to(self.target.device) for k, v in batch.items()}
+        # PaliGemma's processor returns training labels too: nothing generation reads
+        return {k: v.to(self.target.device) for k, v in batch.items() if k != "labels"}
 
     def text_only(self, batch: dict) -> dict:
         """The same prompts without image placeholders, left-padded again (text drafts)."""
@@ -351,7 +355,7 @@ class VisionLanguageGenerator:
                            self.processor.tokenizer.pad_token_id or 0)
         # token types (M-RoPE) follow from the stacked ids; the image block's rows keep grids
         extra = {k: v for k, v in pieces[0].items()
-                 if k not in ("input_ids", "attention_mask", "mm_token_type_ids")}
+                 if k not in ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")}
         return dict(input_ids=ids, attention_mask=mask, modes=len(pieces), **extra)
 
     @staticmethod
@@ -450,8 +454,8 @@ class VisionLanguageGenerator:
 
     def _run(self, run, batch, dbatch, streamer=None):
         t0 = time.perf_counter()
-        run.prefill(media_last(self.target, batch),
-                    None if dbatch is None or self.draft is None else media_last(self.draft, dbatch))
+        run.prefill(session_prompt(self.target, batch), None if dbatch is None or self.draft is
+                    None else session_prompt(self.draft, dbatch))
         if streamer is not None:
             streamer.put(batch["input_ids"][0].cpu())
         tok = self.processor.tokenizer
@@ -517,6 +521,30 @@ def media_last(model, batch: dict) -> dict:
     return {**{k: v for k, v in batch.items() if k in keep}, "inputs_embeds": embeds}
 
 
+def prompt_blocks(model, batch: dict) -> torch.Tensor | None:
+    """The blocks of the prompt that attend both ways in the model's own prompt pass
+    (``CausalLMSession.prefill(prompt_blocks=)``), read from the processor's
+    ``token_type_ids`` as the model reads them: Gemma 3's images (each run of image tokens a
+    block), PaliGemma's prefix (every prompt token). None for other models, or without
+    ``token_type_ids`` (the model's own pass is then causal too)."""
+    types, kind = batch.get("token_type_ids"), model.config.model_type
+    if types is None or kind not in ("gemma3", "paligemma"):
+        return None
+    if kind == "paligemma":
+        return torch.where(types == 0, 0, -1)
+    image = types == 1
+    starts = image & ~torch.nn.functional.pad(image, (1, 0))[:, :-1]
+    return torch.where(image, starts.long().cumsum(1) - 1, -1)
+
+
+def session_prompt(model, batch: dict) -> dict:
+    """The prompt as ``model``'s session takes it: ``media_last``'s, with its
+    ``prompt_blocks`` in place of the processor's ``token_type_ids``."""
+    blocks = prompt_blocks(model, batch)
+    out = {k: v for k, v in media_last(model, batch).items() if k != "token_type_ids"}
+    return out if blocks is None else {**out, "prompt_blocks": blocks}
+
+
 def _session(model, params, **cache) -> CausalLMSession:
     """The session a model decodes in: M-RoPE positions for Qwen-VL models."""
     return (MRopeSession if uses_mrope(model) else CausalLMSession)(model, params, **cache)
@@ -570,6 +598,9 @@ register_adapter("idefics3", "vlm", VisionLanguageGenerator,
 register_adapter("smolvlm", "vlm", VisionLanguageGenerator, ("SmolVLMForConditionalGeneration",))
 register_adapter("chameleon", "vlm", VisionLanguageGenerator,
                  ("ChameleonForConditionalGeneration",))
+register_adapter("gemma3", "vlm", VisionLanguageGenerator, ("Gemma3ForConditionalGeneration",))
+register_adapter("paligemma", "vlm", VisionLanguageGenerator,
+                 ("PaliGemmaForConditionalGeneration",))
 register_adapter("qwen2-vl", "vlm", VisionLanguageGenerator, ("Qwen2VLForConditionalGeneration",))
 register_adapter("qwen2.5-vl", "vlm", VisionLanguageGenerator,
                  ("Qwen2_5_VLForConditionalGeneration",))
