@@ -3,6 +3,7 @@
 
     python -m eval.bench_heads_gpu                  # a 7B Llama's width, bf16, one H200
     python -m eval.bench_heads_gpu --device cpu --shape tiny --compile none   # a smoke run
+    python -m eval.bench_heads_gpu --arch eagle3 --reps 20     # one head's rows, fewer steps
 
 Each head drafts for a target of the shape's width (H, heads, vocabulary) but only four
 layers (a head's step does not depend on the target's depth), one decoder layer each; a chain
@@ -67,6 +68,10 @@ def main(argv=None) -> None:
     ap.add_argument("--compile", choices=("regional", "graphs", "none"), default="regional")
     ap.add_argument("--width", type=int, default=16, help="pairs of a tree level")
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--arch", nargs="+", choices=("draft-head", "eagle3"),
+                    default=["draft-head", "eagle3"],
+                    help="the heads measured, in this order (each row printed when measured; "
+                         "the ratio when both are)")
     args = ap.parse_args(argv)
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -80,10 +85,12 @@ def main(argv=None) -> None:
     print("| head | chain step (1 pair) ms | tree level (%d pairs) ms |" % args.width)
     print("|---|---|---|")
     cost = {}
-    for arch in ("draft-head", "eagle3"):
+    for arch in dict.fromkeys(args.arch):
         cost[arch] = [head_step_ms(target, arch, w, dev, compile, args.reps)
                       for w in (1, args.width)]
-        print(f"| {arch} | {cost[arch][0]:.3f} | {cost[arch][1]:.3f} |")
+        print(f"| {arch} | {cost[arch][0]:.3f} | {cost[arch][1]:.3f} |", flush=True)
+    if len(cost) < 2:
+        return
     ratio = [e / d for e, d in zip(cost["eagle3"], cost["draft-head"])]
     print(f"EAGLE-3 / DraftHead: chain {ratio[0]:.2f}x, tree level {ratio[1]:.2f}x")
 
