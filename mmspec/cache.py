@@ -195,26 +195,39 @@ def additive_masks(masks, dtype: torch.dtype):
     return (~masks).to(dtype) * torch.finfo(dtype).min
 
 
+@dataclass
+class Blocks:
+    """A prompt's blocks whose tokens see each other both ways in its pass (an image's tokens,
+    a prefix-LM's prompt): ``ids`` [B, P] long, -1 outside a block; ``sliding_only``: on the
+    sliding-window layers alone (Gemma 4's), else on every layer (Gemma 3's, PaliGemma's)."""
+
+    ids: torch.Tensor
+    sliding_only: bool = False
+
+
 def shaped(mask: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor, new: torch.Tensor,
-           window: int | None = None, blocks: torch.Tensor | None = None):
+           window: int | None = None, blocks: Blocks | None = None):
     """A step's bool mask [R, n, W] (new token i sees slot j) as a model takes it: [R, 1, n, W],
     or for a model with sliding-window layers {"full_attention": it, "sliding_attention": it
     where the slot's position is less than ``window`` before the query's}.
 
     seq [R, W] the slots' validity (new slots included); pos [R, n] the new tokens'
-    positions; new [n] their slots. ``blocks`` [R, n] (-1 none): new tokens of one block see
-    each other both ways (an image's tokens, a prefix-LM's prompt), as the model's own prompt
-    pass sees them. Positions are counts of real tokens: a hole or padding between two tokens
+    positions; new [n] their slots. ``blocks`` (``ids`` [R, n]): new tokens of one block see
+    each other both ways, as the model's own prompt pass sees them. Positions are counts of real tokens: a hole or padding between two tokens
     does not count toward the window, as it does not in decoding without holes."""
-    own = new[None, :, None] == torch.arange(mask.shape[-1], device=mask.device)[None, None]
+    opened = mask
     if blocks is not None:
-        same = ((blocks[:, :, None] == blocks[:, None, :]) & (blocks[:, :, None] >= 0)
+        ids = blocks.ids
+        same = ((ids[:, :, None] == ids[:, None, :]) & (ids[:, :, None] >= 0)
                 & seq[:, new].bool()[:, None, :])
-        mask = mask | torch.zeros_like(mask).index_copy_(2, new, same)
+        opened = mask | torch.zeros_like(mask).index_copy_(2, new, same)
+        if not blocks.sliding_only:
+            mask = opened
     if window is None:
         return mask[:, None]
     near = pos[:, :, None] - (seq.cumsum(1) - 1)[:, None, :] < window
-    return {"full_attention": mask[:, None], "sliding_attention": (mask & near | own)[:, None]}
+    own = new[None, :, None] == torch.arange(mask.shape[-1], device=mask.device)[None, None]
+    return {"full_attention": mask[:, None], "sliding_attention": (opened & near | own)[:, None]}
 
 
 def advance(cache, n: int) -> None:
@@ -354,7 +367,7 @@ class SequenceMask:
         return int(self.mask.shape[1])
 
     def plan(self, valid: torch.Tensor, tree: "TreeMask | None" = None,
-             window: int | None = None, blocks: torch.Tensor | None = None):
+             window: int | None = None, blocks: Blocks | None = None):
         """Inputs for a forward appending ``valid.shape[1]`` slots.
 
         valid [B, n] (0/1) -> attention_mask [B, L + n], position_ids [B, n].
@@ -464,7 +477,7 @@ class StaticSequenceMask:
 
     def advance(self, valid: torch.Tensor, width: int | None = None,
                 additive: torch.dtype | None = None, tree: "TreeMask | None" = None,
-                window: int | None = None, blocks: torch.Tensor | None = None):
+                window: int | None = None, blocks: Blocks | None = None):
         """valid [R, n] long -> (mask [R, 1, n, W] over the first W = ``width`` slots
         (default S; at least L + n), position_ids [R, n]). Slot j is visible to new token i
         when it holds a real token and j <= L + i; every token sees itself (so padding rows

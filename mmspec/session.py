@@ -33,7 +33,8 @@ import torch
 
 from . import distributions, grouping, regions
 from .attention import bucket, module_configs, prefix, sdpa_configs
-from .cache import (DynamicCache, SequenceMask, StateSnapshot, StaticSequenceMask, TreeMask,
+from .cache import (Blocks, DynamicCache, SequenceMask, StateSnapshot, StaticSequenceMask,
+                    TreeMask,
                     additive_masks, advance, cache_argument, crop, dynamic_cache, gather_tail,
                     recurrent_layers, repeated_rows,
                     reset, static_cache)
@@ -448,7 +449,7 @@ class CausalLMSession(Session):
                 uncond_ids: torch.Tensor | None = None,
                 uncond_mask: torch.Tensor | None = None,
                 inputs_embeds: torch.Tensor | None = None,
-                prompt_blocks: torch.Tensor | None = None, **model_kwargs) -> None:
+                prompt_blocks: Blocks | torch.Tensor | None = None, **model_kwargs) -> None:
         """Feed the prompt's context: every prompt token but the last column.
 
         input_ids, attention_mask: [B, P] left-padded. The last column (a real token in every
@@ -457,9 +458,9 @@ class CausalLMSession(Session):
         inputs_embeds: [B, P, d] the prompt's input embeddings where they are not its ids'
         (a VLM prompt that ends on an image: its merged features); the prompt pass feeds
         them, the first step the last column's.
-        prompt_blocks: [B, P] long, -1 outside a block: tokens of one block see each other
-        both ways in the prompt pass (Gemma 3's images, PaliGemma's prefix), as in the
-        model's own. The pass then feeds every column and the last slot is taken back: the
+        prompt_blocks: ``cache.Blocks`` (or its ``ids`` [B, P] long, -1 outside a block, on
+        every layer): tokens of one block see each other both ways in the prompt pass (Gemma
+        3's and 4's images, PaliGemma's prefix), as in the model's own. The pass then feeds every column and the last slot is taken back: the
         first step feeds the last column again, seeing every slot as it did in the pass,
         and the slots before it keep what they saw of it.
         """
@@ -503,6 +504,10 @@ class CausalLMSession(Session):
         else:
             self.cache = dynamic_cache(self.net.config)
             self.seq = SequenceMask.from_prompt(attention_mask)
+        if isinstance(prompt_blocks, torch.Tensor):
+            prompt_blocks = Blocks(prompt_blocks)
+        if prompt_blocks is not None and prompt_blocks.sliding_only and self.window is None:
+            prompt_blocks = None              # no sliding-window layer to open them on
         if prompt_blocks is not None:
             self._blocks_pass(input_ids, attention_mask, prompt_blocks, model_kwargs)
         elif input_ids.shape[1] > 1:
@@ -519,7 +524,7 @@ class CausalLMSession(Session):
     def _blocks_pass(self, input_ids, attention_mask, blocks, model_kwargs) -> None:
         """The prompt pass over every column with ``blocks`` open (``prefill``), then its last
         slot taken back (and its features: the first step computes them again)."""
-        if blocks.shape != input_ids.shape or self.guided or self.recurrent:
+        if blocks.ids.shape != input_ids.shape or self.guided or self.recurrent:
             raise ValueError(f"prompt_blocks: accepted [B, P] of the prompt's shape "
                              f"{tuple(input_ids.shape)}, without guidance or recurrent layers")
         self._forward(input_ids, attention_mask, prompt=True, blocks=blocks, **model_kwargs)
@@ -551,7 +556,7 @@ class CausalLMSession(Session):
 
     def _forward(self, tokens: torch.Tensor, valid: torch.Tensor, prompt: bool = False,
                  tree: TreeMask | None = None, process: bool = False,
-                 blocks: torch.Tensor | None = None, **model_kwargs
+                 blocks: Blocks | None = None, **model_kwargs
                  ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Feed ``tokens`` [R, n] (``valid`` [R, n] marks padding; ``tree``: the slots'
         ancestors and depths; ``blocks``: the prompt's bidirectional blocks); returns (None for the prompt, else the ``logits`` hook's result,
@@ -615,7 +620,7 @@ class CausalLMSession(Session):
 
     def _static_step(self, fn, inputs: dict, valid: torch.Tensor, width: int,
                      prompt: bool = False, tree: TreeMask | None = None,
-                     blocks: torch.Tensor | None = None, **model_kwargs):
+                     blocks: Blocks | None = None, **model_kwargs):
         """One step on the static cache, all on the device (what a captured step replays):
         the mask (``width`` slots wide) and positions from the sequence buffers, the forward,
         the buffers moved."""

@@ -6,7 +6,7 @@ on tiny float32 models built from configs, greedy decoding:
   any work, where the layout cannot roll a static cache back);
 - each row of a batch gives the tokens it gives alone (left padding, ragged rows);
 - where transformers can generate with the model (LLaVA, LLaVA-NeXT, LLaVA-OneVision,
-  Mistral3, InternVL, Idefics3, SmolVLM, Chameleon, Gemma 3, PaliGemma, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, MusicGen, CSM), plain greedy decoding gives the model's own ``generate`` tokens,
+  Mistral3, InternVL, Idefics3, SmolVLM, Chameleon, Gemma 3, Gemma 4, PaliGemma, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, MusicGen, CSM), plain greedy decoding gives the model's own ``generate`` tokens,
   on configs in transformers' own layouts (MusicGen's pad id = vocabulary size; CSM's stop
   rule; Qwen-VL's 3-D rotary positions).
 
@@ -166,6 +166,12 @@ def _gemma3() -> Case:
     return _llava_like(tiny_gemma3, tiny_gemma3_processor(), (48, 32), "<start_of_image>")
 
 
+def _gemma4() -> Case:
+    from tiny_vlm import tiny_gemma4, tiny_gemma4_processor
+
+    return _llava_like(tiny_gemma4, tiny_gemma4_processor(), (48, 32), "<|image|>")
+
+
 def _paligemma() -> Case:
     from tiny_vlm import tiny_paligemma, tiny_paligemma_processor
 
@@ -262,7 +268,7 @@ CASES = {
     "llava": lambda: _vlm("llava"), "llava-next": lambda: _vlm("llava-next"),
     "llava-onevision": _onevision, "mistral3": _mistral3, "internvl": _internvl,
     "idefics3": _idefics3, "smolvlm": _smolvlm, "chameleon": _chameleon,
-    "gemma3": _gemma3, "paligemma": _paligemma,
+    "gemma3": _gemma3, "gemma4": _gemma4, "paligemma": _paligemma,
     "qwen2-vl": lambda: _qwen("qwen2-vl"), "qwen2.5-vl": lambda: _qwen("qwen2.5-vl"),
     "qwen3-vl": lambda: _qwen("qwen3-vl"), "qwen3.5": lambda: _qwen("qwen3.5"),
     "delay-pattern": _delay_pattern, "single-codebook": _single_codebook, "csm": _csm,
@@ -321,8 +327,8 @@ def test_batch_rows_equal_their_single_row_runs(case):
 # Adapters whose sessions cannot take tree steps: delay patterns (positions follow the cache
 # length), CSM (frames from a depth decoder), Qwen3.5 (recurrent layers: its draft model's
 # trees are refused; as a target it verifies a head's trees, below), the tiny Mistral3
-# and Gemma 3 (sliding windows: MistralConfig's default, Gemma 3's local layers).
-NO_TREES = {"delay-pattern", "csm", "qwen3.5", "mistral3", "gemma3"}
+# and Gemma 3 and 4 (sliding windows: MistralConfig's default, Gemma's local layers).
+NO_TREES = {"delay-pattern", "csm", "qwen3.5", "mistral3", "gemma3", "gemma4"}
 
 
 def test_greedy_trees_give_plain_greedy_or_are_refused(case, request):
@@ -380,7 +386,7 @@ def test_every_vlm_draft_width_gives_plain_greedy(name, k):
 
 
 IMAGE_LAST = ["llava-onevision", "mistral3", "internvl", "idefics3", "smolvlm", "chameleon",
-              "gemma3", "paligemma"]
+              "gemma3", "gemma4", "paligemma"]
 
 
 @pytest.mark.parametrize("name", IMAGE_LAST)
@@ -409,7 +415,7 @@ def test_prompts_that_end_with_the_image_give_the_models_own_tokens(name):
 
 
 OWN = ["llava", "llava-next", "llava-onevision", "mistral3", "internvl", "idefics3", "smolvlm",
-       "chameleon", "gemma3", "paligemma", "qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5",
+       "chameleon", "gemma3", "gemma4", "paligemma", "qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5",
        "delay-pattern", "csm"]
 
 

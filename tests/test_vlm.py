@@ -219,8 +219,7 @@ def test_recipe_runs_on_a_saved_tiny_model(tmp_path, capsys):
     assert "tokens/step" in out and "identical to plain: True" in out
 
 
-REFUSED = [("Gemma4ForConditionalGeneration", "bidirectional attention"),
-           ("Gemma3nForConditionalGeneration", "does not implement")]
+REFUSED = [("Gemma3nForConditionalGeneration", "does not implement")]
 
 
 @pytest.mark.parametrize("name,why", REFUSED)
@@ -242,7 +241,7 @@ def test_unsupported_vlm_classes_are_refused_with_the_reason(name, why):
         VisionLanguageGenerator(target, proc, model, "image")
     assert supported_classes() == [
         "ChameleonForConditionalGeneration", "Gemma3ForConditionalGeneration",
-        "Idefics3ForConditionalGeneration", "InternVLForConditionalGeneration",
+        "Gemma4ForConditionalGeneration", "Idefics3ForConditionalGeneration", "InternVLForConditionalGeneration",
         "LlavaForConditionalGeneration",
         "LlavaNextForConditionalGeneration", "LlavaOnevisionForConditionalGeneration",
         "Mistral3ForConditionalGeneration", "PaliGemmaForConditionalGeneration",

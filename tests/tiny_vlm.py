@@ -418,3 +418,58 @@ def tiny_paligemma(seed: int = 0, hidden: int = 32, layers: int = 2, tokens: int
         image_token_index=WORDS.index("<image>"), projection_dim=hidden,
         tie_word_embeddings=False)
     return PaliGemmaForConditionalGeneration(cfg).eval()
+
+
+# -- Gemma 4 (its vision tower + Gemma 4 text: per-layer inputs, image blocks on local layers) --
+GEMMA4_SPECIAL = ["<start_of_image>", "<end_of_image>", "<|image|>", "<|audio|>",
+                  "<start_of_audio>", "<end_of_audio>", "<|video|>"]
+GEMMA4_WORDS = [w for w in WORDS if w != "<image>"] + GEMMA4_SPECIAL
+
+
+def tiny_gemma4_processor():
+    """Gemma 4's processor: 4-pixel patches pooled 2 x 2, at most 70 soft tokens an image."""
+    from transformers import (
+        Gemma4AudioFeatureExtractor,
+        Gemma4ImageProcessor,
+        Gemma4Processor,
+        Gemma4VideoProcessor,
+    )
+
+    from recipes.train.vlm import special_tokenizer
+
+    tok = special_tokenizer(GEMMA4_WORDS, GEMMA4_SPECIAL, extra_special_tokens={
+        "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<|image|>",
+        "audio_token": "<|audio|>", "boa_token": "<start_of_audio>", "eoa_token": "<end_of_audio>"})
+    patches = dict(patch_size=4, pooling_kernel_size=2)
+    return Gemma4Processor(feature_extractor=Gemma4AudioFeatureExtractor(),
+                           image_processor=Gemma4ImageProcessor(max_soft_tokens=70, **patches),
+                           video_processor=Gemma4VideoProcessor(**patches), tokenizer=tok,
+                           chat_template=CHAT_TEMPLATE.replace("<image> ", "<|image|> "),
+                           image_seq_length=70)
+
+
+def tiny_gemma4(seed: int = 0, hidden: int = 32, layers: int = 2, window: int = 6):
+    """Sliding-window and full layers alternating, per-layer inputs, images bidirectional
+    on the sliding-window layers (``use_bidirectional_attention="vision"``)."""
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    ids = {f"{k}_token_id": GEMMA4_WORDS.index(t) for k, t in (
+        ("boi", "<start_of_image>"), ("eoi", "<end_of_image>"), ("image", "<|image|>"),
+        ("video", "<|video|>"), ("boa", "<start_of_audio>"), ("audio", "<|audio|>"))}
+    cfg = Gemma4Config(
+        text_config=dict(vocab_size=len(GEMMA4_WORDS), hidden_size=hidden,
+                         intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=hidden // 2,
+                         max_position_embeddings=1024, pad_token_id=0, bos_token_id=1,
+                         eos_token_id=2, sliding_window=window,
+                         layer_types=["sliding_attention", "full_attention"] * (layers // 2)
+                         + ["sliding_attention"] * (layers % 2), initializer_range=0.3,
+                         tie_word_embeddings=False, vocab_size_per_layer_input=len(GEMMA4_WORDS),
+                         hidden_size_per_layer_input=8, use_bidirectional_attention="vision"),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                           num_attention_heads=2, num_key_value_heads=2, head_dim=8,
+                           patch_size=4, pooling_kernel_size=2, position_embedding_size=64),
+        audio_config=None, eoa_token_index=GEMMA4_WORDS.index("<end_of_audio>"),
+        initializer_range=0.3, tie_word_embeddings=False, **ids)
+    return Gemma4ForConditionalGeneration(cfg).eval()

@@ -307,6 +307,15 @@ class NormedOutput(nn.Module):
         return self.lm_head(g if self.norm is None else self.norm(g))
 
 
+
+def _uniform(cfg, name: str):
+    """``cfg.<name>``, or None where it is absent or differs between layers (Gemma 4's
+    per-layer configs refuse a global read): the head then takes its own default."""
+    try:
+        return getattr(cfg, name, None)
+    except RuntimeError:          # transformers' AmbiguousGlobalPerLayerAttributeError
+        return None
+
 class Eagle3Head(DraftHead):
     """The EAGLE-3 head (module docstring). Load one with ``mmspec.drafters.layouts.load``
     (or a front door's ``head=``); build a fresh one with ``Eagle3Head.for_target``."""
@@ -376,17 +385,18 @@ class Eagle3Head(DraftHead):
         v = output_vocab_size(target)
         layers = tuple(feature_layers or default_feature_layers(cfg.num_hidden_layers))
         rope = getattr(cfg, "rope_parameters", None) or {}
-        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        head_dim = _uniform(cfg, "head_dim")
+        dim = head_dim or cfg.hidden_size // cfg.num_attention_heads
         section = rope.get("mrope_section")
         if section and 2 * sum(section) == dim:        # an M-RoPE target: its 3-D positions
             kw.setdefault("mrope_section", tuple(section))
             kw.setdefault("mrope_interleaved", bool(rope.get("mrope_interleaved", False)))
         head = cls(Eagle3Config(
             hidden_size=cfg.hidden_size,
-            intermediate_size=getattr(cfg, "intermediate_size", None) or 3 * cfg.hidden_size,
+            intermediate_size=_uniform(cfg, "intermediate_size") or 3 * cfg.hidden_size,
             num_attention_heads=cfg.num_attention_heads,
-            num_key_value_heads=getattr(cfg, "num_key_value_heads", None)
-            or cfg.num_attention_heads, head_dim=getattr(cfg, "head_dim", None),
+            num_key_value_heads=_uniform(cfg, "num_key_value_heads") or cfg.num_attention_heads,
+            head_dim=head_dim,
             vocab_size=v, draft_vocab_size=draft_vocab_size or v, feature_layers=layers,
             num_layers=num_layers, rms_norm_eps=getattr(cfg, "rms_norm_eps", 1e-6),
             rope_theta=rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)),

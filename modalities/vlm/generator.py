@@ -10,9 +10,10 @@ LlavaOnevisionForConditionalGeneration, Mistral3ForConditionalGeneration (Pixtra
 InternVLForConditionalGeneration, Idefics3ForConditionalGeneration,
 SmolVLMForConditionalGeneration, ChameleonForConditionalGeneration (its VQ image tokenizer
 inside the model; ``image_sizes`` and per-image token counts come from the
-processor), Gemma3ForConditionalGeneration and PaliGemmaForConditionalGeneration (their
-prompts' bidirectional blocks, an image's tokens or PaliGemma's whole prefix, opened in the
-prompt pass as the models' own; Gemma 3's sliding windows in every step's mask), and Qwen2-VL,
+processor), Gemma3ForConditionalGeneration, Gemma4ForConditionalGeneration and
+PaliGemmaForConditionalGeneration (their prompts' bidirectional blocks, an image's tokens or
+PaliGemma's whole prefix, opened in the prompt pass as the models' own; Gemma's sliding
+windows in every step's mask), and Qwen2-VL,
 Qwen2.5-VL, Qwen3-VL, Qwen3.5 and their MoE variants (3-D rotary positions:
 ``modalities.vlm.mrope``; images of any size and videos, as the processor gives them;
 Qwen3.5's linear-attention layers roll back by snapshot and replay, ``mmspec.cache``), through
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mmspec.cache import Blocks
 from mmspec.checks import check_count, check_positions
 from mmspec.drafters.ensemble import EnsembleDrafter
 from mmspec.drafters.load import load_head
@@ -81,14 +83,7 @@ def _is_vlm(model) -> bool:
 # Processor outputs ``generate(**inputs)`` takes as keyword arguments.
 PROCESSOR_OUTPUTS = ("input_ids", "attention_mask", "pixel_values", "image_sizes",
                      "batch_num_images", "pixel_attention_mask", "pixel_values_videos",
-                     "token_type_ids", *POSITION_INPUTS)
-
-# Model families mmspec does not implement yet, and why its loop would give other tokens.
-_REFUSED = {
-    "gemma4": "bidirectional attention within each image's tokens on its sliding-window layers "
-              "only, and layers that read another layer's keys and values (not implemented)",
-}
-
+                     "token_type_ids", "image_position_ids", *POSITION_INPUTS)
 
 def supported_classes() -> list[str]:
     """The vision-language model classes VisionLanguageGenerator implements."""
@@ -100,8 +95,8 @@ def check_supported(model, role: str) -> None:
     name, kind = type(model).__name__, getattr(model.config, "model_type", None)
     if name in supported_classes():
         return
-    why = _REFUSED.get(kind, "a class VisionLanguageGenerator does not implement")
-    raise ValueError(f"{role} {name} ({kind}): {why}; accepted {', '.join(supported_classes())}")
+    raise ValueError(f"{role} {name} ({kind}): a class VisionLanguageGenerator does not "
+                     f"implement; accepted {', '.join(supported_classes())}")
 
 
 ROLES = ("system", "user", "assistant")
@@ -521,20 +516,29 @@ def media_last(model, batch: dict) -> dict:
     return {**{k: v for k, v in batch.items() if k in keep}, "inputs_embeds": embeds}
 
 
-def prompt_blocks(model, batch: dict) -> torch.Tensor | None:
+def prompt_blocks(model, batch: dict) -> Blocks | None:
     """The blocks of the prompt that attend both ways in the model's own prompt pass
-    (``CausalLMSession.prefill(prompt_blocks=)``), read from the processor's
-    ``token_type_ids`` as the model reads them: Gemma 3's images (each run of image tokens a
-    block), PaliGemma's prefix (every prompt token). None for other models, or without
-    ``token_type_ids`` (the model's own pass is then causal too)."""
-    types, kind = batch.get("token_type_ids"), model.config.model_type
-    if types is None or kind not in ("gemma3", "paligemma"):
-        return None
-    if kind == "paligemma":
-        return torch.where(types == 0, 0, -1)
-    image = types == 1
-    starts = image & ~torch.nn.functional.pad(image, (1, 0))[:, :-1]
-    return torch.where(image, starts.long().cumsum(1) - 1, -1)
+    (``CausalLMSession.prefill(prompt_blocks=)``), read from the processor's token types as
+    the model reads them: Gemma 3's images (each run of image tokens a block, every layer),
+    Gemma 4's images and videos (on its sliding-window layers, where its config asks for
+    them), PaliGemma's prefix (every prompt token). None for other models, or without token
+    types (the model's own pass is then causal too)."""
+    kind = model.config.model_type
+    if kind == "paligemma" and "token_type_ids" in batch:
+        return Blocks(torch.where(batch["token_type_ids"] == 0, 0, -1))
+    if kind == "gemma3" and "token_type_ids" in batch:
+        return Blocks(_runs(batch["token_type_ids"] == 1))
+    if kind == "gemma4" and "mm_token_type_ids" in batch and getattr(
+            model.config.get_text_config(), "use_bidirectional_attention", None) == "vision":
+        types = batch["mm_token_type_ids"]
+        return Blocks(_runs((types == 1) | (types == 2)), sliding_only=True)
+    return None
+
+
+def _runs(inside: torch.Tensor) -> torch.Tensor:
+    """Block ids [B, P]: each run of ``inside`` tokens one block, numbered from 0; -1 outside."""
+    starts = inside & ~torch.nn.functional.pad(inside, (1, 0))[:, :-1]
+    return torch.where(inside, starts.long().cumsum(1) - 1, -1)
 
 
 def session_prompt(model, batch: dict) -> dict:
@@ -599,6 +603,7 @@ register_adapter("smolvlm", "vlm", VisionLanguageGenerator, ("SmolVLMForConditio
 register_adapter("chameleon", "vlm", VisionLanguageGenerator,
                  ("ChameleonForConditionalGeneration",))
 register_adapter("gemma3", "vlm", VisionLanguageGenerator, ("Gemma3ForConditionalGeneration",))
+register_adapter("gemma4", "vlm", VisionLanguageGenerator, ("Gemma4ForConditionalGeneration",))
 register_adapter("paligemma", "vlm", VisionLanguageGenerator,
                  ("PaliGemmaForConditionalGeneration",))
 register_adapter("qwen2-vl", "vlm", VisionLanguageGenerator, ("Qwen2VLForConditionalGeneration",))
