@@ -35,10 +35,11 @@ import torch
 from tqdm.auto import tqdm
 
 from eval.results import read_rows
-from eval.tasks import TASKS, load_prompts
+from eval.tasks import TASKS, load_prompts, resolve_models
 from mmspec.checks import check_count
 from mmspec.registry import parse_method
-from recipes.cli import COUNT, GUIDANCE, TEMPERATURE, Parser, describe, run
+from recipes.cli import (COUNT, GUIDANCE, TEMPERATURE, Device, Interrupted, Parser, check_device,
+                         check_head, check_vocab, describe, run)
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -131,8 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--guidance", type=GUIDANCE, default=None, help="(default: the model's)")
     ap.add_argument("--temperature", type=TEMPERATURE, default=None,
                     help="(default: the task's, 1 for images and speech, 0 for the VLM)")
-    ap.add_argument("--device", default=None,
-                    help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)")
+    ap.add_argument("--device", type=Device(), default=None,
+                    help="where the models run (default: cuda when available, else cpu)")
     ap.add_argument("--out", default=None, help="output folder (default: out/sweep)")
     ap.add_argument("--overwrite", action="store_true",
                     help="start afresh in an --out made with other options (its rows are "
@@ -238,6 +239,8 @@ def set_deterministic() -> None:
 
 def check_options(args) -> list[str]:
     """Every option checked before any model loads; returns the methods (plain first)."""
+    if args.modality not in TASKS:
+        raise ValueError(f"--modality {args.modality!r}: accepted one of {', '.join(TASKS)}")
     if args.num_prompts is not None:
         check_count("--num-prompts", args.num_prompts)
     check_count("--batch", args.batch)
@@ -246,8 +249,10 @@ def check_options(args) -> list[str]:
         v = getattr(args, name)
         if v is not None and not (math.isfinite(v) and v >= 0):
             raise ValueError(f"--{name} {v!r}: accepted a finite number >= 0")
+    check_device(args.device)
     if args.head is not None and not os.path.isfile(os.path.join(args.head, "config.json")):
         raise ValueError(f"--head {args.head}: accepted a folder with a saved head")
+    check_head(args.head)
     methods = [m.strip() for m in str(args.methods).split(",") if m.strip()]
     if not methods:
         raise ValueError(f"--methods {args.methods!r}: accepted one or more method names")
@@ -264,6 +269,48 @@ def check_methods(methods: list[str], grid: dict, has_draft: bool, has_head: boo
             parse_method(method, params, has_draft=has_draft, has_head=has_head)
 
 
+def check_image_settings(model, methods, grid, prompts) -> None:
+    """Image targets: every setting's sizes against the codebook and an image's tokens, the
+    prompts against the bundled models' words, read from the config files."""
+    from modalities.image.pipeline import check_draft_sizes, read_layout
+
+    layout = read_layout(model)
+    if layout is None:
+        return
+    for method in methods:
+        for params in settings(method, grid):
+            check_vocab(params, layout.vocab_size)
+            check_draft_sizes(params, layout.num_tokens)
+    layout.check_prompts(prompts)
+
+
+def check_vlm_prompts(model, methods, grid, prompts) -> None:
+    """VLM prompt lines: IMAGE<TAB>QUESTION[<TAB>ANSWER], IMAGE a scene seed or a file."""
+    for line in prompts:
+        image, question, _ = TASKS["vlm"].parse(line)
+        if not (image.isdigit() or os.path.isfile(image)):
+            raise ValueError(f"--prompts line {line[:60]!r}: image {image!r}: accepted a "
+                             "shapes-world seed or an existing image file")
+        if not question.strip():
+            raise ValueError(f"--prompts line {line[:60]!r}: accepted a non-blank question")
+
+
+# What a modality checks from its config files and prompts before its models load
+BEFORE_LOADING = {"image": check_image_settings, "vlm": check_vlm_prompts}
+
+
+def read_prompts(args, task_cls) -> list:
+    """The prompts file's lines (the task's own by default); a binary file named in one line."""
+    try:
+        prompts = load_prompts(args.prompts, task_cls, args.num_prompts)
+    except UnicodeDecodeError:
+        raise ValueError(f"--prompts {args.prompts}: not a UTF-8 text file: accepted one prompt "
+                         "per line") from None
+    if not prompts:
+        raise ValueError("no prompts: accepted a non-empty --prompts file")
+    return prompts
+
+
 def _model_identity(path) -> str | None:
     if path is None:
         return None
@@ -275,21 +322,28 @@ def _model_identity(path) -> str | None:
     return f"{path} ({size} bytes of weights)"
 
 
-def run_identity(args, task, prompts: list) -> dict:
-    """Every option that changes the rows besides a unit's method, setting and seed: what an
-    --out is made with (run.json), and what its report states."""
+def options_identity(args, model, draft, head, prompts: list) -> dict:
+    """The part of ``run_identity`` known before any model loads (all but dtype and device)."""
     digest = hashlib.sha1("\n".join(map(str, prompts)).encode()).hexdigest()[:12]
-    return dict(modality=args.modality, model=_model_identity(task.model_path),
-                draft=_model_identity(task.draft_path), head=_model_identity(task.head_path),
+    return dict(modality=args.modality, model=_model_identity(model),
+                draft=_model_identity(draft), head=_model_identity(head),
                 prompts=f"{len(prompts)} ({digest})",
                 batch=args.batch, temperature=args.temperature, guidance=args.guidance,
-                dtype=task.dtype, device=str(task.device),
                 deterministic=bool(args.deterministic))
 
 
-def claim_out(out: str, identity: dict, overwrite: bool) -> None:
-    """Refuse an --out whose rows were made with other options (naming them); --overwrite
-    starts afresh. Records the options in run.json."""
+def run_identity(args, task, prompts: list) -> dict:
+    """Every option that changes the rows besides a unit's method, setting and seed: what an
+    --out is made with (run.json), and what its report states."""
+    known = options_identity(args, task.model_path, task.draft_path, task.head_path, prompts)
+    deterministic = known.pop("deterministic")
+    return {**known, "dtype": task.dtype, "device": str(task.device),
+            "deterministic": deterministic}
+
+
+def check_out(out: str, identity: dict, overwrite: bool) -> None:
+    """Refuse an --out whose rows were made with other options than ``identity``'s (all of
+    them, or the part known before loading), naming them; --overwrite starts afresh."""
     results, record = os.path.join(out, "results.jsonl"), os.path.join(out, "run.json")
     if os.path.exists(results) and not overwrite:
         if not os.path.exists(record):
@@ -302,6 +356,12 @@ def claim_out(out: str, identity: dict, overwrite: bool) -> None:
             raise ValueError(f"--out {out}: its rows were made with other options "
                              f"({'; '.join(diff)}); accepted the same options, another --out, "
                              "or --overwrite")
+
+
+def claim_out(out: str, identity: dict, overwrite: bool) -> None:
+    """``check_out``, then the options recorded in run.json (--overwrite: old rows deleted)."""
+    check_out(out, identity, overwrite)
+    record = os.path.join(out, "run.json")
     if overwrite:
         for f in os.listdir(out) if os.path.isdir(out) else []:
             if f.startswith("results") and f.endswith(".jsonl"):
@@ -324,20 +384,30 @@ def repair_tail(path: str) -> None:
                   "interrupted write); its unit runs again", file=sys.stderr)
 
 
-def main(argv=None) -> str:
-    args = resolve(argv)
+def check_run(args) -> tuple:
+    """Every check before any model loads; returns (methods, parameter grid, seeds, the
+    task's class, prompts)."""
     methods = check_options(args)
     grid = parse_params(args.param)
     seeds = parse_seeds(args.seeds)
+    task_cls = TASKS[args.modality]
+    model, draft = resolve_models(task_cls, args.model, args.draft)
+    check_methods(methods, grid, draft is not None, args.head is not None)
+    prompts = read_prompts(args, task_cls)
+    if args.modality in BEFORE_LOADING:
+        BEFORE_LOADING[args.modality](model, methods, grid, prompts)
+    check_out(args.out, options_identity(args, model, draft, args.head, prompts), args.overwrite)
+    return methods, grid, seeds, task_cls, prompts
+
+
+def main(argv=None) -> str:
+    args = resolve(argv)
+    methods, grid, seeds, task_cls, prompts = check_run(args)
     if getattr(args, "deterministic", False):
         set_deterministic()
     from accelerate import PartialState
 
     state = PartialState()
-    task_cls = TASKS[args.modality]
-    prompts = load_prompts(args.prompts, task_cls, args.num_prompts)
-    if not prompts:
-        raise ValueError("no prompts: accepted a non-empty --prompts file")
     device = args.device
     if device is None and torch.cuda.is_available():
         device = f"cuda:{state.local_process_index}"
@@ -347,7 +417,6 @@ def main(argv=None) -> str:
     if args.temperature is not None:
         gen["temperature"] = args.temperature
     task = task_cls(args.model, args.draft, device=device, head=args.head, **gen)
-    check_methods(methods, grid, task.has_draft, task.has_head)
     identity = run_identity(args, task, prompts)
     if state.is_main_process:
         claim_out(args.out, identity, args.overwrite)
@@ -356,7 +425,11 @@ def main(argv=None) -> str:
     my_file = main_file if state.num_processes == 1 else os.path.join(
         args.out, f"results.rank{state.process_index}.jsonl")
     work = list(units(methods, grid, seeds, len(prompts), args.batch))
-    _run_units(task, work, prompts, args, state, main_file, my_file, device)
+    try:
+        _run_units(task, work, prompts, args, state, main_file, my_file, device)
+    except KeyboardInterrupt:
+        raise Interrupted(f"{len(read_rows(my_file))} rows kept in {my_file}; the same command "
+                          "runs the units left") from None
     state.wait_for_everyone()
     if state.is_main_process:
         _merge(args, state, work, main_file)

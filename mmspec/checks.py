@@ -36,3 +36,12 @@ def check_positions(name: str, new: int, prompt_len: int, limit: int | None,
         raise ValueError(f"{name}={new} with a {prompt_len}-token prompt{prompt} exceeds the "
                          f"{model}'s max_position_embeddings={limit}: accepted {name} <= "
                          f"{limit - prompt_len}")
+
+
+def check_at_most(name: str, value, limit: int, why: str) -> int:
+    """An integer in [1, ``limit``], ``why`` saying what bounds it (a size past what the call
+    can use: drafts past the tokens left, ids past the vocabulary)."""
+    check_count(name, value)
+    if value > limit:
+        raise ValueError(f"{name}={value}: accepted an integer in [1, {limit}] ({why})")
+    return value

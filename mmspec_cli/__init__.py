@@ -9,7 +9,8 @@
 
 Each command runs a module of the repository (``mmspec t2i`` is ``python -m
 recipes.text_to_image``, which keeps working); ``mmspec COMMAND --help`` lists its flags,
-each with its default and accepted range. Bad input is one line on stderr and exit status 2.
+each with its default and accepted range. Bad input is one line on stderr and exit status 2;
+Ctrl-C one line and exit status 130.
 This package sits above ``eval`` and ``recipes`` in the import order: nothing imports it.
 """
 
@@ -90,9 +91,13 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         print(f"mmspec: error: {e} (mmspec --help lists them)", file=sys.stderr)
         sys.exit(2)
-    from recipes.cli import run
+    try:                      # importing torch and the command takes seconds: Ctrl-C there too
+        from recipes.cli import run
 
-    module = importlib.import_module(command.module)
+        module = importlib.import_module(command.module)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        sys.exit(130)
     # argparse names a command after sys.argv[0]; the command reads its flags from sys.argv.
     sys.argv = [prog, *rest]
     run(module.main, prog)

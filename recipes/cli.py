@@ -1,6 +1,6 @@
 """What the command lines share: the device flag, numbers parsed with their accepted range,
 every flag's help stating its default and range, the method checked before any model runs,
-and errors as one line (exit 2) rather than a traceback."""
+and errors as one line (exit 2) rather than a traceback; Ctrl-C as one line (exit 130)."""
 
 from __future__ import annotations
 
@@ -124,6 +124,42 @@ class TreeShape:
         return "DEPTHxCHILDRENxWIDTH, each an integer >= 1 (e.g. 5x2x4)"
 
 
+@dataclass(frozen=True)
+class Device:
+    """An argparse ``type``: a torch device this machine has (``cpu``, ``cuda``, ``cuda:N``,
+    ``mps``), refused in one line naming what is available before any model loads."""
+
+    def __call__(self, text: str) -> str:
+        name = str(text).strip()
+        if name not in available_devices():
+            raise argparse.ArgumentTypeError(f"{text!r}: accepted {self} (this machine has: "
+                                             f"{', '.join(available_devices())})")
+        return name
+
+    def __str__(self) -> str:
+        return "cpu, cuda, cuda:N or mps, where the machine has them"
+
+
+def available_devices() -> list[str]:
+    """The device strings this machine takes: cpu, and cuda / cuda:N / mps where present."""
+    names = ["cpu"]
+    if torch.cuda.is_available():
+        names += ["cuda"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        names.append("mps")
+    return names
+
+
+def check_device(device: str | None, flag: str = "--device") -> None:
+    """A device from a config file (the command line's goes through ``Device``)."""
+    if device is not None:
+        try:
+            Device()(device)
+        except argparse.ArgumentTypeError as e:
+            raise ValueError(f"{flag} {e}") from None
+
+
 def tree_name(params: dict) -> str:
     """``{"tree_depth": 5, "tree_branch": 2, "tree_width": 4}`` -> ``"5x2x4"``."""
     return f"{params['tree_depth']}x{params['tree_branch']}x{params['tree_width']}"
@@ -175,7 +211,7 @@ def describe(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
         if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
             continue
         text, accepted = action.help or "", None
-        if isinstance(action.type, (Number, Numbers, Names, TreeShape)):
+        if isinstance(action.type, (Number, Numbers, Names, TreeShape, Device)):
             accepted = str(action.type)
         elif action.choices:
             accepted = ", ".join(map(str, action.choices))
@@ -266,8 +302,8 @@ def compile_switch(args) -> bool | str:
 
 def add_common(ap) -> None:
     """``--device`` and ``--verbose`` (third-party loading bars and warnings; quiet by default)."""
-    ap.add_argument("--device", default=None,
-                    help="cpu, cuda, cuda:1 ... (default: cuda when available, else cpu)")
+    ap.add_argument("--device", type=Device(), default=None,
+                    help="where the models run (default: cuda when available, else cpu)")
     ap.add_argument("--verbose", action="store_true",
                     help="show transformers' and diffusers' loading progress and warnings")
 
@@ -280,6 +316,52 @@ def configure(args) -> str:
     return args.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def check_compile(args, device: str) -> None:
+    """``--compile`` captures CUDA graphs: refused on another device before any model loads."""
+    if compile_switch(args) and not str(device).startswith("cuda"):
+        raise ValueError(f"--compile captures CUDA graphs: accepted with a CUDA --device, not "
+                         f"{device}")
+
+
+def check_head(head: str | None, flag: str = "--head") -> None:
+    """A head folder in a layout mmspec reads, recognised from its config alone (no model)."""
+    if head is not None:
+        from mmspec.drafters.layouts import recognise
+
+        try:
+            recognise(head)
+        except ValueError as e:
+            raise ValueError(f"{flag} {e}") from None
+
+
+def check_vocab(params: dict, vocab: int, what: str = "the codebook") -> None:
+    """The method parameters (and ``top_k``) bounded by a vocabulary of ``vocab`` ids, checked
+    from a model's config before it loads (the rules and drafters check them again when
+    built)."""
+    bounds = {"k": (0, vocab - 1, f"V - 1 for a {vocab}-row embedding table"),
+              "group_size": (1, vocab, f"{what} has {vocab} ids"),
+              "tree_branch": (1, vocab, f"a node's children are distinct ids of {what}'s {vocab}"),
+              "top_k": (1, vocab, f"{what} has {vocab} ids")}
+    for name, (low, high, why) in bounds.items():
+        value = params.get(name)
+        if isinstance(value, int) and not low <= value <= high:
+            raise ValueError(f"{name}={value}: accepted an integer in [{low}, {high}] ({why})")
+
+
+def read_lines(path: str, flag: str) -> list[str]:
+    """The non-blank lines of a text file, stripped; a missing or binary file is refused in
+    one line naming the flag and the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [line.strip() for line in f if line.strip()]
+    except UnicodeDecodeError:
+        raise ValueError(f"{flag} {path}: not a UTF-8 text file: accepted one prompt per "
+                         "line") from None
+    except OSError as e:
+        raise ValueError(f"{flag} {path}: {e.strerror or e}: accepted an existing text "
+                         "file") from None
+
+
 def check_method(method: str, params: dict, has_draft: bool, embeddings=None,
                  has_head: bool = False) -> None:
     """The method and its parameters, parsed and its rule built, before the plain baseline
@@ -290,11 +372,22 @@ def check_method(method: str, params: dict, has_draft: bool, embeddings=None,
     spec.build_rule(MethodContext(embeddings=embeddings))
 
 
+class Interrupted(Exception):
+    """Ctrl-C, with what the command kept (``str``: e.g. "12 rows kept in out/results.jsonl;
+    the same command resumes"); ``run`` reports it in one line, exit status 130."""
+
+
 def run(main, name: str) -> None:
     """``main()``, with bad input (a bad value, a missing file) reported as one line and exit
-    status 2."""
+    status 2, and Ctrl-C as one line (what was kept, when the command says) and status 130."""
     try:
         main()
     except (ValueError, OSError) as e:
         print(f"{name}: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except Interrupted as e:
+        print(f"{name}: interrupted: {e}", file=sys.stderr)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -20,8 +20,9 @@ import os
 from PIL import Image
 
 from recipes.cli import (COUNT, Number, Parser, add_common, add_compile, add_method_flags,
-                         add_models, add_sampling, bundled_head, bundled_pair, check_method,
-                         compile_switch, configure, describe, run)
+                         add_models, add_sampling, bundled_head, bundled_pair, check_compile,
+                         check_head, check_method, check_vocab, compile_switch, configure,
+                         describe, read_lines, run)
 
 # the method parameters this recipe takes as flags
 METHOD_PARAMS = ("window", "coupling", "init", "num_draft_tokens", "k", "delta", "lam",
@@ -66,25 +67,65 @@ def parse(argv=None):
     return build_parser().parse_args(argv)
 
 
-def main(argv=None) -> dict:
-    args = parse(argv)
-    from modalities.image import TextToImage
-
-    head = bundled_head(args.model, args.head, "shapes-t2i")
-    model, draft = bundled_pair(args.model, args.draft, "shapes-t2i", "shapes-t2i-draft")
-    pipe = TextToImage.from_pretrained(model, draft=draft, device=configure(args), head=head)
-    params = {k: getattr(args, k) for k in METHOD_PARAMS if getattr(args, k) is not None}
-    check_method(args.method, params, pipe.draft is not None, pipe.target.codebook_embeddings(),
-                 has_head=pipe.head is not None)
-    prompts = list(args.prompts) + list(args.prompt)
-    if args.prompts_file:
-        with open(args.prompts_file) as f:
-            prompts += [line.strip() for line in f if line.strip()]
-    if pipe.target.class_conditional:
+def choose_prompts(args, prompts: list, class_conditional: bool) -> list:
+    """Text prompts, or ``--class-labels`` for class-conditional models; the other refused."""
+    if class_conditional:
+        if prompts:
+            raise ValueError("prompts: this model is class-conditional: accepted --class-labels "
+                             "(class ids), not text prompts")
         prompts = list(args.class_labels or [])
+    elif args.class_labels:
+        raise ValueError("--class-labels: accepted by class-conditional models only; this model "
+                         "takes text prompts (--prompt, --prompts-file)")
     if not prompts:
         raise ValueError("give prompts (or --prompts-file, or --class-labels for class-conditional "
                          "models)")
+    return prompts
+
+
+def check_args(args, device: str, model: str, draft, head, params: dict):
+    """Every check that needs no model, before any loads (sizes, prompts and the draft's
+    codebook against the models' config files); returns (prompts, the target's layout or
+    None where only loading it tells)."""
+    from mmspec.registry import parse_method
+    from modalities.image.pipeline import check_draft_sizes, read_layout
+
+    check_compile(args, device)
+    parse_method(args.method, params, has_draft=draft is not None, has_head=head is not None)
+    check_head(head)
+    prompts = list(args.prompts) + list(args.prompt)
+    if args.prompts_file:
+        prompts += read_lines(args.prompts_file, "--prompts-file")
+    layout = read_layout(model)
+    if layout is None:
+        return prompts, None
+    other = read_layout(draft) if draft is not None else None
+    if other is not None and (other.vocab_size, other.num_tokens) != (layout.vocab_size,
+                                                                        layout.num_tokens):
+        raise ValueError(f"--draft {draft}: {other.vocab_size} codebook ids and {other.num_tokens}"
+                         f" tokens an image, the target {layout.vocab_size} and "
+                         f"{layout.num_tokens}: accepted a draft with the target's codebook")
+    check_vocab(dict(params, top_k=args.top_k), layout.vocab_size)
+    check_draft_sizes(params, layout.num_tokens)
+    prompts = choose_prompts(args, prompts, layout.class_conditional)
+    layout.check_prompts(prompts + ([args.negative_prompt] if args.negative_prompt else []))
+    return prompts, layout
+
+
+def main(argv=None) -> dict:
+    args = parse(argv)
+    device = configure(args)
+    head = bundled_head(args.model, args.head, "shapes-t2i")
+    model, draft = bundled_pair(args.model, args.draft, "shapes-t2i", "shapes-t2i-draft")
+    params = {k: getattr(args, k) for k in METHOD_PARAMS if getattr(args, k) is not None}
+    prompts, layout = check_args(args, device, model, draft, head, params)
+    from modalities.image import TextToImage
+
+    pipe = TextToImage.from_pretrained(model, draft=draft, device=device, head=head)
+    check_method(args.method, params, pipe.draft is not None, pipe.target.codebook_embeddings(),
+                 has_head=pipe.head is not None)
+    if layout is None:
+        prompts = choose_prompts(args, prompts, pipe.target.class_conditional)
     common = dict(num_images_per_prompt=args.num_images, guidance_scale=args.guidance,
                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                   seed=args.seed, progress=not args.no_progress, compile=compile_switch(args))
@@ -97,7 +138,8 @@ def main(argv=None) -> dict:
     for i, (a, b) in enumerate(zip(plain.images, spec.images)):
         a.save(os.path.join(args.out, f"plain_{i:03d}.png"))
         b.save(os.path.join(args.out, f"{safe}_{i:03d}.png"))
-    grid(list(zip(plain.images, spec.images))).save(os.path.join(args.out, "comparison.png"))
+    grid(list(zip(plain.images, spec.images)), labels=("plain", args.method)).save(
+        os.path.join(args.out, "comparison.png"))
     n = pipe.target.num_tokens
     rows = []
     for name, o in (("plain", plain), (args.method, spec)):

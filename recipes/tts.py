@@ -17,8 +17,8 @@ import os
 
 
 from recipes.cli import (Parser, add_common, add_compile, add_method_flags, add_models,
-                         add_sampling, bundled_pair, check_method, compile_switch, configure,
-                         describe, run)
+                         add_sampling, bundled_pair, check_compile, check_head, check_method,
+                         compile_switch, configure, describe, read_lines, run)
 
 METHOD_PARAMS = ("num_draft_tokens", "theta", "window")
 
@@ -48,19 +48,30 @@ def build_parser() -> argparse.ArgumentParser:
     return describe(ap)
 
 
-def main(argv=None):
-    args = build_parser().parse_args(argv)
-    from modalities.speech import TextToSpeech
+def check_args(args, device: str, draft, params: dict) -> list:
+    """Every check that needs no model, before any loads; returns the texts."""
+    from mmspec.registry import parse_method
 
-    model, draft = bundled_pair(args.model, args.draft, "shapes-tts", "shapes-tts-draft")
+    check_compile(args, device)
+    parse_method(args.method, params, has_draft=draft is not None, has_head=args.head is not None)
+    check_head(args.head)
     texts = list(args.texts) + list(args.text)
     if args.texts_file:
-        with open(args.texts_file) as f:
-            texts += [x.strip() for x in f if x.strip()]
+        texts += read_lines(args.texts_file, "--texts-file")
     if not texts:
         raise ValueError("give texts (or --text, or --texts-file)")
-    tts = TextToSpeech.from_pretrained(model, draft=draft, device=configure(args), head=args.head)
+    return texts
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    device = configure(args)
+    model, draft = bundled_pair(args.model, args.draft, "shapes-tts", "shapes-tts-draft")
     params = {k: getattr(args, k) for k in METHOD_PARAMS if getattr(args, k) is not None}
+    texts = check_args(args, device, draft, params)
+    from modalities.speech import TextToSpeech
+
+    tts = TextToSpeech.from_pretrained(model, draft=draft, device=device, head=args.head)
     check_method(args.method, params, tts.draft is not None, tts.target.codebook_embeddings(0),
                  has_head=tts.head is not None)
     kw = dict(temperature=args.temperature, top_k=args.top_k, seed=args.seed,

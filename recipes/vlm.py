@@ -16,8 +16,8 @@ import argparse
 from PIL import Image
 
 from recipes.cli import (COUNT, SEED, TEMPERATURE, Parser, add_common, add_compile, add_models,
-                         bundled_head, bundled_pair, check_method, compile_switch, configure,
-                         describe, run)
+                         bundled_head, bundled_pair, check_compile, check_head, check_method,
+                         compile_switch, configure, describe, run)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,21 +38,56 @@ def build_parser() -> argparse.ArgumentParser:
     return describe(ap)
 
 
-def main(argv=None):
-    args = build_parser().parse_args(argv)
+def check_args(args, device: str, target: str, draft, head) -> list:
+    """Every check that needs no model, before any loads (``--max-new-tokens`` against the
+    target's config); returns the images."""
+    from mmspec.registry import parse_method
+
+    check_compile(args, device)
+    spec = parse_method(args.method, {"num_draft_tokens": args.num_draft_tokens},
+                        has_draft=draft is not None, has_head=head is not None)
+    if args.draft_mode == "ensemble" and spec.drafter_class.trees:
+        raise ValueError(f"--method {args.method} drafts trees; --draft-mode ensemble drafts "
+                         "chains: accepted --draft-mode image or text")
+    check_head(head)
     *paths, question = args.inputs
     if not paths:
         raise ValueError("give at least one image path before the question")
-    from modalities.vlm import VisionLanguageGenerator
+    if not question.strip():
+        raise ValueError("the question: accepted a non-blank text after the image paths")
+    limit = max_positions(target)
+    if limit is not None and args.max_new_tokens >= limit:
+        raise ValueError(f"--max-new-tokens {args.max_new_tokens}: accepted at most "
+                         f"{limit - 1} (the target's max_position_embeddings={limit}, the "
+                         "prompt's tokens included)")
+    return [Image.open(p).convert("RGB") for p in paths]
 
+
+def max_positions(path: str) -> int | None:
+    """The text model's max_position_embeddings from a config file alone (None: not stated)."""
+    from transformers import AutoConfig
+
+    from modalities.registry import load_pretrained
+
+    cfg = load_pretrained(AutoConfig, path)
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    return getattr(cfg, "max_position_embeddings", None)
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    device = configure(args)
     head = bundled_head(args.target, args.head, "shapes-vlm")
     target, draft = bundled_pair(args.target, args.draft, "shapes-vlm", "shapes-vlm-text-draft")
+    images = check_args(args, device, target, draft, head)
+    from modalities.vlm import VisionLanguageGenerator
+
     gen = VisionLanguageGenerator.from_pretrained(target, draft=draft, draft_mode=args.draft_mode,
-                                                  device=configure(args), head=head)
+                                                  device=device, head=head)
     check_method(args.method, {"num_draft_tokens": args.num_draft_tokens}, gen.draft is not None,
                  gen.target.get_input_embeddings().weight.detach().float(),
                  has_head=gen.head is not None)
-    images = [Image.open(p).convert("RGB") for p in paths]
+    *paths, question = args.inputs
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
     prompts = [messages for _ in images]
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,

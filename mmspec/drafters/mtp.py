@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .files import read_tensors
+from .files import read_config, read_tensors
 from .head import DraftHead, HeadConfig
 
 PREFIX = "mtp."
@@ -53,9 +53,26 @@ def mtp_tensors(folder) -> dict[str, torch.Tensor]:
     out = read_tensors(Path(folder), keep=lambda name: name.startswith(PREFIX))
     if not out:
         raise ValueError(f"{folder}: the checkpoint holds no {PREFIX}* tensors (no native MTP "
-                         "module): accepted a checkpoint that ships one (Qwen3.5, Qwen3-Next), "
-                         "or train a head with recipes.train.draft_head")
+                         f"module{_held(folder)}): accepted a checkpoint that ships one (Qwen3.5, "
+                         "Qwen3-Next), or train a head with recipes.train.draft_head")
     return out
+
+
+# Config keys of the draft-head layouts (mmspec's own; the EAGLE-3 checkpoints')
+HEAD_KEYS = ("feature_layers", "draft_vocab_size", "speculators_model_type", "eagle_config")
+
+
+def _held(folder) -> str:
+    """What a folder without MTP tensors holds instead, when its config is a draft head's:
+    how to pass it (an empty string otherwise)."""
+    try:
+        config = read_config(Path(folder))
+    except ValueError:
+        return ""
+    if not any(key in config for key in HEAD_KEYS):
+        return ""
+    return ("; it holds a draft head: pass the folder as head= (--head on the command line), "
+            "which reads every head layout")
 
 
 class MtpHead(DraftHead):

@@ -48,9 +48,17 @@ class ImageAdapter:
     class_conditional = False
     jacobi_init = "uniform"
 
-    def check_prompts(self, prompts: list) -> None:
-        """Refuse prompts this adapter cannot encode, naming them, before any model runs
-        (default: the encoding itself checks)."""
+    def check_prompts(self, prompts: list, name: str = "prompt") -> None:
+        """Refuse prompts this adapter cannot encode, naming them (``name``: the parameter,
+        ``prompt`` or ``negative_prompt``), before any model runs: strings or token-id lists
+        (adapters check their vocabulary on top)."""
+        for i, p in enumerate(prompts):
+            if isinstance(p, str):
+                continue
+            if not isinstance(p, (list, tuple)) or not all(
+                    isinstance(t, int) and not isinstance(t, bool) for t in p):
+                raise ValueError(f"{name} {i}: {p!r:.60}: accepted a string or a list of token "
+                                 "ids")
 
     def __init__(self, model, grid: tuple[int, int], num_visual: int):
         self.model = model
@@ -161,19 +169,14 @@ class TokenSpanAdapter(ImageAdapter):
         return TokenSpanSession(self.model, params, guidance_scale, self.to_vocab,
                                 None if self.eol_id is None else self.grid[1], **engine)
 
-    def check_prompts(self, prompts: list) -> None:
+    def check_prompts(self, prompts: list, name: str = "prompt") -> None:
         """Strings, or token-id lists of the model's vocabulary."""
+        super().check_prompts(prompts, name)
         vocab = self.model.get_input_embeddings().weight.shape[0]
         for i, p in enumerate(prompts):
-            if isinstance(p, str):
-                continue
-            if not isinstance(p, (list, tuple)) or not all(
-                    isinstance(t, int) and not isinstance(t, bool) for t in p):
-                raise ValueError(f"prompt {i}: {p!r:.60}: accepted a string or a list of token "
-                                 "ids")
-            bad = [t for t in p if not 0 <= t < vocab]
+            bad = [] if isinstance(p, str) else [t for t in p if not 0 <= t < vocab]
             if bad:
-                raise ValueError(f"prompt {i} holds token ids {bad[:4]}: accepted ids in [0, "
+                raise ValueError(f"{name} {i} holds token ids {bad[:4]}: accepted ids in [0, "
                                  f"{vocab - 1}] (the target's vocabulary)")
 
     def _encode(self, prompt) -> list[int]:
@@ -390,6 +393,9 @@ class LlamaGenAdapter(ImageAdapter):
         super().__init__(model, (g, g), int(model.config.vocab_size))
         self.vq = vq
         self.class_conditional = model.config.model_type_cond == "c2i"
+
+    def check_prompts(self, prompts: list, name: str = "prompt") -> None:
+        """Class ids or caption embeddings: ``prompt_batch`` checks them."""
 
     def session(self, params, guidance_scale, **engine):
         return LlamaGenSession(self.model, params, guidance_scale, **engine)

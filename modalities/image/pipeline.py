@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 
-from mmspec.checks import check_count, check_guidance_scale, check_positions, guided
+from mmspec.checks import (check_at_most, check_count, check_guidance_scale, check_positions,
+                           guided)
 from mmspec.drafters.load import load_head
 from mmspec.engine import Engine
 from mmspec.registry import MethodContext, parse_method
@@ -62,7 +63,7 @@ def _as_output(images: torch.Tensor, output_type: str):
     return images.detach().float().clamp(0, 1)
 
 
-def _as_prompt_list(prompt, class_ids: bool = False) -> list:
+def _as_prompt_list(prompt, class_ids: bool = False, name: str = "prompt") -> list:
     """A str, one id list, a class id, or a list of those -> a list of prompts.
 
     A flat list of ints is one token-id prompt, or (``class_ids``) a list of class labels."""
@@ -75,8 +76,21 @@ def _as_prompt_list(prompt, class_ids: bool = False) -> list:
     if isinstance(prompt, (list, tuple)):
         flat_ints = len(prompt) > 0 and all(isinstance(t, int) for t in prompt)
         return [list(prompt)] if flat_ints and not class_ids else list(prompt)
-    raise ValueError(f"prompt={prompt!r:.60}: accepted a string, a token-id list, or a list of "
+    raise ValueError(f"{name}={prompt!r:.60}: accepted a string, a token-id list, or a list of "
                      "those")
+
+
+# Method parameters that size the drafts a step runs ahead: bounded by an image's tokens
+DRAFT_SIZES = ("num_draft_tokens", "window", "tree_depth")
+
+
+def check_draft_sizes(params, num_tokens: int) -> None:
+    """Each draft size given in ``params`` at most the image's ``num_tokens`` (a step never
+    uses drafts past the tokens left), refused naming the range before any model runs."""
+    for name in DRAFT_SIZES:
+        if params.get(name) is not None:
+            check_at_most(name, params[name], num_tokens, f"an image has {num_tokens} tokens: "
+                          "drafts past the tokens left are never used")
 
 
 class TextToImage:
@@ -143,7 +157,8 @@ class TextToImage:
         check_count("num_images_per_prompt", num_images_per_prompt)
         negative = None
         if negative_prompt is not None:
-            negative = _as_prompt_list(negative_prompt)
+            negative = _as_prompt_list(negative_prompt, name="negative_prompt")
+            self.target.check_prompts(negative, "negative_prompt")
             if len(negative) == 1 and len(prompts) > 1:
                 negative = negative * len(prompts)
             if len(negative) != len(prompts):
@@ -200,6 +215,7 @@ class TextToImage:
                                       engine).check(tgt.model)
         spec = parse_method(method, method_params, has_draft=self.draft is not None,
                             has_head=self.head is not None)
+        check_draft_sizes(method_params, tgt.num_tokens)
         batch = tgt.prompt_batch(rows, neg_rows, g is not None)
         width, n = batch["input_ids"].shape[1], tgt.num_tokens
         check_positions("image tokens", n, width, tgt.max_positions(), "model")
@@ -296,6 +312,57 @@ def load_adapter(spec, **load_kwargs) -> tuple[ImageAdapter, dict]:
     raise ValueError(f"{path}: model_type {cfg.model_type!r} is not an image-token target "
                      "mmspec knows (janus, emu3, mmspec_llamagen, or a folder with "
                      "mmspec_image.json)")
+
+
+@dataclass(frozen=True)
+class ImageLayout:
+    """What a target's config files say of its images, read without loading any weights:
+    the codebook's ids (an upper bound where a vocabulary map names fewer), the tokens of one
+    image, and whether prompts are class ids."""
+
+    vocab_size: int
+    num_tokens: int
+    class_conditional: bool = False
+    words: tuple[str, ...] = ()
+
+    def check_prompts(self, prompts: list) -> None:
+        """Text prompts in the bundled models' words (the error their tokenizer gives)."""
+        if self.words:
+            tokenizer = WordTokenizer(list(self.words), 0)
+            for p in prompts:
+                if isinstance(p, str):
+                    tokenizer.encode(p)
+
+
+def read_layout(spec, image_grid: int = 90) -> ImageLayout | None:
+    """The ``ImageLayout`` of a target folder or id from its config files alone (cheap: the
+    command lines check sizes with it before any model loads); None where only loading the
+    model tells (a model object, an adapter, an unknown kind)."""
+    if not isinstance(spec, (str, os.PathLike)):
+        return None
+    path = os.fspath(spec)
+    meta_path = os.path.join(path, "mmspec_image.json")
+    if os.path.isfile(meta_path):
+        with open(meta_path) as f:
+            meta = json.load(f)
+        if meta.get("format") == "token-span":
+            rows, cols = meta["grid"]
+            return ImageLayout(int(meta["codebook_size"]), rows * cols,
+                               words=tuple(meta.get("words") or ()))
+        from .llamagen import LlamaGenConfig
+
+        cfg = LlamaGenConfig.from_pretrained(path)
+        return ImageLayout(int(cfg.vocab_size), int(cfg.block_size),
+                           cfg.model_type_cond == "c2i")
+    from transformers import AutoConfig
+
+    cfg = load_pretrained(AutoConfig, path)
+    if cfg.model_type == "janus":
+        return ImageLayout(int(cfg.vq_config.num_embeddings),
+                           int(cfg.vision_config.num_image_tokens))
+    if cfg.model_type == "emu3":
+        return ImageLayout(int(cfg.vq_config.codebook_size), image_grid * (image_grid + 1))
+    return None
 
 
 def _maybe_processor(path, **kw):

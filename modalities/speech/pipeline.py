@@ -82,13 +82,29 @@ class TextToSpeech:
                                                      and isinstance(text[0], int)) else list(text)
         if not texts:
             raise ValueError("text: accepted at least one text")
+        for i, t in enumerate(texts):
+            if not (isinstance(t, str) or isinstance(t, (list, tuple)) and all(
+                    isinstance(x, int) and not isinstance(x, bool) for x in t)):
+                raise ValueError(f"text {i}: {t!r:.60}: accepted a string or a list of token ids")
         if any(isinstance(t, str) and not t.strip() for t in texts):
             raise ValueError("text: accepted non-empty strings")
         if description is None:
             description = self.defaults.get("description")     # e.g. the bundled speaker tag
         if description is not None:
+            self._check_description(description)
             texts = [f"{description} {t}" if isinstance(t, str) else t for t in texts]
         return texts
+
+    def _check_description(self, description) -> None:
+        """A non-blank string the model's text encoder takes (named, not taken for a text)."""
+        if not isinstance(description, str) or not description.strip():
+            raise ValueError(f"description={description!r:.60}: accepted a non-blank string (put "
+                             "before each text), or None")
+        try:
+            self.target.text_ids(description)
+        except ValueError as e:
+            raise ValueError(f"description={description!r:.60}: refused by the model's text "
+                             f"encoder ({e})") from None
 
     @torch.inference_mode()
     def code_nll(self, text, codes: torch.Tensor) -> float:

@@ -27,8 +27,10 @@
 Data (``--data``): ``shapes`` (the procedural shapes world: captions, questions about
 rendered scenes (one in two "describe the image.", answered by a caption), sentences),
 ``shapes-describe`` (vlm: every scene described; the measure of long answers), or a file:
-one prompt per line (t2i captions, tts texts, text prompts), or ``image path<TAB>question``
-per line (vlm).
+one prompt per line (t2i captions, tts texts, text prompts), or for vlm
+``IMAGE<TAB>QUESTION[<TAB>ANSWER]`` per line, IMAGE a shapes-world seed or an image file (the
+format ``mmspec eval`` reads, samples/prompts/shapes_vqa.tsv). Ctrl-C stops it in one line
+that names what ``OUT`` keeps (collected data, the last checkpoint: ``--resume`` continues).
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ import torch
 from mmspec.drafters.base import NoDraft
 from mmspec.drafters.architectures import ARCHITECTURES
 from mmspec.drafters.head_session import token_embeds
-from recipes.cli import COUNT, Number, Parser, TreeShape, describe, run, tree_name
+from recipes.cli import (COUNT, Device, Interrupted, Number, Parser, TreeShape, check_head,
+                         describe, read_lines, run, tree_name)
 
 MODALITIES = ("t2i", "vlm", "tts", "text")
 
@@ -235,26 +238,60 @@ def shapes_question(s: int, describe_every: int = DESCRIBE_EVERY["shapes"]) -> t
                                               {"type": "text", "text": spaced(q)}]}], spaced(a)
 
 
-def file_items(modality: str, path: str) -> list:
+def file_items(modality: str, path: str, n: int, m: int) -> tuple[list, list]:
+    """(the first ``n`` prompts, the last ``m``: held out) of a ``--data`` file: one a line,
+    or for vlm the question format that ``mmspec eval`` reads (``IMAGE<TAB>QUESTION[<TAB>
+    ANSWER]``, IMAGE a shapes-world scene's seed or an image file; samples/prompts/
+    shapes_vqa.tsv)."""
     if not os.path.isfile(path):
-        raise ValueError(f"--data {path}: accepted 'shapes' or an existing file")
-    with open(path) as f:
-        lines = [line.rstrip("\n") for line in f if line.strip()]
+        raise ValueError(f"--data {path}: accepted 'shapes', 'shapes-describe' or an existing file")
+    lines = read_lines(path, "--data")
+    if len(lines) <= m:
+        raise ValueError(f"--data {path}: {len(lines)} prompts; accepted more than --eval={m} "
+                         "(the last --eval are held out)")
+    train = list(enumerate(lines[:-m][:n]))
+    held = list(enumerate(lines))[-m:]
     if modality != "vlm":
-        return lines
+        return [x for _, x in train], [x for _, x in held]
+    return ([vlm_item(path, i, x) for i, x in train], [vlm_item(path, i, x) for i, x in held])
+
+
+def vlm_item(path: str, i: int, line: str) -> tuple:
+    """(image, chat messages) of a vlm ``--data`` line (its answer, when given, is not used:
+    the head learns the target's own answers)."""
     from PIL import Image
 
-    out = []
-    for i, line in enumerate(lines):
-        if "\t" not in line:
-            raise ValueError(f"--data {path} line {i + 1}: accepted 'image path<TAB>question'")
-        image, q = line.split("\t", 1)
-        out.append((Image.open(image).convert("RGB"),
-                    [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]}]))
-    return out
+    from modalities import shapes_world as sw
+
+    parts = line.split("\t")
+    if len(parts) not in (2, 3) or not parts[1].strip():
+        raise ValueError(f"--data {path} line {i + 1}: accepted IMAGE<TAB>QUESTION[<TAB>ANSWER] "
+                         "(IMAGE a shapes-world seed or an image file)")
+    image, question = parts[0].strip(), parts[1].strip()
+    if image.isdigit():
+        picture = sw.sample(int(image))[1]
+    elif os.path.isfile(image):
+        picture = Image.open(image).convert("RGB")
+    else:
+        raise ValueError(f"--data {path} line {i + 1}: image {image!r}: accepted a shapes-world "
+                         "seed or an existing image file")
+    return picture, [{"role": "user", "content": [{"type": "image"},
+                                                  {"type": "text", "text": question}]}]
 
 
-def load_source(args) -> Source:
+def load_items(args) -> tuple[list, list]:
+    """(training items, held-out items) from ``--data``: read before any model loads."""
+    n, m = args.samples, args.eval
+    if args.data in DESCRIBE_EVERY:
+        every = DESCRIBE_EVERY[args.data]
+        return (shapes_items(args.modality, n, 0, every),
+                shapes_items(args.modality, m, 20_000_000, every))
+    return file_items(args.modality, args.data, n, m)
+
+
+def load_source(args, items: tuple[list, list] | None = None) -> Source:
+    """The modality's front door on the target, with ``items`` (``load_items``' when None)."""
+    items, held = load_items(args) if items is None else items
     dev, draft = args.device, args.draft
     if args.modality == "t2i":
         from modalities.image import TextToImage
@@ -272,29 +309,23 @@ def load_source(args) -> Source:
         front = VisionLanguageGenerator.from_pretrained(args.target, draft=draft, device=dev)
         model = front.target
     else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        model = AutoModelForCausalLM.from_pretrained(args.target).to(dev).eval()
-        small = (None if draft is None else
-                 AutoModelForCausalLM.from_pretrained(draft).to(dev).eval())
-        tok = AutoTokenizer.from_pretrained(args.target, padding_side="left")
-        if tok.pad_token is None:
-            tok.pad_token = tok.eos_token
-        front = (tok, model, small)
-    n, m = args.samples, args.eval
-    if args.data in ("shapes", "shapes-describe"):
-        items = shapes_items(args.modality, n, 0, DESCRIBE_EVERY[args.data])
-        held = shapes_items(args.modality, m, 20_000_000, DESCRIBE_EVERY[args.data])
-    else:
-        prompts = file_items(args.modality, args.data)
-        if len(prompts) <= m:
-            raise ValueError(f"--data {args.data}: {len(prompts)} prompts; accepted more than "
-                             f"--eval={m} (the last --eval are held out)")
-        items, held = prompts[:-m][:n], prompts[-m:]
+        front, model = _text_front(args.target, draft, dev)
     limit = args.max_new_tokens
     if limit is None and args.modality != "tts":
         limit = 32
     return Source(args.modality, front, model, items, held, limit)
+
+
+def _text_front(target: str, draft: str | None, dev: str) -> tuple:
+    """((tokenizer, target, draft), target) of a text language model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(target).to(dev).eval()
+    small = None if draft is None else AutoModelForCausalLM.from_pretrained(draft).to(dev).eval()
+    tok = AutoTokenizer.from_pretrained(target, padding_side="left")
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return (tok, model, small), model
 
 
 def collect(source: Source, config, args, accelerator) -> list[dict]:
@@ -759,7 +790,9 @@ def build_parser():
                     help="the target's front door")
     ap.add_argument("--target", required=True, help="the target: a folder or Hugging Face id")
     ap.add_argument("--data", default="shapes",
-                    help="'shapes', 'shapes-describe' (vlm) or a prompts file")
+                    help="'shapes', 'shapes-describe' (vlm) or a prompts file (vlm: "
+                         "IMAGE<TAB>QUESTION[<TAB>ANSWER] lines, as samples/prompts/"
+                         "shapes_vqa.tsv)")
     ap.add_argument("--draft", default=None,
                     help="a small draft model of the target (folder or id): measured beside "
                          f"the head on the same held-out prompts, exact rule, K = {DRAFT_K} "
@@ -811,18 +844,17 @@ def build_parser():
     ap.add_argument("--measure-only", action="store_true",
                     help="measure the head saved in OUT again (no collection, no training)")
     ap.add_argument("--seed", type=Number(int, 0), default=0, help="seed of data and training")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+    ap.add_argument("--device", type=Device(),
+                    default="cuda" if torch.cuda.is_available() else "cpu",
                     help="where the target runs")
     return describe(ap)
 
 
-def main(argv=None) -> None:
-    from accelerate import Accelerator
-
+def check_args(args) -> tuple[list, list]:
+    """Every check that needs no model, before any loads; returns ``--data``'s prompts
+    (training, held out)."""
     from mmspec.drafters import layouts
-    from mmspec.drafters.load import load_head
 
-    args = build_parser().parse_args(argv)
     if args.export is not None:
         if args.arch != "eagle3":
             raise ValueError("--export: accepted with --arch eagle3 (an mmspec DraftHead is "
@@ -849,12 +881,56 @@ def main(argv=None) -> None:
     if args.data == "shapes-describe" and args.modality != "vlm":
         raise ValueError(f"--data shapes-describe: accepted with --modality vlm, not "
                          f"{args.modality}")
+    if args.measure_only and not os.path.isfile(os.path.join(args.out, "training.json")):
+        raise ValueError(f"--measure-only: {args.out} holds no trained head (no training.json): "
+                         "accepted the --out of a finished run")
+    check_head(args.compare_head, "--compare-head")
+    check_head(args.out if args.measure_only else None, "--out")
+    return load_items(args)
+
+
+def kept(out: str, since: float) -> str:
+    """What ``out`` keeps of a run started at ``since`` (time.time()) when it is stopped."""
+    def written(*parts) -> bool:
+        path = os.path.join(out, *parts)
+        return os.path.isfile(path) and os.path.getmtime(path) >= since
+
+    state = os.path.join(out, "checkpoint", "trainer.json")
+    if written("model.safetensors") and written("config.json"):
+        return f"the trained head is saved in {out} (--measure-only measures it)"
+    if os.path.isfile(state):
+        with open(state) as f:
+            step = json.load(f)["step"]
+        return f"{out}/checkpoint holds step {step} (--resume continues from it)"
+    if written("data.safetensors"):
+        return (f"the collected data is in {out}/data.safetensors; no checkpoint yet (a new "
+                "run collects again)")
+    return "nothing kept (stopped before the first checkpoint)"
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+    items = check_args(args)
+    since = time.time()
+    try:
+        _run(args, items)
+    except KeyboardInterrupt:
+        raise Interrupted(kept(args.out, since)) from None
+
+
+def _run(args, items: tuple[list, list]) -> None:
+    """Collect, train (or, with --measure-only, load the head in OUT), measure, write the card."""
+    from accelerate import Accelerator
+
+    from mmspec.drafters import layouts
+    from mmspec.drafters.load import load_head
+
     torch.manual_seed(args.seed)
     accelerator = Accelerator(cpu=args.device == "cpu")
     if args.device == "cuda":
         args.device = str(accelerator.device)            # each process its own GPU
     clock = Clock()
-    source = load_source(args)
+    source = load_source(args, items)
     if args.measure_only:
         head = load_head(args.out, source.model)
         with open(os.path.join(args.out, "training.json")) as f:

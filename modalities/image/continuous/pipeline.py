@@ -49,6 +49,17 @@ class WordIds:
 DECODERS = ("VQModel", "AutoencoderKL")      # latents -> images, the decoders decode() handles
 
 
+def _id_rows(prompt_ids) -> list[list[int]]:
+    """``prompt_ids``: one list of conditioning ids per image (or a [B, L] tensor)."""
+    rows = prompt_ids.tolist() if isinstance(prompt_ids, torch.Tensor) else prompt_ids
+    if not isinstance(rows, (list, tuple)) or not all(
+            isinstance(r, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                 for t in r) for r in rows):
+        raise ValueError(f"prompt_ids={prompt_ids!r:.60}: accepted lists of conditioning ids "
+                         "(integers), one per image")
+    return [list(r) for r in rows]
+
+
 class ContinuousImageGenerator:
     """CSpD on continuous-token image models.
 
@@ -136,10 +147,13 @@ class ContinuousImageGenerator:
             if self.tokenizer is None:
                 raise ValueError("text prompts need a tokenizer (ContinuousImageGenerator("
                                  "tokenizer=...)); or pass prompt_ids")
-            rows = [list(self.tokenizer.encode(t)) for t in ([prompts] if isinstance(prompts, str)
-                                                               else prompts)]
+            texts = [prompts] if isinstance(prompts, str) else prompts
+            if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
+                raise ValueError(f"prompts={prompts!r:.60}: accepted a string or a list of "
+                                 "strings; conditioning ids go in prompt_ids=")
+            rows = [list(self.tokenizer.encode(t)) for t in texts]
         else:
-            rows = [list(map(int, r)) for r in prompt_ids]
+            rows = _id_rows(prompt_ids)
         if not rows or any(len(r) == 0 for r in rows):
             raise ValueError("empty prompt: accepted at least one conditioning id per image")
         for r in rows:
