@@ -213,8 +213,9 @@ def shaped(mask: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor, new: torch.
 
     seq [R, W] the slots' validity (new slots included); pos [R, n] the new tokens'
     positions; new [n] their slots. ``blocks`` (``ids`` [R, n]): new tokens of one block see
-    each other both ways, as the model's own prompt pass sees them. Positions are counts of real tokens: a hole or padding between two tokens
-    does not count toward the window, as it does not in decoding without holes."""
+    each other both ways, as the model's own prompt pass sees them. Positions are counts of
+    real tokens: a hole or padding between two tokens does not count toward the window, as
+    it does not in decoding without holes."""
     opened = mask
     if blocks is not None:
         ids = blocks.ids

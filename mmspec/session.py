@@ -34,10 +34,8 @@ import torch
 from . import distributions, grouping, regions
 from .attention import bucket, module_configs, prefix, sdpa_configs
 from .cache import (Blocks, DynamicCache, SequenceMask, StateSnapshot, StaticSequenceMask,
-                    TreeMask,
-                    additive_masks, advance, cache_argument, crop, dynamic_cache, gather_tail,
-                    recurrent_layers, repeated_rows,
-                    reset, static_cache)
+                    TreeMask, additive_masks, advance, cache_argument, crop, dynamic_cache,
+                    gather_tail, recurrent_layers, repeated_rows, reset, static_cache)
 from .engine import compile_mode
 from .sampling import SamplingParams, guide
 
@@ -339,7 +337,7 @@ class CausalLMSession(Session):
         # Sliding-window layers: their caches keep every slot (a rollback needs them) and the
         # step's masks carry the window (``cache.shaped``), counted in positions.
         self.window = _decoder_config(self.net).sliding_window if sliding else None
-        # every attention layer windowed (Mistral's): the model takes one mask, the windowed
+        # Every attention layer windowed (Mistral's): the model takes the windowed mask alone.
         kinds = set(getattr(_decoder_config(self.net), "layer_types", None) or ["sliding"])
         self._windowed_only = sliding and kinds <= {"sliding_attention", "sliding"}
         # Tree steps need every layer to attend through the step's mask: linear attention
@@ -460,9 +458,10 @@ class CausalLMSession(Session):
         them, the first step the last column's.
         prompt_blocks: ``cache.Blocks`` (or its ``ids`` [B, P] long, -1 outside a block, on
         every layer): tokens of one block see each other both ways in the prompt pass (Gemma
-        3's and 4's images, PaliGemma's prefix), as in the model's own. The pass then feeds every column and the last slot is taken back: the
-        first step feeds the last column again, seeing every slot as it did in the pass,
-        and the slots before it keep what they saw of it.
+        3's and 4's images, PaliGemma's prefix), as in the model's own. The pass then feeds
+        every column and the last slot is taken back: the first step feeds the last column
+        again, seeing every slot as it did in the pass, and the slots before it keep what
+        they saw of it.
         """
         if inputs_embeds is not None and (self.guided or inputs_embeds.shape[:2] !=
                                           input_ids.shape):
@@ -559,9 +558,10 @@ class CausalLMSession(Session):
                  blocks: Blocks | None = None, **model_kwargs
                  ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Feed ``tokens`` [R, n] (``valid`` [R, n] marks padding; ``tree``: the slots'
-        ancestors and depths; ``blocks``: the prompt's bidirectional blocks); returns (None for the prompt, else the ``logits`` hook's result,
-        or with ``process`` the ``distributions`` of the step's rows; position_ids [R, n]). A
-        captured step computes its distributions inside its graph (``captures_processing``)."""
+        ancestors and depths; ``blocks``: the prompt's bidirectional blocks); returns (None for
+        the prompt, else the ``logits`` hook's result, or with ``process`` the
+        ``distributions`` of the step's rows; position_ids [R, n]). A captured step computes
+        its distributions inside its graph (``captures_processing``)."""
         processed = False
         inputs = self.prompt_inputs(tokens) if prompt else self.embed(tokens, self._first)
         valid = valid.to(torch.long)

@@ -350,7 +350,8 @@ class VisionLanguageGenerator:
                            self.processor.tokenizer.pad_token_id or 0)
         # token types (M-RoPE) follow from the stacked ids; the image block's rows keep grids
         extra = {k: v for k, v in pieces[0].items()
-                 if k not in ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")}
+                 if k not in ("input_ids", "attention_mask", "mm_token_type_ids",
+                              "token_type_ids")}
         return dict(input_ids=ids, attention_mask=mask, modes=len(pieces), **extra)
 
     @staticmethod
