@@ -13,7 +13,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PYTHONWARNINGS := ignore::UserWarning:setuptools
 
-.PHONY: setup demo test bench docs serve clean speech-deps browser-deps vllm-env
+.PHONY: setup demo test bench docs serve clean speech-deps browser-deps vllm-env scene
 
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,8 +55,14 @@ browser-deps:
 
 setup: $(STAMP) speech-deps browser-deps
 
+# THREADS=N: torch's CPU threads (default one per core; on a machine busy with other work,
+# `make demo THREADS=1` keeps the demo from oversubscribing the cores).
 demo: setup
-	$(PY) -m recipes.demo
+	$(PY) -m recipes.demo $(if $(THREADS),--threads $(THREADS))
+
+# samples/scene.png (committed), the scene the docs' vision-language examples ask about.
+scene: $(STAMP)
+	$(PY) samples/make_scene.py
 
 # The tests spread over the cores (pytest-xdist, at most 4 workers; `-n 0` runs them in
 # one process). The two environments install side by side.

@@ -110,6 +110,20 @@ def summarize(rows: list[dict], task, prompts) -> tuple[list[dict], dict]:
     return summary, extras
 
 
+def _first_prompts(summary, by, seed, most: int = 8) -> dict:
+    """The comparison's ids: per method, the first prompts (0, 1, ... over every chunk, up to
+    ``most``) at the first seed, so a batch smaller than the comparison leaves no tile blank."""
+    first = {}
+    for s in summary:
+        got = {r["prompt_index"]: r["ids"] for r in by[s["method"]] if r["seed"] == seed}
+        ids = []
+        while len(ids) < most and len(ids) in got:
+            ids.append(got[len(ids)])
+        if ids:
+            first[s["method"]] = ids
+    return first
+
+
 def _fmt(v, nd=2):
     if v is None or (isinstance(v, float) and v != v):
         return "-"
@@ -127,14 +141,9 @@ def write_report(out_dir: str, task, prompts, options: dict) -> dict:
         for s in summary:
             w.writerow({k: (json.dumps(v) if isinstance(v, tuple) else v) for k, v in s.items()})
     plots = _plots(out_dir, summary, by, task)
-    # comparison grid at the first seed and chunk
-    first = {}
-    for s in summary:
-        rs = [r for r in by[s["method"]] if r["seed"] == rows[0]["seed"] and r["chunk"] == 0]
-        if rs:
-            first[s["method"]] = [r["ids"] for r in sorted(rs, key=lambda r: r["prompt_index"])]
+    first = _first_prompts(summary, by, rows[0]["seed"])
     if hasattr(task, "visual") and first:
-        task.prompts = list(prompts)       # the chunk-0 prompts the ids belong to
+        task.prompts = list(prompts)       # the prompts the ids belong to, in order
         task.visual(first, os.path.join(out_dir, "comparison.png"))
         plots.append("comparison.png")
     qm = [m for m in getattr(task, "quality_metrics", ()) if any(m in s for s in summary)]

@@ -107,22 +107,13 @@ class ImageTask:
     # -- pictures ------------------------------------------------------------------------------
     def visual(self, tokens_by_method: dict, path: str, show: int = 4) -> None:
         """Images of the first prompts, methods side by side at the same seed."""
-        from PIL import Image, ImageDraw
-
-        methods = list(tokens_by_method)
-        tgt = self.pipe.target
         from modalities.image.pipeline import to_pil
+        from recipes.figures import sheet
 
-        w = 128
-        sheet = Image.new("RGB", (len(methods) * (w + 4), 14 + show * (w + 4)), "white")
-        draw = ImageDraw.Draw(sheet)
-        for j, m in enumerate(methods):
-            ids = torch.tensor(tokens_by_method[m][:show], device=tgt.device)
-            ims = to_pil(tgt.decode(ids))
-            draw.text((j * (w + 4) + 2, 1), m[:22], fill="black")
-            for i, im in enumerate(ims):
-                sheet.paste(im.resize((w, w), Image.NEAREST), (j * (w + 4), 14 + i * (w + 4)))
-        sheet.save(path)
+        tgt = self.pipe.target
+        columns = [(m, to_pil(tgt.decode(torch.tensor(rows[:show], device=tgt.device))))
+                   for m, rows in tokens_by_method.items()]
+        sheet(columns, 128, rows=show).save(path)
 
 
 def _bundled(path: str) -> bool:
@@ -224,9 +215,10 @@ class VLMTask:
         methods = list(tokens_by_method)
         w, line = 96, 12
         height = w + line * (2 + len(methods))
-        sheet = Image.new("RGB", (show * (w + 200), height), "white")
+        shown = prompts[:show]
+        sheet = Image.new("RGB", (len(shown) * (w + 200), height), "white")
         draw = ImageDraw.Draw(sheet)
-        for j, p in enumerate(prompts[:show]):
+        for j, p in enumerate(shown):
             img_spec, q, _ = self.parse(p)
             x = j * (w + 200)
             sheet.paste(self.image(img_spec).resize((w, w)), (x, 0))

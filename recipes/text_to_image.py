@@ -7,8 +7,9 @@
     python -m recipes.text_to_image --model path/or/hf-id --class-labels 207 360 --method sjd
 
 Writes one PNG per image for plain decoding and for the method (same seed), a comparison
-grid (comparison.png: plain left, method right, one row per image), and prints NFE, step
-compression, tokens per step, acceptance and the wall-clock speedup measured in this run.
+grid (comparison.png: plain left, method right, each column under its method's name, one row
+per image), and prints NFE, step compression, tokens per step, acceptance and the wall-clock
+speedup measured in this run.
 Without --model it runs the bundled shapes-world model (samples/models/shapes-t2i).
 """
 
@@ -30,14 +31,15 @@ METHOD_PARAMS = ("window", "coupling", "init", "num_draft_tokens", "k", "delta",
                  "tree_depth", "tree_branch", "tree_width", "tree_nodes")
 
 
-def grid(pairs: list[tuple[Image.Image, Image.Image]], scale: int = 4) -> Image.Image:
+def grid(pairs: list[tuple[Image.Image, Image.Image]], scale: int = 4,
+         labels: tuple[str, str] = ("plain", "method")) -> Image.Image:
+    """Plain decoding's images left, the method's right, one row per image, each column under
+    a strip naming it (``labels``)."""
+    from recipes.figures import sheet
+
     w, h = pairs[0][0].size
-    w, h = w * scale, h * scale
-    out = Image.new("RGB", (2 * w + 8, len(pairs) * (h + 4)), "white")
-    for i, (a, b) in enumerate(pairs):
-        out.paste(a.resize((w, h), Image.NEAREST), (0, i * (h + 4)))
-        out.paste(b.resize((w, h), Image.NEAREST), (w + 8, i * (h + 4)))
-    return out
+    return sheet([(labels[0], [a for a, _ in pairs]), (labels[1], [b for _, b in pairs])],
+                 (w * scale, h * scale))
 
 
 def build_parser() -> argparse.ArgumentParser:
