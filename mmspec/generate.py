@@ -8,6 +8,7 @@ import torch
 
 from .acceptance.base import Rule
 from .checks import check_count, check_guidance_scale
+from .distributed import whole
 from .drafters.base import Drafter, NoDraft
 from .drafters.model import ModelDrafter
 from .engine import Engine
@@ -113,7 +114,8 @@ def _rule(rule, target) -> Rule:
         return make_rule(rule)
     cls, emb = rule_class(rule), None
     if "embeddings" in cls.param_names():
-        emb = target.get_input_embeddings().weight.detach().float()[:output_vocab_size(target)]
+        emb = whole(target.get_input_embeddings().weight).detach().float()[
+            :output_vocab_size(target)]
     return cls.from_params({}, MethodContext(embeddings=emb))
 
 

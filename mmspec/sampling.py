@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .distributed import group_size, shared_seed
+
 
 def _check_range(name: str, value, ok: bool, accepted: str) -> None:
     if not ok:
@@ -171,7 +173,11 @@ def uniform(shape, *, like: torch.Tensor, generator: torch.Generator | None = No
 
 
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
-    """A seeded generator on ``device`` (None when seed is None: global RNG)."""
+    """A seeded generator on ``device`` (None when seed is None: global RNG). In a process
+    group of several processes (a tensor-parallel target) a call without a seed gets one
+    shared by every process (``distributed.shared_seed``): their draws must agree."""
+    if seed is None and group_size() > 1:
+        seed = shared_seed()
     if seed is None:
         return None
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:

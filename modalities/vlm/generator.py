@@ -43,6 +43,7 @@ import torch
 
 from mmspec.cache import Blocks
 from mmspec.checks import check_count, check_positions
+from mmspec.distributed import whole
 from mmspec.drafters.ensemble import EnsembleDrafter
 from mmspec.drafters.load import load_head
 from mmspec.engine import Engine
@@ -301,7 +302,7 @@ class VisionLanguageGenerator:
     def _method(self, spec, plan, params, batch, images, prompts, captions):
         """(drafter, rule, the draft's prompt or None) for a parsed method."""
         vt = output_vocab_size(self.target)
-        context = MethodContext(embeddings=self.target.get_input_embeddings().weight.detach(),
+        context = MethodContext(embeddings=self._embeddings(spec.rule_class),
                                 queue_drafts=plan.queue_drafts, head=self.head)
         if not spec.uses_draft_model:
             return spec.build_drafter(context), spec.build_rule(context), None
@@ -326,6 +327,13 @@ class VisionLanguageGenerator:
             _session(self.draft, params, **cache), vt))
         drafter, rule = spec.build(context)
         return drafter, rule, dbatch
+
+    def _embeddings(self, rule_class) -> torch.Tensor | None:
+        """The target's token embeddings for a rule that reads them (gathered whole where a
+        tensor-parallel plan split them), else None."""
+        if "embeddings" not in rule_class.param_names():
+            return None
+        return whole(self.target.get_input_embeddings().weight).detach()
 
     def _image_batch(self, images, prompts, batch) -> dict:
         """An image draft's prompts: through its own processor, or the target's batch when
@@ -442,7 +450,7 @@ class VisionLanguageGenerator:
                                                  captions)
         else:
             rule, dbatch = spec.build_rule(MethodContext(
-                embeddings=self.target.get_input_embeddings().weight.detach())), None
+                embeddings=self._embeddings(spec.rule_class))), None
         session = _session(self.target, params, **plan.cache(*batch["input_ids"].shape[::-1]))
         run = prepare(session, drafter, rule, plan=plan, seed=seed, device=self.target.device)
         it = self._run(run, batch, dbatch, streamer)
