@@ -46,7 +46,9 @@ def _load() -> None:
                       "tree": (TreeDrafter, {}), "head": (FeatureDrafter, {}),
                       "sjd": (Jacobi, {}),
                       "sjd-maximal": (Jacobi, {"coupling": "maximal"}),
-                      "sjd-gumbel": (Jacobi, {"coupling": "gumbel"})})
+                      "sjd-gumbel": (Jacobi, {"coupling": "gumbel"}),
+                      # relaxed (Jacobi's docstring): commits past the first rejection
+                      "sjd-continue": (Jacobi, {"coupling": "maximal", "continuation": 1})})
 
 
 def register_rule(name: str, cls: type) -> None:

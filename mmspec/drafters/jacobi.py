@@ -24,6 +24,25 @@ the q recorded for it (fresh randomness, or a Gumbel row used only for position 
 acceptance test uses fresh uniforms, so the exact rule emits the target's distribution.
 A fresh token with a one-hot q is a point-mass draft, lossless for any way it was chosen.
 
+Continuation (``continuation=c``, method ``sjd-continue``: c = 1; maximal coupling only): SJD-PAC's
+adaptive continuation (Kang et al., CVPR 2026) read as committing past the first rejection. The
+coupling's keep test of a slot the pass covered is the exact test of its old draft against the
+stale distribution (computed given the drafts before it, the rejected one included); the new
+drafts of the covered slots, from the first up to and including the c-th redraw, are *forced*:
+recorded with q = 0, which the exact rule accepts whenever the fresh target gives the token
+any mass (ratio p/0 = 1; a token it excludes is redrawn from p, the residual against q = 0).
+So the tokens the stale tests passed are emitted, as they would be if the window had gone on
+verifying against its cached distributions, and the target sees them in their true context
+when the next step feeds them (no stale cache entry survives). This is *not* lossless: a forced
+token follows p(. | the stale drafts before it), not p(. | the emitted tokens before it).
+Bound (hybrid argument over positions): TV(first m emitted, target) <= sum over forced tokens
+of E[TV(p(. | stale context), p(. | emitted context))] <= (m - 1) delta_c, where delta_c is the
+largest TV between the target's next-token distributions for two contexts that differ in at
+most c of the window's tokens; ``tests/test_sjd_pac.py`` enumerates it in float64 and gives a
+counterexample (docs/METHODS.md, section 3). ``continuation=0`` is the maximal coupling:
+lossless, and the adaptive continuation of SJD-PAC's released code, which commits only up to
+the first rejection and keeps the stale-tested tail as the next drafts.
+
 Initialisations (``init``): ``"uniform"`` over ``init_range`` = [lo, hi) (the adapter gives
 the image-token span or codebook); spatial priors on a raster grid of ``grid_width``:
 ``"repeat_horizon"`` copies the token to the left, ``"sample_horizon"`` samples from the
@@ -70,13 +89,17 @@ class Jacobi(Drafter):
     event_shape: () for token streams; (C,) for frames of C ids verified by ``Frame`` (a
                  delay pattern's parallel heads): every id of a frame is a draft of its own
                  with its own q, coupled per codebook; uniform initialisation only.
+    continuation: c >= 0, rejections a window continues past against its stale
+                 distributions (module docstring); c > 0 is a relaxed method
+                 (``lossless`` False), with ``coupling="maximal"`` on token streams only.
     """
 
-    param_names = ("window", "init", "coupling", "init_range", "grid_width")
+    param_names = ("window", "init", "coupling", "init_range", "grid_width", "continuation")
 
     def __init__(self, window: int = 16, init: str = "uniform", coupling: str = "none",
                  init_range: tuple[int, int] | None = None, grid_width: int | None = None,
-                 span_length: int | None = None, generator=None, event_shape: tuple = ()):
+                 span_length: int | None = None, generator=None, event_shape: tuple = (),
+                 continuation: int = 0):
         if not isinstance(window, int) or window < 1:
             raise ValueError(f"window={window!r}: accepted an integer >= 1")
         if init not in INITS:
@@ -98,6 +121,16 @@ class Jacobi(Drafter):
         if event_shape and init != "uniform":
             raise ValueError(f"init={init!r}: events of several ids (codec frames) accept "
                              "init='uniform' only")
+        if isinstance(continuation, bool) or not isinstance(continuation, int) or continuation < 0:
+            raise ValueError(f"continuation={continuation!r}: accepted an integer >= 0")
+        if continuation and coupling != "maximal":
+            raise ValueError(f"continuation={continuation} needs coupling='maximal' (its keep "
+                             f"test is the stale verification), got coupling={coupling!r}")
+        if continuation and event_shape:
+            raise ValueError(f"continuation={continuation}: accepted on token streams only, "
+                             "not on events of several ids (codec frames)")
+        self.continuation = continuation
+        self.lossless = continuation == 0     # with a lossless rule (docstring: the bound)
         self.event_shape = event_shape
         self.window, self.init, self.coupling = window, init, coupling
         self.init_range, self.grid_width = init_range, grid_width
@@ -180,6 +213,12 @@ class Jacobi(Drafter):
         new_tok = self._couple(p_new, old_tok, old_q, self._ev(has_old))
         tokens = torch.where(self._ev(has_p), new_tok, old_tok)
         q = torch.where(self._ev(has_p)[..., None], p_new, old_q)
+        if self.continuation:
+            # The covered slots are a prefix of the window; force them up to and including
+            # the c-th redraw (a draw without an old draft counts as one).
+            red = (has_p & self._redrawn).long()
+            forced = has_p & (red.cumsum(1) - red < self.continuation)
+            q = torch.where(forced[..., None], torch.zeros_like(q), q)
         self.tokens, self.q = tokens, q
         # Fresh slots: neither a new distribution nor an old draft.
         start = torch.where(has_p | has_old, L, slots[None]).amin(1)          # first fresh
@@ -191,6 +230,8 @@ class Jacobi(Drafter):
         self._fill(start, out.last_tokens, prev_q)
 
     def _couple(self, p_new, old_tok, old_q, has_old) -> torch.Tensor:
+        """The new drafts; the maximal coupling also keeps ``_redrawn``: True where the new
+        draft is not the old one kept (its keep test failed, or there was no old draft)."""
         g = self.generator
         if self.coupling == "none":
             return sample(p_new, g)
@@ -202,6 +243,7 @@ class Jacobi(Drafter):
         keep = torch.rand(p_x.shape, device=p_x.device, generator=g) * q_x < p_x
         redraw = sample(residual(p_new, old_q), g)
         coupled = torch.where(keep, old_tok, redraw)
+        self._redrawn = ~(has_old & keep)
         return torch.where(has_old, coupled, sample(p_new, g))
 
     def _record(self, out, n) -> None:

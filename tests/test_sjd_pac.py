@@ -1,0 +1,317 @@
+"""SJD-PAC's adaptive continuation decided by float64 enumeration (docs/METHODS.md, section 3).
+
+The target is a first-order chain given as explicit tables: p(x_1) = T[s0] and
+p(x_{t+1} | x_{<=t}) = T[x_t], so a distribution computed given a stale draft differs from the
+one given the emitted token. The enumeration follows ``Jacobi`` with the maximal coupling and
+``continuation=c`` step by step over every branch (uniform initial drafts with one-hot q, the
+exact rule's accept / residual / bonus, the coupling's keep / redraw, forced slots with q = 0),
+and gives the exact distribution of the first m emitted tokens.
+
+- c = 0 (the maximal coupling; SJD-PAC's released code, which commits only up to the first
+  rejection and keeps the stale-tested tail as the next drafts): equal to the target's to 1e-12.
+- c >= 1 (the window's tokens that pass their stale tests are committed, method
+  ``sjd-continue``): not lossless. The counterexample below has TV > 0; every case stays within
+  the hybrid bound B = sum over forced tokens of E[TV(stale p, p given the emitted prefix)],
+  and B <= (m - 1) delta, delta = max_{a, b} TV(T[a], T[b]) (the target's sensitivity to one
+  token).
+- Monte Carlo: the ``Jacobi`` drafter itself with the exact rule, driven by the same tables,
+  samples the enumerated distribution (so the implementation is the process analysed).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+
+import numpy as np
+import pytest
+import torch
+
+import mmspec
+from mmspec.acceptance import Exact
+from mmspec.drafters.jacobi import Jacobi
+from mmspec.registry import MethodContext, build_method
+from stats_util import chi_square_pvalue
+
+S0 = 0                      # the prompt's last token
+
+
+def _ratio(num: float, den: float) -> float:
+    """min(1, num / den) with 0/0 -> 0 and c/0 -> 1 (``Rule.ratio``)."""
+    if den > 0:
+        return min(1.0, num / den)
+    return 1.0 if num > 0 else 0.0
+
+
+def _residual(p: tuple, q: tuple) -> tuple:
+    r = [max(0.0, a - b) for a, b in zip(p, q)]
+    s = sum(r)
+    return tuple(x / s for x in r) if s > 0 else p
+
+
+def _tv(a, b) -> float:
+    return 0.5 * sum(abs(x - y) for x, y in zip(a, b))
+
+
+def enumerate_jacobi(T: np.ndarray, window: int, m: int, continuation: int):
+    """(distribution of the first m emitted tokens {tuple: prob}, hybrid bound B)."""
+    v, L = T.shape[0], window
+    rows = [tuple(float(x) for x in r) for r in T]
+    zero = (0.0,) * v
+    onehot = [tuple(1.0 if i == j else 0.0 for i in range(v)) for j in range(v)]
+    out: dict = defaultdict(float)
+    bound = 0.0
+    # state: (emitted path, window ((token, q, stale p), ...)) -> probability
+    frontier: dict = defaultdict(float)
+    for xs in itertools.product(range(v), repeat=L):
+        frontier[((), tuple((x, onehot[x], None) for x in xs))] += v ** -L
+    while frontier:
+        (path, win), w0 = frontier.popitem()
+        last = path[-1] if path else S0
+        p = [rows[last]] + [rows[x] for x, _, _ in win]               # p_0 .. p_K (K = L)
+        outcomes = []                                                 # (emitted, n, weight)
+
+        def verify(i, w, emitted):
+            nonlocal bound
+            if i == L:
+                for y in range(v):
+                    outcomes.append((emitted + (y,), L, w * p[L][y]))
+                return
+            x, q, stale = win[i]
+            t = len(path) + i
+            if stale is not None and t < m:        # a forced token reached at position t
+                prev = emitted[-1] if emitted else last
+                bound += w * _tv(stale, rows[prev])
+            a = _ratio(p[i][x], q[x])
+            if a > 0:
+                verify(i + 1, w * a, emitted + (x,))
+            if a < 1:
+                r = _residual(p[i], q)
+                for y in range(v):
+                    if r[y] > 0:
+                        outcomes.append((emitted + (y,), i, w * (1 - a) * r[y]))
+
+        verify(0, w0, ())
+        for emitted, n, w in outcomes:
+            new_path = path + emitted
+            if len(new_path) >= m:
+                out[new_path[:m]] += w
+                continue
+            # the refreshed window, slot by slot (the coupling's keep / redraw branches)
+            partial = [((), 0, w)]                  # (slots so far, redraws among covered, w)
+            for s in range(L):
+                o = n + 1 + s
+                has_p, has_old = o <= L, o < L
+                nxt = []
+                for slots, red, ww in partial:
+                    if has_p:
+                        pn = p[o]
+                        choices = []                # (token, redrawn, weight)
+                        if has_old:
+                            x, q, _ = win[o]
+                            a = _ratio(pn[x], q[x])
+                            if a > 0:
+                                choices.append((x, False, a))
+                            if a < 1:
+                                r = _residual(pn, q)
+                                choices += [(y, True, (1 - a) * r[y]) for y in range(v) if r[y] > 0]
+                        else:
+                            choices = [(y, True, pn[y]) for y in range(v) if pn[y] > 0]
+                        for y, redrawn, cw in choices:
+                            forced = continuation > 0 and red < continuation
+                            slot = (y, zero, pn) if forced else (y, pn, None)
+                            nxt.append((slots + (slot,), red + redrawn, ww * cw))
+                    elif has_old:
+                        nxt.append((slots + (win[o],), red, ww))
+                    else:                           # a fresh uniform draft, one-hot q
+                        nxt += [(slots + ((y, onehot[y], None),), red, ww / v) for y in range(v)]
+                partial = nxt
+            for slots, _, ww in partial:
+                frontier[(new_path, slots)] += ww
+    return dict(out), bound
+
+
+def target(T: np.ndarray, m: int) -> dict:
+    out = {}
+    for path in itertools.product(range(T.shape[0]), repeat=m):
+        w, prev = 1.0, S0
+        for x in path:
+            w, prev = w * float(T[prev, x]), x
+        out[path] = w
+    return out
+
+
+def tv(a: dict, b: dict) -> float:
+    return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
+
+
+def sensitivity(T: np.ndarray) -> float:
+    """delta: the largest TV between next-token distributions after two different tokens."""
+    return max(_tv(T[a], T[b]) for a in range(len(T)) for b in range(len(T)))
+
+
+def random_tables(v: int, seed: int, sharp: float = 2.0) -> np.ndarray:
+    g = np.random.default_rng(seed)
+    t = np.exp(sharp * g.standard_normal((v, v)))
+    return t / t.sum(1, keepdims=True)
+
+
+# The counterexample (docs/METHODS.md): V = 3, window 2, first 3 tokens, c = 1. A "sticky"
+# chain: after token a the next token is a with probability 0.9.
+STICKY = np.array([[0.9, 0.05, 0.05],
+                   [0.05, 0.9, 0.05],
+                   [0.05, 0.05, 0.9]])
+
+CASES = [(v, L, m, seed) for v, L, m in [(3, 2, 3), (3, 3, 3), (4, 2, 3), (3, 4, 3), (5, 2, 2)]
+         for seed in range(2)]
+
+
+@pytest.mark.parametrize("v,L,m,seed", CASES)
+def test_continuation_zero_is_lossless(v, L, m, seed):
+    """The maximal coupling (the stale test decides the next drafts, nothing is committed
+    past the first rejection): exactly the target, and no forced token (B = 0)."""
+    T = random_tables(v, seed)
+    got, bound = enumerate_jacobi(T, L, m, continuation=0)
+    assert abs(sum(got.values()) - 1) < 1e-12
+    assert tv(got, target(T, m)) < 1e-12 and bound == 0.0
+
+
+@pytest.mark.parametrize("v,L,m,seed", CASES)
+@pytest.mark.parametrize("c", [1, 2])
+def test_continuation_stays_within_its_bound(v, L, m, seed, c):
+    T = random_tables(v, seed)
+    got, bound = enumerate_jacobi(T, L, m, continuation=c)
+    d = tv(got, target(T, m))
+    assert abs(sum(got.values()) - 1) < 1e-12
+    assert d <= bound + 1e-12 <= (m - 1) * sensitivity(T) + 2e-12
+    if m > 1:
+        assert d > 1e-6               # lossy on every random table with m >= 2
+
+
+def test_continuation_is_lossless_when_the_target_ignores_the_last_token():
+    """Rows of T equal: stale and fresh distributions coincide, nothing is lost (delta = 0)."""
+    T = np.tile(random_tables(3, 0)[:1], (3, 1))
+    got, bound = enumerate_jacobi(T, 3, 3, continuation=1)
+    assert tv(got, target(T, 3)) < 1e-12 and bound < 1e-15
+
+
+def test_counterexample():
+    """The documented numbers (window 2, c = 1): the first token is exact; the first two tokens
+    are at TV 17/30 = 0.567 (= the hybrid bound; delta = 0.85), the first three at 17/25 = 0.68
+    (bound 34/45 = 0.756, (m - 1) delta = 1.7). The target repeats token 0 three times with
+    probability 0.729; the continued windows emit 0 0 0 with probability 0.117."""
+    one, _ = enumerate_jacobi(STICKY, 2, 1, continuation=1)
+    assert tv(one, target(STICKY, 1)) < 1e-12
+    two, b2 = enumerate_jacobi(STICKY, 2, 2, continuation=1)
+    assert abs(tv(two, target(STICKY, 2)) - 17 / 30) < 1e-12 and abs(b2 - 17 / 30) < 1e-12
+    got, bound = enumerate_jacobi(STICKY, 2, 3, continuation=1)
+    want = target(STICKY, 3)
+    assert abs(tv(got, want) - 17 / 25) < 1e-12 and abs(bound - 34 / 45) < 1e-12
+    assert abs(sensitivity(STICKY) - 0.85) < 1e-12
+    assert abs(want[(0, 0, 0)] - 0.729) < 1e-12 and abs(got[(0, 0, 0)] - 0.117) < 1e-12
+
+
+def test_the_bound_is_nearly_attained():
+    """The worst of 900 random tables (V 3-5, three sharpnesses, window 2, m = 2): TV 0.792
+    against delta = 0.998; a stale context costs up to the full sensitivity per token."""
+    T = random_tables(5, 254, sharp=6.0)
+    got, bound = enumerate_jacobi(T, 2, 2, continuation=1)
+    d = tv(got, target(T, 2))
+    assert abs(d - 0.7924) < 1e-4 and d <= bound <= sensitivity(T)
+    assert sensitivity(T) > 0.99
+
+
+def test_the_enumeration_detects_a_broken_coupling():
+    """A coupling that keeps a draft with probability min(1, p/q) but redraws from p (not the
+    residual) is caught at c = 0: the check can fail."""
+    T = random_tables(3, 1)
+    got, _ = enumerate_jacobi(T, 2, 3, continuation=0)
+    assert tv(got, target(T, 3)) < 1e-12
+    import test_sjd_pac as me
+    real = me._residual
+    try:
+        me._residual = lambda p, q: p
+        bad, _ = enumerate_jacobi(T, 2, 3, continuation=0)
+    finally:
+        me._residual = real
+    assert tv(bad, target(T, 3)) > 1e-3
+
+
+# -- the drafter itself, driven by the same tables --------------------------------------------
+
+def _drive(T: np.ndarray, window: int, m: int, continuation: int, n: int, seed: int):
+    """Jacobi(maximal, continuation) + Exact on n rows of the chain T: counts of the first m
+    emitted tokens."""
+    v = T.shape[0]
+    Tt = torch.tensor(T, dtype=torch.float32)
+    g = torch.Generator().manual_seed(seed)
+    d = Jacobi(window, coupling="maximal", continuation=continuation, generator=g)
+    ids = torch.full((n, 1), S0)
+    d.begin(ids, torch.ones_like(ids), vocab_size=v)
+    last = ids[:, 0]
+    emitted = torch.full((n, m + window + 1), -1)
+    count = torch.zeros(n, dtype=torch.long)
+    rows = torch.arange(n)
+    while int(count.min()) < m:
+        draft = d.propose(last, window)
+        ctx = torch.cat([last[:, None], draft.tokens], 1)               # [n, K + 1]
+        p = Tt[ctx]
+        out = Exact()(draft.tokens, draft.probs, p, g)
+        for i in range(out.tokens.shape[1]):
+            ok = (i <= out.num_accepted) & (count < emitted.shape[1])
+            emitted[rows[ok], count[ok]] = out.tokens[ok, i]
+            count = count + ok.long()
+        d.observe(out, p, None)
+        last = out.last_tokens
+    first = emitted[:, :m]
+    code = (first * torch.tensor([v ** (m - 1 - i) for i in range(m)])).sum(1)
+    return np.bincount(code.numpy(), minlength=v ** m).astype(float)
+
+
+@pytest.mark.parametrize("continuation", [0, 1])
+def test_the_drafter_samples_the_enumerated_distribution(continuation):
+    v, L, m, n = 3, 3, 3, 60_000
+    want, _ = enumerate_jacobi(STICKY, L, m, continuation)
+    probs = np.array([want.get(k, 0.0) for k in itertools.product(range(v), repeat=m)])
+    counts = _drive(STICKY, L, m, continuation, n, seed=continuation)
+    assert chi_square_pvalue(counts, probs) > 1e-4
+    if continuation:                  # and the sample tells it apart from the target
+        exact = np.array([target(STICKY, m)[k] for k in itertools.product(range(v), repeat=m)])
+        assert chi_square_pvalue(counts, exact) < 1e-6
+
+
+# -- the registered method --------------------------------------------------------------------
+
+def test_sjd_continue_is_registered_as_a_relaxed_jacobi_method():
+    drafter, rule, k = build_method("sjd-continue", {"window": 4},
+                                    MethodContext(jacobi={"init_range": (0, 5)}))
+    assert isinstance(drafter, Jacobi) and (drafter.coupling, drafter.continuation) == ("maximal", 1)
+    assert drafter.lossless is False and rule.name == "exact" and k == 4
+    for name in ("sjd", "sjd-maximal", "sjd-gumbel"):
+        assert build_method(name, {"window": 4})[0].lossless is True
+    with pytest.raises(ValueError, match="continuation=1 needs coupling='maximal'"):
+        build_method("sjd", {"continuation": 1})
+    with pytest.raises(ValueError, match="continuation=-1"):
+        Jacobi(4, coupling="maximal", continuation=-1)
+
+
+@pytest.mark.parametrize("window", [2, 8])
+def test_greedy_sjd_continue_equals_plain_greedy(pair, ragged_prompts, window):
+    """Under greedy decoding the loop verifies with the argmax chain, which re-tests the forced
+    tokens in their true context: plain greedy decoding, token for token."""
+    target_model, _ = pair
+    ids, mask = ragged_prompts
+    plain = mmspec.generate(target_model, None, ids, attention_mask=mask, temperature=0,
+                            max_new_tokens=20)
+    out = mmspec.generate(target_model, None, ids, attention_mask=mask, temperature=0,
+                          max_new_tokens=20, seed=1,
+                          drafter=Jacobi(window, coupling="maximal", continuation=1))
+    assert torch.equal(out.sequences, plain.sequences)
+
+
+def test_sjd_continue_samples_ragged_rows(pair, ragged_prompts):
+    target_model, _ = pair
+    ids, mask = ragged_prompts
+    out = mmspec.generate(target_model, None, ids, attention_mask=mask, max_new_tokens=24,
+                          seed=0, drafter=Jacobi(8, coupling="maximal", continuation=1))
+    assert out.num_generated.tolist() == [24] * ids.shape[0]
