@@ -315,3 +315,17 @@ def test_sjd_continue_samples_ragged_rows(pair, ragged_prompts):
     out = mmspec.generate(target_model, None, ids, attention_mask=mask, max_new_tokens=24,
                           seed=0, drafter=Jacobi(8, coupling="maximal", continuation=1))
     assert out.num_generated.tolist() == [24] * ids.shape[0]
+
+
+def test_sjd_continue_with_guidance_and_static_caches(pair):
+    """Guided, on static caches: greedy equals plain greedy; sampling runs every row out."""
+    target_model, _ = pair
+    ids, un = torch.tensor([[1, 2, 3], [4, 3, 2]]), torch.tensor([[0, 0, 5], [0, 0, 5]])
+    kw = dict(guidance_scale=2.5, uncond_input_ids=un, max_new_tokens=16, static_cache=True)
+    plain = mmspec.generate(target_model, None, ids, temperature=0, **kw)
+    jac = mmspec.generate(target_model, None, ids, temperature=0, seed=0,
+                          drafter=Jacobi(6, coupling="maximal", continuation=1), **kw)
+    assert torch.equal(plain.sequences, jac.sequences)
+    out = mmspec.generate(target_model, None, ids, seed=0,
+                          drafter=Jacobi(6, coupling="maximal", continuation=2), **kw)
+    assert out.num_generated.tolist() == [16, 16] and out.stats.steps < 16
