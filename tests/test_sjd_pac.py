@@ -329,3 +329,16 @@ def test_sjd_continue_with_guidance_and_static_caches(pair):
     out = mmspec.generate(target_model, None, ids, seed=0,
                           drafter=Jacobi(6, coupling="maximal", continuation=2), **kw)
     assert out.num_generated.tolist() == [16, 16] and out.stats.steps < 16
+
+
+@pytest.mark.parametrize("name", ["janus", "emu3", "llamagen", "token-span"])
+def test_image_adapters_greedy_sjd_continue_equals_plain_greedy(name):
+    """Through the text-to-image front door of every image adapter, with guidance."""
+    from test_image import PIPES
+    from tiny_image import tiny_vq
+
+    pipe, prompts = PIPES[name](tiny_vq())
+    kw = dict(guidance_scale=3.0, temperature=0, progress=False, seed=0)
+    plain = pipe(prompts, method="plain", **kw)
+    out = pipe(prompts, method="sjd-continue", **kw)
+    assert torch.equal(out.tokens, plain.tokens)
