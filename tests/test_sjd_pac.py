@@ -16,6 +16,9 @@ and gives the exact distribution of the first m emitted tokens.
   token).
 - Monte Carlo: the ``Jacobi`` drafter itself with the exact rule, driven by the same tables,
   samples the enumerated distribution (so the implementation is the process analysed).
+- Proactive drafting at one position: siblings drawn as the released sampler draws them, verified
+  by the tree rule, are not lossless once fresh and stale distributions differ; siblings drawn
+  from p_stale without replacement are.
 """
 
 from __future__ import annotations
