@@ -305,9 +305,34 @@ def models_from(args) -> Models:
     return Models(**kw)
 
 
+def check_models(models: Models) -> None:
+    """Every model and draft folder holds a config and every head folder is a head mmspec
+    reads, checked before the server starts (a Hugging Face id, ``name`` or ``org/name`` that
+    is no folder here, is left to the first load); one line naming the flag."""
+    from recipes.cli import check_head
+
+    for kind in MODALITIES:
+        for name, flag in ((kind, f"--{kind}-model"), (f"{kind}_draft", f"--{kind}-draft")):
+            path = getattr(models, name)
+            if path is None:
+                continue
+            path = os.fspath(path)
+            local = path.startswith((".", "/", "~")) or path.count("/") > 1 \
+                or os.path.exists(path)
+            if local and not os.path.isfile(os.path.join(os.path.expanduser(path),
+                                                         "config.json")):
+                why = "no such folder" if not os.path.isdir(os.path.expanduser(path)) else \
+                    "holds no config.json"
+                raise ValueError(f"{flag} {path}: {why}: accepted a model folder holding "
+                                 "config.json, or a Hugging Face id (org/name)")
+        check_head(getattr(models, f"{kind}_head"), f"--{kind}-head")
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    app = build_app(Demo(models_from(args), device=configure(args)))
+    models = models_from(args)
+    check_models(models)
+    app = build_app(Demo(models, device=configure(args)))
     print(f"mmspec web demo on http://{args.host}:{args.port} (Ctrl+C stops it)")
     app.queue().launch(server_name=args.host, server_port=args.port, quiet=not args.verbose)
 

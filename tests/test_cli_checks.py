@@ -72,7 +72,11 @@ def files(tmp_path_factory):
                 max_position_embeddings=128).save_pretrained(root / "lm")
     return dict(target=target, draft=draft, prompts=str(root / "prompts.txt"),
                 binary=str(root / "binary.bin"), image=str(root / "red.png"),
-                lm=str(root / "lm"), missing=str(root / "missing"))
+                lm=str(root / "lm"), missing=str(root / "missing"), root=str(root))
+
+
+TTS = os.path.join(ROOT, "samples", "models", "shapes-tts")       # 4 codebooks of 258 ids
+VLM = os.path.join(ROOT, "samples", "models", "shapes-vlm")       # a text decoder of 6 layers
 
 
 T2I_CASES = [
@@ -120,6 +124,40 @@ def test_tts_checks_come_before_any_model_loads(files, no_loading, capsys, extra
             "--method", "plain", *[x.format(**files) for x in extra]]
     got = _line(capsys, main, argv, "mmspec tts")
     assert got.startswith("mmspec tts: error: " + line.format(**files)), got
+
+
+@pytest.fixture
+def two_codebooks(tmp_path):
+    """The bundled TTS model's config files (no weights) with 2 codebooks, not 4."""
+    folder = tmp_path / "tts-2"
+    folder.mkdir()
+    for name in ("config.json", "mmspec_speech.json"):
+        with open(os.path.join(TTS, name)) as f:
+            cfg = json.load(f)
+        if name == "config.json":
+            cfg["decoder"]["num_codebooks"] = 2
+        (folder / name).write_text(json.dumps(cfg))
+    return str(folder)
+
+
+@pytest.mark.parametrize("extra,line", [
+    (["--top-k", "259"], "top_k=259: accepted an integer in [1, 258] (a codebook has 258 ids)"),
+    (["--text", "a red circle!"], "text 2 'a red circle!': characters ['!'] are outside the "
+                                  "model's alphabet: accepted 'abcdefghijklmnopqrstuvwxyz .'"),
+    (["--draft", "{target}"], "--draft {target}: model_type 'llama' is not a speech target"),
+    (["--draft", "{two}"], "--draft {two}: 2 codebooks of 258 ids, the target 4 of 258: "
+                           "accepted a draft with the target's codebooks"),
+    (["--model", "{missing}"], "--model '{missing}': no such model folder"),
+])
+def test_tts_sizes_are_read_from_the_config_files_before_loading(files, no_loading, capsys,
+                                                                 two_codebooks, extra, line):
+    from recipes.tts import main
+
+    names = dict(files, two=two_codebooks)
+    argv = ["--model", TTS, "--text", "a red circle", "--device", "cpu", "--method", "plain",
+            *[x.format(**names) for x in extra]]
+    got = _line(capsys, main, argv, "mmspec tts")
+    assert got.startswith("mmspec tts: error: " + line.format(**names)), got
 
 
 @pytest.mark.parametrize("inputs,extra,line", [
@@ -251,6 +289,61 @@ def test_draft_head_recipe_checks_come_before_any_model_loads(files, no_loading,
     argv = _recipe_args(files, tmp_path, *[x.format(**files) for x in extra])
     got = _line(capsys, main, argv, "recipes.train.draft_head")
     assert got.startswith("recipes.train.draft_head: error: " + line.format(**files)), got
+
+
+# the tiny target: 1 layer, an output head of 27 + len(WORDS) + 16 ids
+@pytest.mark.parametrize("extra,line", [
+    (["--feature-layers", "2"], "--feature-layers 2: accepted indices in [0, 1] (the target's "
+                                "config: num_hidden_layers=1; 0 the embeddings"),
+    (["--arch", "eagle3", "--feature-layers", "0", "1"],
+     "--feature-layers 0 1: feature layer 1 (the last layer's output): vLLM's id 1 is taken "
+     "before the final norm"),
+    (["--arch", "eagle3"], "a target of 1 layers: the field's default layers"),
+    (["--draft-vocab", "{vocab}"], "--draft-vocab {vocab}: accepted an integer in [1, {below}] "
+                                   "(fewer ids than the target's {vocab} output ids"),
+    (["--arch", "eagle3", "--feature-layers", "0", "--draft-vocab", "{above}"],
+     "--draft-vocab {above}: accepted an integer in [1, {vocab}] (at most"),
+    (["--target", "{missing}"], "--target '{missing}': no such model folder"),
+    (["--modality", "vlm", "--target", VLM, "--feature-layers", "7"],
+     "--feature-layers 7: accepted indices in [0, 6] (the target's config: num_hidden_layers=6"),
+    (["--modality", "vlm", "--target", VLM, "--draft-vocab", "52"],
+     "--draft-vocab 52: accepted an integer in [1, 51]"),
+    (["--modality", "tts", "--target", TTS, "--draft-vocab", "10"],
+     "--draft-vocab 10: a frame head drafts over the codebooks' whole vocabulary"),
+    (["--modality", "tts", "--target", TTS, "--arch", "eagle3"],
+     "--arch eagle3: an EAGLE-3 head drafts from one token table"),
+    (["--modality", "tts", "--target", TTS, "--feature-layers", "6"],
+     "--feature-layers 6: accepted indices in [0, 5]"),
+])
+def test_draft_head_recipe_checks_sizes_against_the_targets_config_before_loading(
+        files, no_loading, capsys, tmp_path, extra, line):
+    from recipes.train.draft_head import main
+    from recipes.train.t2i import WORD_OFFSET, WORDS
+
+    vocab = WORD_OFFSET + len(WORDS) + 16
+    names = dict(files, vocab=vocab, below=vocab - 1, above=vocab + 1)
+    argv = _recipe_args(files, tmp_path, "--data", files["prompts"],
+                        *[x.format(**names) for x in extra])
+    got = _line(capsys, main, argv, "recipes.train.draft_head")
+    assert got.startswith("recipes.train.draft_head: error: " + line.format(**names)), got
+    assert not (tmp_path / "head").exists()
+
+
+@pytest.mark.parametrize("extra,line", [
+    (["--t2i-model", "{missing}"], "--t2i-model {missing}: no such folder: accepted a model "
+                                   "folder holding config.json, or a Hugging Face id"),
+    (["--vlm-draft", "{root}"], "--vlm-draft {root}: holds no config.json"),
+    (["--tts-model", "{lm}", "--tts-draft", "{missing}"], "--tts-draft {missing}: no such folder"),
+    (["--tts-head", "{missing}"], "--tts-head {missing}: accepted a folder with config.json"),
+])
+def test_serve_checks_model_folders_before_the_server_starts(files, no_loading, monkeypatch,
+                                                             capsys, extra, line):
+    import recipes.serve as serve
+
+    monkeypatch.setattr(serve, "build_app", _boom)
+    argv = ["--device", "cpu", *[x.format(**files) for x in extra]]
+    got = _line(capsys, serve.main, argv, "mmspec serve")
+    assert got.startswith("mmspec serve: error: " + line.format(**files)), got
 
 
 def test_draft_head_recipe_reads_the_question_file_eval_reads(files, tmp_path):

@@ -886,7 +886,88 @@ def check_args(args) -> tuple[list, list]:
                          "accepted the --out of a finished run")
     check_head(args.compare_head, "--compare-head")
     check_head(args.out if args.measure_only else None, "--out")
+    sizes = target_sizes(args.modality, args.target)
+    if sizes is not None and not args.measure_only:
+        check_head_sizes(args, *sizes)
     return load_items(args)
+
+
+def target_sizes(modality: str, target: str) -> tuple[int, int, str] | None:
+    """(layers, output ids, kind) of the decoder a head drafts for, from the target folder's
+    config files alone (no weights): a VLM's text decoder, a delay-pattern or depth-decoder
+    speech model's decoder (kind ``"frame"`` / ``"depth"``, else ``"token"``); None where only
+    loading the target tells (text-to-image models other than the bundled formats)."""
+    from transformers import AutoConfig
+
+    from modalities.registry import load_pretrained
+
+    path = os.fspath(target)
+    try:
+        if modality == "t2i":
+            meta = os.path.join(path, "mmspec_image.json")
+            if not os.path.isfile(meta):
+                load_pretrained(AutoConfig, path)           # the folder exists, its config reads
+                return None
+            with open(meta) as f:
+                fmt = json.load(f).get("format")
+            if fmt == "llamagen":
+                from modalities.image.llamagen import LlamaGenConfig
+
+                cfg = LlamaGenConfig.from_pretrained(path)
+                return int(cfg.num_hidden_layers), int(cfg.vocab_size), "token"
+            if fmt != "token-span":
+                return None
+        cfg = load_pretrained(AutoConfig, path)
+    except ValueError as e:
+        raise ValueError(f"--target {e}") from None
+    if modality == "tts" and cfg.model_type == "musicgen":
+        return int(cfg.decoder.num_hidden_layers), int(cfg.decoder.vocab_size), "frame"
+    if modality == "tts" and cfg.model_type == "csm":
+        return int(cfg.num_hidden_layers), int(cfg.vocab_size), "depth"
+    text = cfg.get_text_config(decoder=True)
+    layers, vocab = getattr(text, "num_hidden_layers", None), getattr(text, "vocab_size", None)
+    if not isinstance(layers, int) or not isinstance(vocab, int):
+        return None
+    return layers, vocab, "token"
+
+
+def check_head_sizes(args, layers: int, vocab: int, kind: str) -> None:
+    """``--feature-layers``, ``--draft-vocab`` and ``--arch`` against the target's decoder
+    (``layers`` layers, ``vocab`` output ids, ``kind``), as the head would check them once
+    built: an EAGLE-3 head's layer ids in [0, N - 1] and distinct (id N is refused:
+    docs/drafters.md), a DraftHead's indices in [0, N]; a draft vocabulary below the
+    target's (EAGLE-3: at most it); frame and depth heads over the whole codebooks."""
+    from mmspec.drafters.eagle3 import check_feature_layers, default_feature_layers
+
+    given = args.feature_layers
+    named = f"--feature-layers {' '.join(map(str, given or ()))}"
+    where = f"the target's config: num_hidden_layers={layers}"
+    if kind != "token":
+        if args.arch == "eagle3":
+            raise ValueError(f"--arch eagle3: an EAGLE-3 head drafts from one token table; "
+                             f"{args.target} is a multi-codebook ({kind}) model: accepted "
+                             "--arch draft-head (its frame or depth head)")
+        if args.draft_vocab is not None:
+            raise ValueError(f"--draft-vocab {args.draft_vocab}: a {kind} head drafts over the "
+                             "codebooks' whole vocabulary: accepted with token targets only")
+    if args.arch == "eagle3":
+        try:
+            if given:
+                check_feature_layers(given, layers)
+            else:
+                default_feature_layers(layers)
+        except ValueError as e:
+            raise ValueError(f"{named + ': ' if given else ''}{e}, from the target's "
+                             "config") from None
+    elif given and any(not 0 <= i <= layers for i in given):
+        raise ValueError(f"{named}: accepted indices in [0, {layers}] ({where}; 0 the "
+                         f"embeddings, {layers} the last layer's normed output)")
+    if args.draft_vocab is not None:
+        high = vocab if args.arch == "eagle3" else vocab - 1
+        if not 1 <= args.draft_vocab <= high:
+            raise ValueError(f"--draft-vocab {args.draft_vocab}: accepted an integer in [1, "
+                             f"{high}] ({'at most' if args.arch == 'eagle3' else 'fewer ids than'}"
+                             f" the target's {vocab} output ids, its config's vocab_size)")
 
 
 def kept(out: str, since: float) -> str:
