@@ -52,8 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="class ids for class-conditional models (default: none)")
     add_models(ap, "shapes-t2i")
     ap.add_argument("--method", default="sjd-maximal",
-                    help="plain, exact, tree, head, sjd, sjd-maximal, sjd-gumbel, lantern, gsd, "
-                         "pcg, annealed, lantern++, or <drafter>+<rule>")
+                    help="plain, exact, tree, head, sjd, sjd-maximal, sjd-gumbel, sjd-continue, "
+                         "lantern, gsd, pcg, annealed, lantern++, or <drafter>+<rule>")
     add_method_flags(ap, METHOD_PARAMS)
     add_sampling(ap)
     ap.add_argument("--negative-prompt", default=None, help="(default: the empty prompt)")
