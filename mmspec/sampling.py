@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .distributed import group_size, shared_seed
+from .distributed import shared_seed
 
 
 def _check_range(name: str, value, ok: bool, accepted: str) -> None:
@@ -172,12 +172,13 @@ def uniform(shape, *, like: torch.Tensor, generator: torch.Generator | None = No
     return torch.rand(shape, generator=generator, device=like.device, dtype=like.dtype)
 
 
-def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
-    """A seeded generator on ``device`` (None when seed is None: global RNG). In a process
-    group of several processes (a tensor-parallel target) a call without a seed gets one
-    shared by every process (``distributed.shared_seed``): their draws must agree."""
-    if seed is None and group_size() > 1:
-        seed = shared_seed()
+def make_generator(seed: int | None, device: torch.device | str,
+                   group=None) -> torch.Generator | None:
+    """A seeded generator on ``device`` (None when seed is None: global RNG). ``group``: the
+    processes a tensor-parallel target is split over (``distributed.split_group``), whose
+    draws must agree: a call without a seed gets one shared by them (``shared_seed``)."""
+    if seed is None and group is not None:
+        seed = shared_seed(group)
     if seed is None:
         return None
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:

@@ -1,9 +1,11 @@
 """Tensor-parallel targets: transformers' ``tp_plan="auto"`` in two processes on ``gloo`` (CPU),
 as ``torchrun`` runs them on GPUs. Each process loads the target split in two and its own
 draft; the loop runs in each. Greedy decoding (plain, a draft model, Jacobi; dynamic and
-static caches) and seeded sampling give one process's tokens, and a call without a seed
-gives the same tokens in both processes (``mmspec.distributed.shared_seed``). The same for
-a VLM front door loaded with ``from_pretrained(..., tp_plan="auto")``."""
+static caches) gives one process's tokens, for ``mmspec.generate`` and a VLM front door
+loaded with ``from_pretrained(..., distributed_config=...)``; sampling gives the same tokens
+in both processes, seeded or not (``mmspec.distributed.shared_seed``), though their global
+generators differ. Sampled tokens are not compared with one process's: the all-reduce sums
+partial products in another order, and a last-bit difference may move a draw."""
 
 from __future__ import annotations
 
@@ -120,23 +122,25 @@ def test_the_target_is_split_across_the_processes(ranks):
     assert [r["split"] for r in runs] == [[64 // WORLD, 128 // WORLD]] * WORLD   # q_proj's rows
 
 
-def test_greedy_and_seeded_tokens_equal_one_process(ranks):
+def test_greedy_tokens_equal_one_process(ranks):
     runs, one = ranks
-    for key, tokens in one["text"].items():
-        if "seed=None" in key:
-            continue
-        assert all(r["text"][key] == tokens for r in runs), key
+    keys = [k for k in one["text"] if "t=0 " in k]
+    assert len(keys) == 2 * len(METHODS)
+    for key in keys:
+        assert all(r["text"][key] == one["text"][key] for r in runs), key
     assert all(r["vlm"] == one["vlm"] for r in runs)
 
 
-def test_unseeded_calls_draw_alike_in_every_process(ranks):
-    """Without a seed, the first process's global generator draws one for all: the two
-    processes' tokens agree though their global generators differ (each drawing its own
-    would feed the split layers different tokens), and differ from a seeded call's."""
+def test_sampled_calls_draw_alike_in_every_process(ranks):
+    """Seeded, every process draws alike; without a seed, the first process's global
+    generator draws one for all: the processes' tokens agree though their global generators
+    differ (each drawing its own would feed the split layers different tokens), and differ
+    from a seeded call's."""
     runs, _ = ranks
-    keys = [k for k in runs[0]["text"] if "seed=None" in k]
-    assert len(keys) == 2 * len(METHODS)
+    keys = [k for k in runs[0]["text"] if "t=1.0" in k]
+    assert len(keys) == 4 * len(METHODS)
     for key in keys:
         assert runs[0]["text"][key] == runs[1]["text"][key], key
+    keys = [k for k in keys if "seed=None" in k]
     assert any(runs[0]["text"][k] != runs[0]["text"][k.replace("seed=None", "seed=3")]
                for k in keys)

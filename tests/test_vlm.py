@@ -251,6 +251,20 @@ def test_unsupported_vlm_classes_are_refused_with_the_reason(name, why):
         "SmolVLMForConditionalGeneration"]
 
 
+def test_paligemma_2_is_refused_with_the_reason():
+    """PaliGemma 2 (a Gemma 2 text decoder with sliding-window layers): its forward builds
+    one mask from what it is given, where the session passes one per layer kind; refused
+    before any work, naming the reason (it raised inside transformers' mask code)."""
+    import transformers
+
+    cfg = transformers.PaliGemmaConfig(text_config=dict(model_type="gemma2"))
+    with torch.device("meta"):
+        model = transformers.PaliGemmaForConditionalGeneration(cfg)
+    with pytest.raises(ValueError, match="target PaliGemmaForConditionalGeneration: a text "
+                                         "decoder with sliding-window layers"):
+        VisionLanguageGenerator(model, tiny_processor())
+
+
 def test_transformers_conventions():
     """generate(**processor outputs), assistant_model= and a transformers streamer."""
     from threading import Thread

@@ -94,6 +94,11 @@ def supported_classes() -> list[str]:
 def check_supported(model, role: str) -> None:
     """Refuse, before any work and with the reason, a VLM class mmspec does not implement."""
     name, kind = type(model).__name__, getattr(model.config, "model_type", None)
+    if kind == "paligemma" and getattr(model.config.get_text_config(), "sliding_window", None):
+        raise ValueError(f"{role} {name}: a text decoder with sliding-window layers (PaliGemma "
+                         "2's Gemma 2) takes one mask in PaliGemma's forward, not one per "
+                         "layer kind: not implemented; accepted PaliGemma with a Gemma text "
+                         "decoder, Gemma 3, Gemma 4")
     if name in supported_classes():
         return
     raise ValueError(f"{role} {name} ({kind}): a class VisionLanguageGenerator does not "
