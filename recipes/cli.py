@@ -126,28 +126,73 @@ class TreeShape:
 
 @dataclass(frozen=True)
 class Device:
-    """An argparse ``type``: a torch device this machine has (``cpu``, ``cuda``, ``cuda:N``,
-    ``mps``), refused in one line naming what is available before any model loads."""
+    """An argparse ``type``: a torch device this machine has. The text is parsed by
+    ``torch.device`` (``cpu``, ``cpu:0``, ``cuda``, ``cuda:N``, ``mps``, ``xpu`` ...); refused,
+    in one line naming what this machine has, before any model loads: what torch does not
+    parse, and a backend (or a device index) this machine lacks."""
 
     def __call__(self, text: str) -> str:
         name = str(text).strip()
-        if name not in available_devices():
-            raise argparse.ArgumentTypeError(f"{text!r}: accepted {self} (this machine has: "
-                                             f"{', '.join(available_devices())})")
-        return name
+        try:
+            device = torch.device(name)
+        except (RuntimeError, ValueError, TypeError):
+            raise self._refused(text, f"{name!r} is not a torch device") from None
+        why = missing_device(device)
+        if why:
+            raise self._refused(text, why)
+        return str(device)
+
+    def _refused(self, text, why: str) -> argparse.ArgumentTypeError:
+        return argparse.ArgumentTypeError(f"{text!r}: accepted {self} (this machine has: "
+                                          f"{', '.join(available_devices())}); {why}")
 
     def __str__(self) -> str:
         return "cpu, cuda, cuda:N or mps, where the machine has them"
 
 
+# Backends besides cpu, cuda and mps whose torch module says whether the machine has them.
+OTHER_BACKENDS = ("xpu", "mtia", "hpu")
+
+
+def missing_device(device: torch.device) -> str | None:
+    """Why ``device`` cannot work on this machine, or None where it can."""
+    kind, index = device.type, device.index
+    if kind == "cpu":
+        return None
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            return "this machine has no CUDA device"
+        count = torch.cuda.device_count()
+        if index is not None and index >= count:
+            return f"this machine has {count} CUDA device{'s' if count != 1 else ''}"
+        return None
+    if kind == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            return "this machine has no MPS device"
+        return "this machine has one MPS device, mps:0" if index else None
+    module = getattr(torch, kind, None)
+    available = getattr(module, "is_available", None)
+    if callable(available) and not available():
+        return f"this machine has no {kind} device"
+    count = getattr(module, "device_count", None)
+    if index is not None and callable(count) and index >= count():
+        return f"this machine has {count()} {kind} device{'s' if count() != 1 else ''}"
+    return None
+
+
 def available_devices() -> list[str]:
-    """The device strings this machine takes: cpu, and cuda / cuda:N / mps where present."""
+    """The devices this machine has: cpu, and cuda / cuda:N / mps / xpu ... where present."""
     names = ["cpu"]
     if torch.cuda.is_available():
         names += ["cuda"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
     mps = getattr(torch.backends, "mps", None)
     if mps is not None and mps.is_available():
         names.append("mps")
+    for kind in OTHER_BACKENDS:
+        available = getattr(getattr(torch, kind, None), "is_available", None)
+        if callable(available) and available():
+            names.append(kind)
     return names
 
 

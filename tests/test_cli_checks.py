@@ -382,6 +382,42 @@ def test_a_stopped_recipe_says_in_one_line_what_it_kept(files, monkeypatch, caps
                   "(--resume continues from it)"
 
 
+def test_a_recipe_stopped_while_writing_its_checkpoint_still_says_one_line(files, monkeypatch,
+                                                                          capsys, tmp_path):
+    from recipes.train import draft_head as recipe
+
+    out = tmp_path / "head"
+
+    def stopped(args, items):
+        (out / "checkpoint").mkdir(parents=True)
+        (out / "checkpoint" / "trainer.json").write_text('{"step": 5, "seco')   # cut short
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(recipe, "_run", stopped)
+    got = _line(capsys, recipe.main, _recipe_args(files, tmp_path, "--data", files["prompts"]),
+                "recipes.train.draft_head", status=130)
+    assert got == f"recipes.train.draft_head: interrupted: {out}/checkpoint was being written " \
+                  "when stopped (its trainer.json is not whole): --resume cannot continue " \
+                  "from it, a run without it starts again"
+
+
+def test_checkpoint_state_is_written_whole(tmp_path):
+    from recipes.train import draft_head as recipe
+
+    class Head:
+        def save_pretrained(self, path):
+            os.makedirs(path, exist_ok=True)
+
+    param = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.AdamW([param], lr=0.1)
+    param.grad = torch.ones(2)
+    opt.step()
+    recipe.save_checkpoint(Head(), opt, 7, str(tmp_path), seconds=1.5)
+    assert sorted(os.listdir(tmp_path / "checkpoint")) == ["optimizer.safetensors",
+                                                           "trainer.json"]
+    assert recipe.checkpoint_seconds(str(tmp_path)) == 1.5
+
+
 def test_ctrl_c_in_any_command_is_one_line_and_exit_130(capsys):
     def stopped():
         raise KeyboardInterrupt
@@ -406,10 +442,42 @@ def test_ctrl_c_while_the_console_imports_a_command_is_one_line(monkeypatch, cap
 def test_device_strings_are_checked_against_the_machine():
     import argparse
 
-    assert Device()("cpu") == "cpu"
-    for bad in ("tpu", "cuda:x", "gpu", f"cuda:{torch.cuda.device_count()}"):
+    assert Device()("cpu") == "cpu" and Device()(" cpu:0 ") == "cpu:0"
+    for bad in ("tpu", "cuda:x", "gpu", "cuda: 0", f"cuda:{torch.cuda.device_count()}"):
         with pytest.raises(argparse.ArgumentTypeError, match="accepted cpu, cuda, cuda:N or mps"):
             Device()(bad)
+    with pytest.raises(argparse.ArgumentTypeError) as refused:
+        Device()("tpu")
+    assert str(refused.value).endswith("; 'tpu' is not a torch device")
+    assert "(this machine has: cpu" in str(refused.value)
+
+
+def test_devices_torch_takes_are_refused_only_where_the_machine_lacks_them(monkeypatch):
+    import argparse
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for name in ("cuda", "cuda:0"):
+        with pytest.raises(argparse.ArgumentTypeError) as refused:
+            Device()(name)
+        assert "\n" not in str(refused.value)
+        assert str(refused.value) == (f"{name!r}: accepted cpu, cuda, cuda:N or mps, where the "
+                                      "machine has them (this machine has: cpu"
+                                      + ", mps" * torch.backends.mps.is_available()
+                                      + "); this machine has no CUDA device")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert Device()("cuda:1") == "cuda:1" and Device()("cuda") == "cuda"
+    with pytest.raises(argparse.ArgumentTypeError, match="this machine has 2 CUDA devices$"):
+        Device()("cuda:2")
+    if not torch.backends.mps.is_available():
+        with pytest.raises(argparse.ArgumentTypeError, match="has no MPS device$"):
+            Device()("mps:0")
+    if hasattr(torch, "xpu"):
+        monkeypatch.setattr(torch.xpu, "is_available", lambda: True)
+        assert Device()("xpu") == "xpu"
+        monkeypatch.setattr(torch.xpu, "is_available", lambda: False)
+        with pytest.raises(argparse.ArgumentTypeError, match="has no xpu device$"):
+            Device()("xpu")
 
 
 # -- the Python front doors -------------------------------------------------------------------

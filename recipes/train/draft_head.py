@@ -593,9 +593,13 @@ def save_checkpoint(head, optimizer, step: int, out: str, seconds: float = 0.0) 
     flat = {f"{i}.{k}": v.contiguous().cpu() for i, s in state["state"].items()
             for k, v in s.items() if torch.is_tensor(v)}
     save_file(flat, os.path.join(path, "optimizer.safetensors"))
-    with open(os.path.join(path, "trainer.json"), "w") as f:
-        groups = [{k: v for k, v in g.items() if k != "params"} for g in state["param_groups"]]
+    # trainer.json is written last and atomically (a whole file or the previous one): a
+    # Ctrl-C during the save leaves no half-written JSON for `kept` or --resume to read.
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in state["param_groups"]]
+    final = os.path.join(path, "trainer.json")
+    with open(final + ".tmp", "w") as f:
         json.dump({"step": step, "seconds": seconds, "param_groups": groups}, f)
+    os.replace(final + ".tmp", final)
 
 
 def load_checkpoint(head, out: str, lr: float):
@@ -980,8 +984,12 @@ def kept(out: str, since: float) -> str:
     if written("model.safetensors") and written("config.json"):
         return f"the trained head is saved in {out} (--measure-only measures it)"
     if os.path.isfile(state):
-        with open(state) as f:
-            step = json.load(f)["step"]
+        try:
+            with open(state) as f:
+                step = json.load(f)["step"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return (f"{out}/checkpoint was being written when stopped (its trainer.json is "
+                    "not whole): --resume cannot continue from it, a run without it starts again")
         return f"{out}/checkpoint holds step {step} (--resume continues from it)"
     if written("data.safetensors"):
         return (f"the collected data is in {out}/data.safetensors; no checkpoint yet (a new "
@@ -1007,7 +1015,7 @@ def _run(args, items: tuple[list, list]) -> None:
     from mmspec.drafters.load import load_head
 
     torch.manual_seed(args.seed)
-    accelerator = Accelerator(cpu=args.device == "cpu")
+    accelerator = Accelerator(cpu=torch.device(args.device).type == "cpu")   # cpu:0 too
     if args.device == "cuda":
         args.device = str(accelerator.device)            # each process its own GPU
     clock = Clock()
