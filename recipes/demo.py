@@ -5,7 +5,7 @@ draft (0.74M): plain decoding, exact speculative decoding with the draft, SJD, c
 (maximal and Gumbel), LANTERN and GSD at their defaults, on a fixed set of held-out captions
 (samples/prompts/shapes_eval.txt) with one seed. Prints a table (method, NFE, step
 compression, tokens per step, acceptance, wall-clock ratio against plain decoding measured
-in this run, compositional accuracy by the shapes-world parser) and writes
+in this run, compositional accuracy by the shapes-world parser with its 95% interval) and writes
 out/demo/comparison.png (images side by side at the same seed) and out/demo/quality_vs_speedup.png.
 
 Then vision-language answers (samples/models/shapes-vlm with its text-only, image and
@@ -16,12 +16,19 @@ files and a spectrogram comparison under out/demo/; then continuous-token text-t
 (samples/models/shapes-continuous and its draft: plain decoding and exact continuous
 speculative decoding, compositional accuracy) with out/demo/continuous.png.
 
+Quality columns carry 95% intervals (Wilson for accuracies over the 8 captions or 24
+questions, a bootstrap of the mean for the MCD over 2 sentences x 4 seeds): on so few items a
+lossless method can differ from plain decoding by chance, and overlapping intervals say so.
+``--threads N`` (``make demo THREADS=N``) sets torch's CPU threads; torch's default, one per
+core (or ``OMP_NUM_THREADS``), oversubscribes a machine busy with other work.
+
 ``python -m recipes.demo --text`` runs the earlier text-pair demo instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import time
 
@@ -38,6 +45,7 @@ TREE = dict(tree_depth=5, tree_branch=2, tree_width=4)
 TREE_ROWS = (("tree (draft)", "tree", TREE), ("head chain", "head", CHAIN),
              ("head tree", "head", TREE), ("head tree+lantern", "head+lantern", TREE))
 REPEATS = 2        # timed runs per method, after a warm-up call of each pipeline
+SPEECH_SEEDS = 4   # seeds per sentence for the speech quality column (the first one timed)
 
 
 def timed(call, repeats: int = REPEATS):
@@ -64,6 +72,27 @@ def _speed(r) -> str:
     return f"{r['speedup']:.2f}x ({r['spread'][0]:.2f}-{r['spread'][1]:.2f})"
 
 
+def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of the proportion ``hits / n`` (an accuracy column)."""
+    p, zz = hits / n, z * z
+    centre = (p + zz / (2 * n)) / (1 + zz / n)
+    half = z * math.sqrt(p * (1 - p) / n + zz / (4 * n * n)) / (1 + zz / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def bootstrap_mean(values, draws: int = 4000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile bootstrap interval of the mean of ``values`` (the MCD column)."""
+    v = np.asarray(values, float)
+    means = v[np.random.default_rng(seed).integers(0, len(v), (draws, len(v)))].mean(1)
+    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def _quality(r, digits: int = 3) -> str:
+    """The quality figure and its 95% interval (two decimals)."""
+    lo, hi = r["quality_ci"]
+    return f"{r['quality']:.{digits}f} ({lo:.2f}-{hi:.2f})"
+
+
 def image_demo(n_prompts: int = 8, seed: int = 0, out_dir: str = "out/demo", progress=True):
     from modalities import shapes_world as sw
     from modalities.image import TextToImage
@@ -81,11 +110,12 @@ def image_demo(n_prompts: int = 8, seed: int = 0, out_dir: str = "out/demo", pro
         out, dt = timed(lambda: pipe(prompts, method=method, seed=seed, progress=progress,
                                      **params))
         images[name] = out.images
+        hits = sum(sw.matches(im, p) for im, p in zip(out.images, prompts))
         rows.append(dict(method=name, nfe=out.stats.steps,
                          compression=pipe.target.num_tokens / out.stats.steps,
                          tokens_per_step=out.stats.tokens_per_step,
                          acceptance=out.stats.acceptance_rate, seconds=dt,
-                         accuracy=sw.compositional_accuracy(out.images, prompts)))
+                         quality=hits / len(prompts), quality_ci=wilson(hits, len(prompts))))
     speedups(rows)
     os.makedirs(out_dir, exist_ok=True)
     _comparison(images, prompts, os.path.join(out_dir, "comparison.png"))
@@ -94,17 +124,10 @@ def image_demo(n_prompts: int = 8, seed: int = 0, out_dir: str = "out/demo", pro
 
 
 def _comparison(images: dict, prompts, path, show: int = 4, scale: int = 2):
-    from PIL import Image, ImageDraw
+    """The first ``show`` captions' images, one labelled column per method."""
+    from recipes.figures import sheet
 
-    methods = list(images)
-    w = 64 * scale
-    sheet = Image.new("RGB", (len(methods) * (w + 4), 14 + show * (w + 4)), "white")
-    draw = ImageDraw.Draw(sheet)
-    for j, m in enumerate(methods):
-        draw.text((j * (w + 4) + 2, 1), m, fill="black")
-        for i in range(min(show, len(prompts))):
-            sheet.paste(images[m][i].resize((w, w), Image.NEAREST), (j * (w + 4), 14 + i * (w + 4)))
-    sheet.save(path)
+    sheet(images, 64 * scale, rows=min(show, len(prompts))).save(path)
 
 
 def _plot(rows, path):
@@ -115,14 +138,15 @@ def _plot(rows, path):
 
     fig, ax = plt.subplots(1, 2, figsize=(9, 3.6))
     for r in rows:
-        ax[0].scatter(r["compression"], r["accuracy"], s=40)
-        ax[0].annotate(r["method"], (r["compression"], r["accuracy"]), fontsize=8)
-        ax[1].scatter(r["speedup"], r["accuracy"], s=40)
-        ax[1].annotate(r["method"], (r["speedup"], r["accuracy"]), fontsize=8)
+        lo, hi = r["quality_ci"]
+        for a, x in ((ax[0], r["compression"]), (ax[1], r["speedup"])):
+            a.errorbar(x, r["quality"], yerr=[[r["quality"] - lo], [hi - r["quality"]]], fmt="o",
+                       ms=5, capsize=3, alpha=0.8)
+            a.annotate(r["method"], (x, r["quality"]), fontsize=8)
     ax[0].set_xlabel("step compression (tokens per target forward)")
     ax[1].set_xlabel("wall-clock speedup on this CPU")
     for a in ax:
-        a.set_ylabel("compositional accuracy")
+        a.set_ylabel("compositional accuracy (95% interval)")
         a.grid(alpha=0.3)
     fig.suptitle("shapes-world text-to-image: quality versus speed (bundled models, CPU)")
     fig.tight_layout()
@@ -132,18 +156,20 @@ def _plot(rows, path):
 def print_image_table(rows, n_prompts):
     w = max(13, *(len(r["method"]) for r in rows))
     print(f"{'method':{w}} {'NFE':>4} {'compression':>11} {'tokens/step':>11} {'acceptance':>10} "
-          f"{'wall-clock':>18} {'accuracy':>8}")
-    print("-" * (68 + w))
+          f"{'wall-clock':>18} {'accuracy':>16}")
+    print("-" * (76 + w))
     for r in rows:
         print(f"{r['method']:{w}} {r['nfe']:>4} {r['compression']:>10.2f}x "
               f"{r['tokens_per_step']:>11.2f} {r['acceptance']:>10.3f} {_speed(r):>18} "
-              f"{r['accuracy']:>8.2f}")
+              f"{_quality(r, 2):>16}")
     print(f"\nNFE: target forwards for the batch of {n_prompts} images (the slowest row); "
           "compression = 256 tokens / NFE;\ntokens/step per row; wall-clock = plain seconds / "
           f"method seconds, median of {REPEATS} warm runs (range), {torch.get_num_threads()} CPU "
           "threads (a CPU is compute-bound: a\nwindow of 16 tokens costs "
           "~16 single-token forwards here, so step compression does not become speed\nas it does "
-          "on a GPU); accuracy = fraction of images whose parse matches the caption.")
+          "on a GPU); accuracy = fraction of images whose parse matches the caption, with its 95%\n"
+          f"interval over the {n_prompts} captions (Wilson): methods whose intervals overlap "
+          "plain decoding's\ndo not differ measurably here.")
     plain = rows[0]["seconds"]
     print(f"plain decoding took {min(plain):.2f}-{max(plain):.2f} s for the {n_prompts} images "
           f"on {torch.get_num_threads()} threads")
@@ -192,9 +218,10 @@ def vlm_demo(n: int = 24, seed: int = 0, family: str = "llava"):
                      **params)  # warm
         out, secs = timed(lambda: gen.generate(images, msgs, method=method, temperature=0,
                                                max_new_tokens=32, seed=seed, **params))
-        acc = sum(t.strip() == a for t, (_, _, a) in zip(out.texts, qs)) / n
+        hits = sum(t.strip() == a for t, (_, _, a) in zip(out.texts, qs))
         rows.append(dict(method=name, nfe=out.stats.steps, tokens_per_step=out.stats.tokens_per_step,
-                         acceptance=out.stats.acceptance_rate, seconds=secs, quality=acc))
+                         acceptance=out.stats.acceptance_rate, seconds=secs, quality=hits / n,
+                         quality_ci=wilson(hits, n)))
     speedups(rows)
     return rows, qs[0]
 
@@ -223,14 +250,18 @@ def tts_demo(out_dir: str, seed: int = 0):
         # one text at a time: this model's rows commit to the batch's shortest accepted length
         parts, secs = timed(lambda: [tts(t, method=method, seed=seed, progress=False, **kw)
                                      for t in texts])
-        waves = [p.waveforms[0] for p in parts]
-        mcd = float(np.mean([mel_cepstral_distortion(w, r) for w, r in zip(waves, refs)]))
+        # quality over SPEECH_SEEDS seeds per sentence (the first: the timed run's outputs)
+        waves = [p.waveforms[0] for p in parts] + [
+            tts(t, method=method, seed=seed + k, progress=False, **kw).waveforms[0]
+            for k in range(1, SPEECH_SEEDS) for t in texts]
+        mcd = [mel_cepstral_distortion(w, r) for w, r in zip(waves, refs * SPEECH_SEEDS)]
         st = [p.stats for p in parts]
         drafted = sum(s.drafted for s in st)
         rows.append(dict(method=method, nfe=sum(s.steps for s in st),
                          tokens_per_step=sum(s.emitted for s in st) / sum(s.row_steps for s in st),
                          acceptance=sum(s.accepted for s in st) / drafted if drafted else 0.0,
-                         seconds=secs, quality=mcd))
+                         seconds=secs, quality=float(np.mean(mcd)),
+                         quality_ci=bootstrap_mean(mcd)))
         outs[method] = parts
         for i, p in enumerate(parts):
             p.save(os.path.join(out_dir, "tts", method), spectrogram=False, prefix=f"text{i}")
@@ -258,9 +289,10 @@ def continuous_demo(prompts, out_dir: str, seed: int = 0, k: int = 2):
         out, secs = timed(lambda: gen(prompts=prompts, seed=seed, num_draft_tokens=k,
                                       use_draft=spec))
         st = out.stats
+        hits = sum(sw.matches(im, p) for im, p in zip(out.images, prompts))
         rows.append(dict(method=method, nfe=st.steps, tokens_per_step=st.tokens_per_step,
                          acceptance=st.acceptance_rate if spec else 0.0, seconds=secs,
-                         quality=sw.compositional_accuracy(out.images, prompts)))
+                         quality=hits / len(prompts), quality_ci=wilson(hits, len(prompts))))
         images[method] = out.images
     speedups(rows)
     _comparison(images, prompts, os.path.join(out_dir, "continuous.png"), show=len(prompts), scale=1)
@@ -268,11 +300,13 @@ def continuous_demo(prompts, out_dir: str, seed: int = 0, k: int = 2):
 
 
 def print_rows(rows, quality):
-    print(f"{'method':24} {'NFE':>4} {'tokens/step':>11} {'acceptance':>10} {'wall-clock':>18} {quality:>12}")
-    print("-" * 84)
+    """The table of one modality; the quality column with its 95% interval."""
+    print(f"{'method':24} {'NFE':>4} {'tokens/step':>11} {'acceptance':>10} {'wall-clock':>18} "
+          f"{quality:>21}")
+    print("-" * 93)
     for r in rows:
         print(f"{r['method']:24} {r['nfe']:>4} {r['tokens_per_step']:>11.2f} {r['acceptance']:>10.3f} "
-              f"{_speed(r):>18} {r['quality']:>12.3f}")
+              f"{_speed(r):>18} {_quality(r):>21}")
 
 
 def text_demo(batch=4, max_new_tokens=48, seed=0):
@@ -292,8 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default="out/demo", help="output folder")
     ap.add_argument("--text", action="store_true", help="the text-pair demo instead")
     ap.add_argument("--threads", type=COUNT, default=None,
-                    help="CPU threads (default: torch's, one per core; on a machine shared with "
-                         "other work fewer can be faster)")
+                    help="CPU threads (default: torch's: OMP_NUM_THREADS, else one per core; on a "
+                         "machine busy with other work 1 can be several times faster)")
     return describe(ap)
 
 
@@ -312,14 +346,16 @@ def main(argv=None) -> None:
     print(f"example caption: {prompts[0]!r}\n")
     print_image_table(rows, args.prompts)
     print(f"\nwrote {args.out}/comparison.png and {args.out}/quality_vs_speedup.png")
-    print("\nvision-language answers on the bundled shapes-world VLM (24 held-out questions, greedy)")
+    print("\nvision-language answers on the bundled shapes-world VLM (24 held-out questions, greedy;"
+          " accuracy with its 95% Wilson interval)")
     rows, example = vlm_demo()
     print_rows(rows, "accuracy")
     print("\nthe same questions on the bundled Qwen2-VL-architecture pair (3-D rotary positions)")
     print_rows(vlm_demo(family="qwen2-vl")[0], "accuracy")
-    print("\ntext-to-speech on the bundled shapes-world TTS (2 sentences, seed 0; quality: MCD in dB "
-          "against espeak-ng, lower is better)")
-    print_rows(tts_demo(args.out), "MCD (dB)")
+    print(f"\ntext-to-speech on the bundled shapes-world TTS (2 sentences, timed at seed {args.seed}; "
+          f"quality: MCD in dB against espeak-ng,\nlower is better, the mean over the 2 sentences at "
+          f"{SPEECH_SEEDS} seeds with its 95% bootstrap interval)")
+    print_rows(tts_demo(args.out, args.seed), "MCD (dB)")
     print(f"\nwrote WAV files under {args.out}/tts and {args.out}/tts_comparison.png")
     print(f"\ncontinuous-token text-to-image on the bundled mixture-head pair ({args.prompts} "
           f"held-out captions, seed {args.seed}, temperature 1; quality: compositional accuracy)")
