@@ -25,7 +25,6 @@ import torch
 
 from . import loop
 from .acceptance.base import Rule
-from .distributed import split_group
 from .drafters.base import Drafter
 from .engine import Plan
 from .sampling import make_generator
@@ -85,8 +84,7 @@ def prepare(target: Session, drafter: Drafter, rule: Rule, *, plan: Plan, seed: 
     loop.check_pipeline(drafter, plan.engine.pipeline)
     rule = rule.for_target(target.greedy)
     if generator is None:
-        model = getattr(target, "model", None)
-        generator = make_generator(seed, device, None if model is None else split_group(model))
+        generator = make_generator(seed, device, target.split_group)
     drafter.generator = generator
     drafter.attach(target)              # a drafter may settle its shape on the target here
     loop.check_trees(target, drafter, rule)

@@ -36,6 +36,7 @@ from .attention import bucket, module_configs, prefix, sdpa_configs
 from .cache import (Blocks, DynamicCache, SequenceMask, StateSnapshot, StaticSequenceMask,
                     TreeMask, additive_masks, advance, cache_argument, crop, dynamic_cache,
                     gather_tail, recurrent_layers, repeated_rows, reset, static_cache)
+from .distributed import split_group
 from .engine import compile_mode
 from .sampling import SamplingParams, guide
 
@@ -59,6 +60,8 @@ class Session:
                 a commit, then ``commit`` a path. Every session with ``trees``; recurrent
                 ones on dynamic caches too (the tree fed as its root-to-leaf paths).
     chains:     ``chain`` may run its steps as one captured graph (see CausalLMSession).
+    split_group: the processes a tensor-parallel plan split its model over, whose random
+                draws must agree (``mmspec.distributed``); None for a model held whole.
     """
 
     vocab_size: int = 0
@@ -79,6 +82,11 @@ class Session:
     def greedy(self) -> bool:
         """Its distributions are one-hot (its params are greedy)."""
         return self.params.greedy
+
+    @property
+    def split_group(self):
+        """The process group its model is split over (class docstring); here: None."""
+        return None
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **prompt) -> None:
         """Run the prompt ([B, P] ids, left-padded with its mask) and keep the cache; sets
@@ -384,6 +392,11 @@ class CausalLMSession(Session):
     def device(self) -> torch.device:
         """The device of the model's parameters."""
         return next(self.model.parameters()).device
+
+    @property
+    def split_group(self):
+        """``Session.split_group``: the device mesh's group of the model's split parameters."""
+        return split_group(self.model)
 
     def keep_features(self, layers, uncond: bool = False) -> None:
         """After every forward (prompt included), keep ``features`` [B, n, F]: the outputs of
