@@ -1,8 +1,8 @@
 """Ask a vision-language model about images, with speculative decoding beside plain decoding.
 
-    python -m recipes.vlm image.png "What colour is the circle?" --target path/or/id \\
+    python -m recipes.vlm samples/scene.png "what shape is at the top left?" --method exact
+    python -m recipes.vlm photo.png "What is in the picture?" --target path/or/id \\
         --draft path/or/id --draft-mode text --method exact
-    python -m recipes.vlm img1.png img2.png "Describe the image." --method sjd
 
 Prints each answer, tokens per step, acceptance and the speedup against plain decoding
 measured in the same run. Without --target it uses the bundled shapes-world VLM

@@ -39,6 +39,7 @@ import json
 import math
 import os
 import random
+import sys
 import textwrap
 import time
 from dataclasses import dataclass, field
@@ -654,7 +655,9 @@ def measure(source: Source, head, args, compare=None) -> list[dict]:
         runs.append((f"draft model, K = {DRAFT_K}", None,
                      dict(method="exact", num_draft_tokens=DRAFT_K), None))
     rows = []
-    for name, tree, params, which in runs:
+    for i, (name, tree, params, which) in enumerate(runs, 1):
+        print(f"measuring {name} ({i} of {len(runs)}) on {len(source.held_out)} held-out "
+              "prompts", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         # method "head"'s drafter for this head's kind (token, frame or depth head)
         drafter = (None if tree is None else
