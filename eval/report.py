@@ -26,11 +26,13 @@ def _label(r):
     return r["method"] if r["setting"] == "default" else f"{r['method']}[{r['setting']}]"
 
 
-def _lossless(method: str) -> bool:
+def _lossless(method: str, params=None) -> bool:
+    """Whether a method (with a setting's parameters) is lossless, rule and drafter together
+    (``Method.lossless``): a relaxed one is reported as such, not checked against plain."""
     from mmspec.registry import parse_method
 
     try:
-        return parse_method(method, has_draft=True).rule_class.lossless is True
+        return parse_method(method, params, has_draft=True, has_head=True).lossless
     except ValueError:
         return False
 
@@ -77,7 +79,7 @@ def summarize(rows: list[dict], task, prompts) -> tuple[list[dict], dict]:
                  acceptance_median=_q([r["acceptance"] for r in rs], 0.5),
                  speedup_median=_q(speed, 0.5), speedup_q25=_q(speed, 0.25),
                  speedup_q75=_q(speed, 0.75), bound_median=_q(bound, 0.5),
-                 efficiency_median=_q(eff, 0.5), lossless=_lossless(rs[0]["method"]))
+                 efficiency_median=_q(eff, 0.5), lossless=_lossless(rs[0]["method"], rs[0].get("params")))
         for m in getattr(task, "quality_metrics", ()):
             vals = [r[m] for r in rs if m in r]
             if not vals:

@@ -159,6 +159,15 @@ class Method:
         return _RULES[self.rule]
 
     @property
+    def lossless(self) -> bool:
+        """Whether the method is lossless: its rule declares it (``Rule.lossless`` True; a
+        rule whose guarantee depends on its parts, as ``Frame``, does not) and its drafter,
+        built from these parameters, keeps it (``Drafter.lossless_for``: ``sjd-continue``
+        does not)."""
+        return (self.rule_class.lossless is True
+                and bool(self.drafter_class.lossless_for(self._drafter_params())))
+
+    @property
     def uses_draft_model(self) -> bool:
         return self.drafter_class.needs_model
 

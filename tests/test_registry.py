@@ -94,3 +94,23 @@ def test_an_unknown_method_lists_the_methods():
     with pytest.raises(ValueError, match=r"method='sjd-max': accepted one of plain, exact, draft, "
                                          r"head, sjd, .*tree, .*lantern\+\+, <drafter>\+<rule>"):
         parse_method("sjd-max", has_draft=True)
+
+
+def test_a_method_is_lossless_when_its_rule_and_its_drafter_declare_it(monkeypatch):
+    """``Method.lossless``: the rule's ``lossless`` and the drafter's ``lossless_for(params)``
+    (default True), so a registered drafter can declare itself relaxed for some parameters."""
+    monkeypatch.setattr(registry, "_DRAFTERS", dict(registry._DRAFTERS))
+
+    class Loose(mmspec.NoDraft):
+        param_names = ("loose",)
+
+        @classmethod
+        def lossless_for(cls, params):
+            return not params.get("loose", False)
+
+    mmspec.register_drafter("loose", Loose)
+    assert parse_method("loose", has_draft=False).lossless is True
+    assert parse_method("loose", {"loose": True}, has_draft=False).lossless is False
+    assert parse_method("loose+lantern", has_draft=False).lossless is False
+    assert parse_method("plain", has_draft=False).lossless is True
+    assert parse_method("sjd-continue", has_draft=False).lossless is False

@@ -23,6 +23,11 @@ Capabilities (class attributes, read by the engine and the runner, never probed)
 - ``trees``: proposes trees (``Draft.tree``); the loop then needs a target session and a
   rule that declare ``trees``.
 - ``generator``: the ``torch.Generator`` its draws use (the runner sets the call's).
+- ``lossless_for(params)`` (a classmethod, since it may depend on the method's parameters):
+  whether the drafter keeps a lossless rule lossless (default True: any draft whose q is the
+  distribution it was drawn from). A method is lossless when its rule and its drafter both
+  declare it (``mmspec.registry.Method.lossless``); Jacobi's continuation (``sjd-continue``)
+  is not.
 
 Methods name drafters by string (``mmspec.registry``); each class builds itself from the
 method's parameters with ``from_params`` and says how many drafts per step it will make with
@@ -59,6 +64,12 @@ class Drafter:
         """Positions a step's drafts run past the last token (default: ``width``, a chain's
         K; a tree's nodes sit at the positions of their depths)."""
         return cls.width(params, context)
+
+    @classmethod
+    def lossless_for(cls, params: Mapping) -> bool:
+        """Whether the drafter built from ``params`` keeps a lossless rule lossless (default
+        True: its drafts are distributed as the q it records for them)."""
+        return True
 
     @classmethod
     def from_params(cls, params: Mapping, context) -> "Drafter":

@@ -91,7 +91,7 @@ class Jacobi(Drafter):
                  with its own q, coupled per codebook; uniform initialisation only.
     continuation: c >= 0, rejections a window continues past against its stale
                  distributions (module docstring); c > 0 is a relaxed method
-                 (``lossless`` False), with ``coupling="maximal"`` on token streams only.
+                 (``lossless_for`` False), with ``coupling="maximal"`` on token streams only.
     """
 
     param_names = ("window", "init", "coupling", "init_range", "grid_width", "continuation")
@@ -130,12 +130,17 @@ class Jacobi(Drafter):
             raise ValueError(f"continuation={continuation}: accepted on token streams only, "
                              "not on events of several ids (codec frames)")
         self.continuation = continuation
-        self.lossless = continuation == 0     # with a lossless rule (docstring: the bound)
         self.event_shape = event_shape
         self.window, self.init, self.coupling = window, init, coupling
         self.init_range, self.grid_width = init_range, grid_width
         self.generator = generator
         self.num_tokens = window
+
+    @classmethod
+    def lossless_for(cls, params) -> bool:
+        """False with a continuation (c > 0 commits tokens tested against stale distributions:
+        relaxed, module docstring's bound); True otherwise."""
+        return not params.get("continuation", 0)
 
     @classmethod
     def width(cls, params, context) -> int:
@@ -215,8 +220,11 @@ class Jacobi(Drafter):
         q = torch.where(self._ev(has_p)[..., None], p_new, old_q)
         if self.continuation:
             # The covered slots are a prefix of the window; force them up to and including
-            # the c-th redraw (a draw without an old draft counts as one).
-            red = (has_p & self._redrawn).long()
+            # the c-th redraw (a draw without an old draft counts as one). A redraw is a new
+            # draft that differs from the old one x: the keep test fails only where
+            # p_new(x) < q_old(x) or both are 0 (a forced x the target excludes), and there
+            # the residual (or p_new, where the residual is empty) gives x no mass.
+            red = (has_p & (~has_old | (new_tok != old_tok))).long()
             forced = has_p & (red.cumsum(1) - red < self.continuation)
             q = torch.where(forced[..., None], torch.zeros_like(q), q)
         self.tokens, self.q = tokens, q
@@ -230,8 +238,7 @@ class Jacobi(Drafter):
         self._fill(start, out.last_tokens, prev_q)
 
     def _couple(self, p_new, old_tok, old_q, has_old) -> torch.Tensor:
-        """The new drafts; the maximal coupling also keeps ``_redrawn``: True where the new
-        draft is not the old one kept (its keep test failed, or there was no old draft)."""
+        """The new drafts of the slots the pass covered (``has_old``: an old draft there)."""
         g = self.generator
         if self.coupling == "none":
             return sample(p_new, g)
@@ -243,7 +250,6 @@ class Jacobi(Drafter):
         keep = torch.rand(p_x.shape, device=p_x.device, generator=g) * q_x < p_x
         redraw = sample(residual(p_new, old_q), g)
         coupled = torch.where(keep, old_tok, redraw)
-        self._redrawn = ~(has_old & keep)
         return torch.where(has_old, coupled, sample(p_new, g))
 
     def _record(self, out, n) -> None:
