@@ -285,14 +285,14 @@ def check_image_settings(model, methods, grid, prompts) -> None:
 
 
 def check_vlm_prompts(model, methods, grid, prompts) -> None:
-    """VLM prompt lines: IMAGE<TAB>QUESTION[<TAB>ANSWER], IMAGE a scene seed or a file."""
+    """VLM prompt lines (``modalities.vlm.questions``): their format and images."""
+    from modalities.vlm.questions import Question
+
     for line in prompts:
-        image, question, _ = TASKS["vlm"].parse(line)
-        if not (image.isdigit() or os.path.isfile(image)):
-            raise ValueError(f"--prompts line {line[:60]!r}: image {image!r}: accepted a "
-                             "shapes-world seed or an existing image file")
-        if not question.strip():
-            raise ValueError(f"--prompts line {line[:60]!r}: accepted a non-blank question")
+        try:
+            Question.parse(line).check_image()
+        except ValueError as e:
+            raise ValueError(f"--prompts line {line[:60]!r}: {e}") from None
 
 
 # What a modality checks from its config files and prompts before its models load

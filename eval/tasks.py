@@ -156,28 +156,17 @@ class VLMTask:
 
     @staticmethod
     def parse(line: str):
-        parts = line.split("\t")
-        if len(parts) < 2:
-            raise ValueError(f"VLM prompt {line!r}: accepted IMAGE<TAB>QUESTION[<TAB>ANSWER]")
-        return parts[0], parts[1], (parts[2] if len(parts) > 2 else None)
+        """A prompt line (``modalities.vlm.questions``), named in the error."""
+        from modalities.vlm.questions import Question
 
-    @staticmethod
-    def image(spec: str):
-        if spec.isdigit():
-            from modalities import shapes_world as sw
-
-            return sw.sample(int(spec))[1]
-        from PIL import Image
-
-        return Image.open(spec).convert("RGB")
+        try:
+            return Question.parse(line)
+        except ValueError as e:
+            raise ValueError(f"VLM prompt {line!r}: {e}") from None
 
     def _inputs(self, prompts):
-        images, msgs = [], []
-        for line in prompts:
-            img, q, _ = self.parse(line)
-            images.append(self.image(img))
-            msgs.append([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]}])
-        return images, msgs
+        questions = [self.parse(line) for line in prompts]
+        return [q.picture() for q in questions], [q.messages() for q in questions]
 
     def run(self, prompts, method, params, seed, profile):
         images, msgs = self._inputs(prompts)
@@ -199,7 +188,7 @@ class VLMTask:
             self._greedy.update(zip(todo, ref.texts))
         rows = []
         for p, text in zip(prompts, outputs):
-            _, _, answer = self.parse(p)
+            answer = self.parse(p).answer
             r = dict(answer=text, greedy_agreement=float(norm(text) == norm(self._greedy[p])))
             if answer is not None:
                 r["answer_accuracy"] = float(norm(text) == norm(answer))
@@ -219,10 +208,10 @@ class VLMTask:
         sheet = Image.new("RGB", (len(shown) * (w + 200), height), "white")
         draw = ImageDraw.Draw(sheet)
         for j, p in enumerate(shown):
-            img_spec, q, _ = self.parse(p)
+            q = self.parse(p)
             x = j * (w + 200)
-            sheet.paste(self.image(img_spec).resize((w, w)), (x, 0))
-            draw.text((x, w + 2), q[:48], fill="black")
+            sheet.paste(q.picture().resize((w, w)), (x, 0))
+            draw.text((x, w + 2), q.text[:48], fill="black")
             for i, m in enumerate(methods):
                 ids = tokens_by_method[m][j] if j < len(tokens_by_method[m]) else []
                 text = tok.decode(ids, skip_special_tokens=True).strip()

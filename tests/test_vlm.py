@@ -369,3 +369,26 @@ def test_prompts_that_end_on_the_image_decode_as_the_models_own_generate(kind):
             out = gen.generate(ims, prompts, method=method, temperature=0, max_new_tokens=6,
                                static_cache=static, seed=0)
             assert out.token_ids == own, (method, static)
+
+
+def test_question_lines_are_read_one_way(tmp_path):
+    """``modalities.vlm.questions``: the line format the sweep and the draft-head recipe
+    read: fields, the answer when given, a seed's scene or a file's image, one user turn;
+    two or three fields and a non-blank question accepted, the image checked without
+    reading it."""
+    from modalities import shapes_world as sw
+    from modalities.vlm.questions import Question
+
+    q = Question.parse("31000089\twhat shape is at the top left?\tcircle")
+    assert (q.image, q.text, q.answer) == ("31000089", "what shape is at the top left?", "circle")
+    assert Question.parse("7\t what ? ").answer is None and Question.parse("7\t what ? ").text == "what ?"
+    assert np.array_equal(np.asarray(q.picture()), np.asarray(sw.sample(31000089)[1]))
+    assert q.messages()[0]["content"][1] == {"type": "text", "text": q.text}
+    for bad in ("7", "7\t  ", "7\ta\tb\tc"):
+        with pytest.raises(ValueError, match=r"accepted IMAGE<TAB>QUESTION\[<TAB>ANSWER\]"):
+            Question.parse(bad)
+    with pytest.raises(ValueError, match="image 'nowhere.png': accepted a shapes-world seed"):
+        Question.parse("nowhere.png\twhat ?").check_image()
+    path = tmp_path / "scene.png"
+    sw.sample(5)[1].save(path)
+    Question.parse(f"{path}\twhat ?").check_image()

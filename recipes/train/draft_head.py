@@ -258,26 +258,16 @@ def file_items(modality: str, path: str, n: int, m: int) -> tuple[list, list]:
 
 
 def vlm_item(path: str, i: int, line: str) -> tuple:
-    """(image, chat messages) of a vlm ``--data`` line (its answer, when given, is not used:
-    the head learns the target's own answers)."""
-    from PIL import Image
+    """(image, chat messages) of a vlm ``--data`` line (``modalities.vlm.questions``; its
+    answer, when given, is not used: the head learns the target's own answers)."""
+    from modalities.vlm.questions import Question
 
-    from modalities import shapes_world as sw
-
-    parts = line.split("\t")
-    if len(parts) not in (2, 3) or not parts[1].strip():
-        raise ValueError(f"--data {path} line {i + 1}: accepted IMAGE<TAB>QUESTION[<TAB>ANSWER] "
-                         "(IMAGE a shapes-world seed or an image file)")
-    image, question = parts[0].strip(), parts[1].strip()
-    if image.isdigit():
-        picture = sw.sample(int(image))[1]
-    elif os.path.isfile(image):
-        picture = Image.open(image).convert("RGB")
-    else:
-        raise ValueError(f"--data {path} line {i + 1}: image {image!r}: accepted a shapes-world "
-                         "seed or an existing image file")
-    return picture, [{"role": "user", "content": [{"type": "image"},
-                                                  {"type": "text", "text": question}]}]
+    try:
+        q = Question.parse(line)
+        q.check_image()
+    except ValueError as e:
+        raise ValueError(f"--data {path} line {i + 1}: {e}") from None
+    return q.picture(), q.messages()
 
 
 def load_items(args) -> tuple[list, list]:
