@@ -205,11 +205,22 @@ class Blocks:
     sliding_only: bool = False
 
 
+@dataclass(frozen=True)
+class Window:
+    """A model's sliding-window layers: ``size`` positions back (the query's own included,
+    as transformers counts them); ``alone``: every attention layer is windowed (Mistral's),
+    so the model takes the windowed mask alone, not one mask per layer kind."""
+
+    size: int
+    alone: bool = False
+
+
 def shaped(mask: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor, new: torch.Tensor,
-           window: int | None = None, blocks: Blocks | None = None):
+           window: Window | None = None, blocks: Blocks | None = None):
     """A step's bool mask [R, n, W] (new token i sees slot j) as a model takes it: [R, 1, n, W],
     or for a model with sliding-window layers {"full_attention": it, "sliding_attention": it
-    where the slot's position is less than ``window`` before the query's}.
+    where the slot's position is less than ``window.size`` before the query's} (the latter
+    alone where ``window.alone``).
 
     seq [R, W] the slots' validity (new slots included); pos [R, n] the new tokens'
     positions; new [n] their slots. ``blocks`` (``ids`` [R, n]): new tokens of one block see
@@ -226,9 +237,11 @@ def shaped(mask: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor, new: torch.
             mask = opened
     if window is None:
         return mask[:, None]
-    near = pos[:, :, None] - (seq.cumsum(1) - 1)[:, None, :] < window
+    near = pos[:, :, None] - (seq.cumsum(1) - 1)[:, None, :] < window.size
     own = new[None, :, None] == torch.arange(mask.shape[-1], device=mask.device)[None, None]
-    return {"full_attention": mask[:, None], "sliding_attention": (opened & near | own)[:, None]}
+    sliding = (opened & near | own)[:, None]
+    return sliding if window.alone else {"full_attention": mask[:, None],
+                                         "sliding_attention": sliding}
 
 
 def advance(cache, n: int) -> None:
@@ -368,7 +381,7 @@ class SequenceMask:
         return int(self.mask.shape[1])
 
     def plan(self, valid: torch.Tensor, tree: "TreeMask | None" = None,
-             window: int | None = None, blocks: Blocks | None = None):
+             window: Window | None = None, blocks: Blocks | None = None):
         """Inputs for a forward appending ``valid.shape[1]`` slots.
 
         valid [B, n] (0/1) -> attention_mask [B, L + n], position_ids [B, n].
@@ -478,7 +491,7 @@ class StaticSequenceMask:
 
     def advance(self, valid: torch.Tensor, width: int | None = None,
                 additive: torch.dtype | None = None, tree: "TreeMask | None" = None,
-                window: int | None = None, blocks: Blocks | None = None):
+                window: Window | None = None, blocks: Blocks | None = None):
         """valid [R, n] long -> (mask [R, 1, n, W] over the first W = ``width`` slots
         (default S; at least L + n), position_ids [R, n]). Slot j is visible to new token i
         when it holds a real token and j <= L + i; every token sees itself (so padding rows

@@ -34,7 +34,7 @@ import torch
 from . import distributions, grouping, regions
 from .attention import bucket, module_configs, prefix, sdpa_configs
 from .cache import (Blocks, DynamicCache, SequenceMask, StateSnapshot, StaticSequenceMask,
-                    TreeMask, additive_masks, advance, cache_argument, crop, dynamic_cache,
+                    TreeMask, Window, additive_masks, advance, cache_argument, crop, dynamic_cache,
                     gather_tail, recurrent_layers, repeated_rows, reset, static_cache)
 from .distributed import split_group
 from .engine import compile_mode
@@ -182,6 +182,12 @@ def net_facts(net) -> NetFacts:
             module_configs(net), bool(recurrent_layers(probe)),
             any(getattr(layer, "is_sliding", False) for layer in layers), cache_argument(net))
     return facts
+
+
+def _window(cfg) -> Window:
+    """The decoder's sliding window; alone where every attention layer is windowed."""
+    kinds = set(getattr(cfg, "layer_types", None) or ["sliding_attention"])
+    return Window(cfg.sliding_window, alone=kinds <= {"sliding_attention"})
 
 
 def compile_fixed(fn, **options):
@@ -344,10 +350,7 @@ class CausalLMSession(Session):
         self.recurrent, sliding = facts.recurrent, facts.sliding
         # Sliding-window layers: their caches keep every slot (a rollback needs them) and the
         # step's masks carry the window (``cache.shaped``), counted in positions.
-        self.window = _decoder_config(self.net).sliding_window if sliding else None
-        # Every attention layer windowed (Mistral's): the model takes the windowed mask alone.
-        kinds = set(getattr(_decoder_config(self.net), "layer_types", None) or ["sliding"])
-        self._windowed_only = sliding and kinds <= {"sliding_attention", "sliding"}
+        self.window = _window(_decoder_config(self.net)) if sliding else None
         # Tree steps need every layer to attend through the step's mask: linear attention
         # reads every slot fed before it, sliding windows keep their own slots.
         self.trees = not self.recurrent and not sliding
@@ -580,7 +583,6 @@ class CausalLMSession(Session):
         valid = valid.to(torch.long)
         if self.static_len is None:
             attn, pos = self.seq.plan(valid, tree, self.window, blocks)
-            attn = attn["sliding_attention"] if self._windowed_only else attn
             if isinstance(attn, dict) or attn.dim() == 4:   # added to the scores (any attention)
                 attn = additive_masks(attn, next(self.net.parameters()).dtype)
             out = self.net(**inputs, **{self._cache_arg: self.cache}, attention_mask=attn,
@@ -642,7 +644,6 @@ class CausalLMSession(Session):
         update = type(self.seq).advance if prompt else self._tail(type(self.seq).advance)
         mask, pos = update(self.seq, valid, width, None if bool_mask else self._additive, tree,
                            self.window, blocks)
-        mask = mask["sliding_attention"] if self._windowed_only else mask
         if self.compile == "regional":
             regions.dynamic_length(self.cache, mask)
         kernel = self.decode_kernel and bool(self.compile)          # captured: on CUDA
