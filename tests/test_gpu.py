@@ -688,3 +688,58 @@ def test_recipes_compile_on_the_gpu(tmp_path):
     assert eager["identical"] and captured["identical"]
     assert captured["tokens"] == eager["tokens"]
     mmspec.release_graphs()
+
+
+@pytest.mark.parametrize("method", ["draft", "jacobi", "plain"])
+def test_captured_sliding_window_layers_give_the_models_own_tokens(method):
+    """A Gemma 3 text model of 4-slot sliding windows beside full layers, 20 tokens past
+    ragged prompts of 7 and 3, captured: each row's tokens are the model's own ``generate``
+    (the static mask carries the window counted in positions, replayed step after step)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    def windowed(seed, layers):
+        torch.manual_seed(seed)
+        cfg = Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                               num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                               vocab_size=64, sliding_window=4, max_position_embeddings=128,
+                               layer_types=["sliding_attention", "full_attention"][:layers],
+                               initializer_range=0.3, tie_word_embeddings=False, pad_token_id=0,
+                               bos_token_id=None, eos_token_id=None)   # generate stops nowhere
+        return Gemma3ForCausalLM(cfg).eval().cuda()
+
+    dev = torch.device("cuda")
+    target = windowed(0, 2)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 64, (1, n), generator=g).to(dev) for n in (7, 3)]
+    own = [target.generate(p, do_sample=False, max_new_tokens=20, pad_token_id=0)[0, p.shape[1]:]
+           .tolist() for p in prompts]
+    ids = torch.zeros(2, 7, dtype=torch.long, device=dev)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, 7 - p.shape[1]:], mask[i, 7 - p.shape[1]:] = p[0], 1
+    drafter = dict(draft=dict(draft=windowed(1, 1)), jacobi=dict(drafter=mmspec.Jacobi(4)),
+                   plain={})[method]
+    out = mmspec.generate(target, input_ids=ids, attention_mask=mask, max_new_tokens=20,
+                          temperature=0, compile=True, stop_token_ids=[], **drafter)
+    assert out.sequences[:, 7:].tolist() == own
+    mmspec.release_graphs()
+
+
+def test_captured_gemma3_vlm_equals_eager():
+    """Gemma 3 (bidirectional image blocks in the prompt, sliding windows after it) with
+    compile=True: the eager tokens, for plain, image-draft and Jacobi decoding."""
+    from modalities.vlm import VisionLanguageGenerator
+    from tiny_vlm import images, tiny_gemma3, tiny_gemma3_processor
+
+    dev = torch.device("cuda")
+    target, proc = tiny_gemma3().to(dev), tiny_gemma3_processor()
+    g = VisionLanguageGenerator(target, proc, tiny_gemma3(seed=1, layers=1).to(dev), "image")
+    msgs = [[{"role": "user", "content": [{"type": "image"},
+                                          {"type": "text", "text": "what colour is the circle ?"}]}],
+            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "a"}]}]]
+    kw = dict(temperature=0, max_new_tokens=16, seed=0)
+    for method in ("plain", "exact", "sjd"):
+        eager = g.generate(images(2), msgs, method=method, **kw).token_ids
+        assert g.generate(images(2), msgs, method=method, compile=True, **kw).token_ids == eager, \
+            method
+    mmspec.release_graphs()
