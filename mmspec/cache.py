@@ -198,11 +198,16 @@ def additive_masks(masks, dtype: torch.dtype):
 @dataclass
 class Blocks:
     """A prompt's blocks whose tokens see each other both ways in its pass (an image's tokens,
-    a prefix-LM's prompt): ``ids`` [B, P] long, -1 outside a block; ``sliding_only``: on the
-    sliding-window layers alone (Gemma 4's), else on every layer (Gemma 3's, PaliGemma's)."""
+    a prefix-LM's prompt): ``ids`` [B, n] long, the fed tokens' blocks, -1 outside a block;
+    ``keys`` [B, P]: the blocks of the slots from 0 on (the cache's prompt), where the fed
+    tokens' own are not all (the first step refeeding the prompt's last token); default the
+    fed tokens' ids at their slots. ``sliding_only``: on the sliding-window layers alone
+    (Gemma 4's), else on every layer (Gemma 3's, PaliGemma's). A block overrides a window,
+    as transformers' masks combine them: its tokens see the whole block."""
 
     ids: torch.Tensor
     sliding_only: bool = False
+    keys: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -224,24 +229,30 @@ def shaped(mask: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor, new: torch.
 
     seq [R, W] the slots' validity (new slots included); pos [R, n] the new tokens'
     positions; new [n] their slots. ``blocks`` (``ids`` [R, n]): new tokens of one block see
-    each other both ways, as the model's own prompt pass sees them. Positions are counts of
-    real tokens: a hole or padding between two tokens does not count toward the window, as
-    it does not in decoding without holes."""
-    opened = mask
-    if blocks is not None:
-        ids = blocks.ids
-        same = ((ids[:, :, None] == ids[:, None, :]) & (ids[:, :, None] >= 0)
-                & seq[:, new].bool()[:, None, :])
-        opened = mask | torch.zeros_like(mask).index_copy_(2, new, same)
-        if not blocks.sliding_only:
-            mask = opened
+    each other both ways, as the model's own prompt pass sees them, past any window.
+    Positions are counts of real tokens: a hole or padding between two tokens does not count
+    toward the window, as it does not in decoding without holes."""
+    same = _same_block(blocks, seq, new) if blocks is not None else None
+    full = mask | same if same is not None and not blocks.sliding_only else mask
     if window is None:
-        return mask[:, None]
+        return full[:, None]
     near = pos[:, :, None] - (seq.cumsum(1) - 1)[:, None, :] < window.size
     own = new[None, :, None] == torch.arange(mask.shape[-1], device=mask.device)[None, None]
-    sliding = (opened & near | own)[:, None]
-    return sliding if window.alone else {"full_attention": mask[:, None],
+    sliding = mask & near | own
+    sliding = (sliding if same is None else sliding | same)[:, None]
+    return sliding if window.alone else {"full_attention": full[:, None],
                                          "sliding_attention": sliding}
+
+
+def _same_block(blocks: Blocks, seq: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """[R, n, W]: new token i and slot j hold tokens of one block (j a real token)."""
+    ids = blocks.ids
+    if blocks.keys is None:
+        keys = torch.full(seq.shape, -1, dtype=ids.dtype, device=ids.device).index_copy(1, new, ids)
+    else:
+        keys = torch.nn.functional.pad(blocks.keys, (0, seq.shape[1] - blocks.keys.shape[1]),
+                                       value=-1)
+    return (ids[:, :, None] == keys[:, None, :]) & (ids[:, :, None] >= 0) & seq.bool()[:, None, :]
 
 
 def advance(cache, n: int) -> None:

@@ -383,6 +383,7 @@ class CausalLMSession(Session):
         self._since_commit = 0
         self._uncond_last = None
         self._first = True
+        self._first_blocks: Blocks | None = None   # the first step's (``_blocks_pass``)
         self._base = None
 
     @property
@@ -523,6 +524,7 @@ class CausalLMSession(Session):
             prompt_blocks = Blocks(prompt_blocks)
         if prompt_blocks is not None and prompt_blocks.sliding_only and self.window is None:
             prompt_blocks = None              # no sliding-window layer to open them on
+        self._first_blocks = None
         if prompt_blocks is not None:
             self._blocks_pass(input_ids, attention_mask, prompt_blocks, model_kwargs)
         elif input_ids.shape[1] > 1:
@@ -547,6 +549,18 @@ class CausalLMSession(Session):
         self.seq.rollback(1)
         if self._feature_layers:
             self.features = self.features[:, :-1]
+        # A last token inside a block saw the whole block past its window (PaliGemma 2's
+        # prefix): so does its refeed.
+        if self.window is not None and bool((blocks.ids[:, -1] >= 0).any()):
+            self._first_blocks = Blocks(blocks.ids[:, -1:], blocks.sliding_only, blocks.ids)
+
+    def _step_blocks(self, n: int) -> Blocks | None:
+        """The blocks of the first step's ``n`` slots: the refed prompt token's, if any."""
+        b = self._first_blocks
+        if b is None or not self._first:
+            return None
+        return Blocks(torch.nn.functional.pad(b.ids, (0, n - 1), value=-1), b.sliding_only,
+                      b.keys)
 
     # -- the protocol -------------------------------------------------------------------------
     def _rows(self, t: torch.Tensor) -> torch.Tensor:
@@ -579,6 +593,8 @@ class CausalLMSession(Session):
         ``distributions`` of the step's rows; position_ids [R, n]). A captured step computes
         its distributions inside its graph (``captures_processing``)."""
         processed = False
+        if not prompt:
+            blocks = self._step_blocks(tokens.shape[1])
         inputs = self.prompt_inputs(tokens) if prompt else self.embed(tokens, self._first)
         valid = valid.to(torch.long)
         if self.static_len is None:

@@ -178,6 +178,16 @@ def _paligemma() -> Case:
     return _llava_like(tiny_paligemma, tiny_paligemma_processor(), (48, 32), "<image>")
 
 
+def _paligemma2() -> Case:
+    """PaliGemma 2: Gemma 2's sliding windows (4 slots) shorter than the bidirectional prefix."""
+    from functools import partial
+
+    from tiny_vlm import tiny_paligemma, tiny_paligemma_processor
+
+    return _llava_like(partial(tiny_paligemma, window=4), tiny_paligemma_processor(), (48, 32),
+                       "<image>")
+
+
 def _llava_like(build, proc, other_size, token, seed: int = 0) -> Case:
     """Three images, two sizes (other tile grids or token counts), an image draft."""
     from PIL import Image
@@ -268,12 +278,14 @@ CASES = {
     "llava": lambda: _vlm("llava"), "llava-next": lambda: _vlm("llava-next"),
     "llava-onevision": _onevision, "mistral3": _mistral3, "internvl": _internvl,
     "idefics3": _idefics3, "smolvlm": _smolvlm, "chameleon": _chameleon,
-    "gemma3": _gemma3, "gemma4": _gemma4, "paligemma": _paligemma,
+    "gemma3": _gemma3, "gemma4": _gemma4, "paligemma": _paligemma, "paligemma2": _paligemma2,
     "qwen2-vl": lambda: _qwen("qwen2-vl"), "qwen2.5-vl": lambda: _qwen("qwen2.5-vl"),
     "qwen3-vl": lambda: _qwen("qwen3-vl"), "qwen3.5": lambda: _qwen("qwen3.5"),
     "delay-pattern": _delay_pattern, "single-codebook": _single_codebook, "csm": _csm,
 }
-NAMES = [a.name for a in adapters()]
+# Cases of a registered adapter's class in another configuration the adapter decodes otherwise.
+VARIANTS = {"paligemma2": "paligemma"}
+NAMES = [a.name for a in adapters()] + list(VARIANTS)
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -286,6 +298,7 @@ def case(request):
 
 def test_every_registered_adapter_has_a_case():
     assert set(NAMES) == set(CASES), set(NAMES) ^ set(CASES)
+    assert set(VARIANTS.values()) <= {a.name for a in adapters()}
 
 
 def test_speculative_greedy_equals_plain_greedy(case):
@@ -328,7 +341,7 @@ def test_batch_rows_equal_their_single_row_runs(case):
 # length), CSM (frames from a depth decoder), Qwen3.5 (recurrent layers: its draft model's
 # trees are refused; as a target it verifies a head's trees, below), the tiny Mistral3
 # and Gemma 3 and 4 (sliding windows: MistralConfig's default, Gemma's local layers).
-NO_TREES = {"delay-pattern", "csm", "qwen3.5", "mistral3", "gemma3", "gemma4"}
+NO_TREES = {"delay-pattern", "csm", "qwen3.5", "mistral3", "gemma3", "gemma4", "paligemma2"}
 
 
 def test_greedy_trees_give_plain_greedy_or_are_refused(case, request):
@@ -386,7 +399,7 @@ def test_every_vlm_draft_width_gives_plain_greedy(name, k):
 
 
 IMAGE_LAST = ["llava-onevision", "mistral3", "internvl", "idefics3", "smolvlm", "chameleon",
-              "gemma3", "gemma4", "paligemma"]
+              "gemma3", "gemma4", "paligemma", "paligemma2"]
 
 
 @pytest.mark.parametrize("name", IMAGE_LAST)
@@ -415,7 +428,7 @@ def test_prompts_that_end_with_the_image_give_the_models_own_tokens(name):
 
 
 OWN = ["llava", "llava-next", "llava-onevision", "mistral3", "internvl", "idefics3", "smolvlm",
-       "chameleon", "gemma3", "gemma4", "paligemma", "qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5",
+       "chameleon", "gemma3", "gemma4", "paligemma", "paligemma2", "qwen2-vl", "qwen2.5-vl", "qwen3-vl", "qwen3.5",
        "delay-pattern", "csm"]
 
 

@@ -251,18 +251,32 @@ def test_unsupported_vlm_classes_are_refused_with_the_reason(name, why):
         "SmolVLMForConditionalGeneration"]
 
 
-def test_paligemma_2_is_refused_with_the_reason():
-    """PaliGemma 2 (a Gemma 2 text decoder with sliding-window layers): its forward builds
-    one mask from what it is given, where the session passes one per layer kind; refused
-    before any work, naming the reason (it raised inside transformers' mask code)."""
-    import transformers
+def test_paligemma_2_decodes_past_its_window_inside_the_prefix():
+    """PaliGemma 2 (a Gemma 2 decoder: 4-slot sliding windows, 13- and 6-token bidirectional
+    prefixes): its forward takes one mask for every layer, so its decoder is called alone
+    (``DecoderSession``: merged embeddings, soft-capped head). The prefix's tokens see the
+    whole prefix past the window on the sliding layers, the refed last one in the first step
+    too; greedy decoding gives the model's own tokens."""
+    from modalities.vlm.decoder_session import DecoderSession
+    from modalities.vlm.generator import _session
+    from mmspec.sampling import SamplingParams
+    from tiny_vlm import tiny_paligemma, tiny_paligemma_processor
 
-    cfg = transformers.PaliGemmaConfig(text_config=dict(model_type="gemma2"))
-    with torch.device("meta"):
-        model = transformers.PaliGemmaForConditionalGeneration(cfg)
-    with pytest.raises(ValueError, match="target PaliGemmaForConditionalGeneration: a text "
-                                         "decoder with sliding-window layers"):
-        VisionLanguageGenerator(model, tiny_processor())
+    target, proc = tiny_paligemma(window=4), tiny_paligemma_processor()
+    assert isinstance(_session(target, SamplingParams(0.0)), DecoderSession)
+    ims = images(2, seed=5)
+    prompts = ["<image> what colour is the circle ? ASSISTANT:", "<image> a"]
+    own = []
+    for im, prompt in zip(ims, prompts):
+        batch = proc(images=[im], text=[prompt], return_tensors="pt")
+        assert batch["input_ids"].shape[1] > 4            # the prefix outruns the window
+        batch.pop("labels")
+        own.append(target.generate(**batch, do_sample=False, max_new_tokens=10)[
+            0, batch["input_ids"].shape[1]:].tolist())
+    g = VisionLanguageGenerator(target, proc)
+    for static in (False, True):
+        out = g.generate(ims, prompts, temperature=0, max_new_tokens=10, static_cache=static)
+        assert out.token_ids == own, static
 
 
 def test_transformers_conventions():

@@ -400,21 +400,29 @@ def tiny_paligemma_processor(tokens: int = 4):
                               chat_template=CHAT_TEMPLATE)
 
 
-def tiny_paligemma(seed: int = 0, hidden: int = 32, layers: int = 2, tokens: int = 4):
-    """A PaliGemma (SigLIP + Gemma): the image and the prompt one bidirectional prefix."""
+def tiny_paligemma(seed: int = 0, hidden: int = 32, layers: int = 2, tokens: int = 4,
+                   window: int | None = None):
+    """A PaliGemma (SigLIP + Gemma): the image and the prompt one bidirectional prefix. With a
+    ``window``, PaliGemma 2's: a Gemma 2 decoder whose layers alternate sliding-window
+    (``window`` slots, less than a prompt's prefix) and full attention, logits soft-capped."""
     from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
 
     torch.manual_seed(seed)
+    text = dict(model_type="gemma", vocab_size=len(WORDS), hidden_size=hidden,
+                intermediate_size=2 * hidden, num_hidden_layers=layers,
+                num_attention_heads=2, num_key_value_heads=1, head_dim=hidden // 2,
+                max_position_embeddings=1024, pad_token_id=0, bos_token_id=1,
+                eos_token_id=2, initializer_range=0.3, tie_word_embeddings=False)
+    if window is not None:
+        text.update(model_type="gemma2", sliding_window=window, final_logit_softcapping=3.0,
+                    layer_types=["sliding_attention", "full_attention"] * (layers // 2)
+                    + ["sliding_attention"] * (layers % 2))
     cfg = PaliGemmaConfig(
         vision_config=dict(model_type="siglip_vision_model", hidden_size=16,
                            intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                            image_size=32, patch_size=16, projection_dim=hidden,
                            num_image_tokens=tokens),
-        text_config=dict(model_type="gemma", vocab_size=len(WORDS), hidden_size=hidden,
-                         intermediate_size=2 * hidden, num_hidden_layers=layers,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=hidden // 2,
-                         max_position_embeddings=1024, pad_token_id=0, bos_token_id=1,
-                         eos_token_id=2, initializer_range=0.3, tie_word_embeddings=False),
+        text_config=text,
         image_token_index=WORDS.index("<image>"), projection_dim=hidden,
         tie_word_embeddings=False)
     return PaliGemmaForConditionalGeneration(cfg).eval()

@@ -60,6 +60,7 @@ from mmspec.session import (
 from mmspec.types import StepStats
 from modalities.registry import adapters, load_pretrained, register_adapter, serialized
 
+from .decoder_session import DecoderSession, decodes_alone
 from .mrope import POSITION_INPUTS, MRopeSession, uses_mrope
 
 
@@ -94,11 +95,6 @@ def supported_classes() -> list[str]:
 def check_supported(model, role: str) -> None:
     """Refuse, before any work and with the reason, a VLM class mmspec does not implement."""
     name, kind = type(model).__name__, getattr(model.config, "model_type", None)
-    if kind == "paligemma" and getattr(model.config.get_text_config(), "sliding_window", None):
-        raise ValueError(f"{role} {name}: a text decoder with sliding-window layers (PaliGemma "
-                         "2's Gemma 2) takes one mask in PaliGemma's forward, not one per "
-                         "layer kind: not implemented; accepted PaliGemma with a Gemma text "
-                         "decoder, Gemma 3, Gemma 4")
     if name in supported_classes():
         return
     raise ValueError(f"{role} {name} ({kind}): a class VisionLanguageGenerator does not "
@@ -511,11 +507,12 @@ def media_last(model, batch: dict) -> dict:
     video placeholder, the first step must feed it, but the model merges each placeholder's
     features only when it sees them all: the whole prompt's merged input embeddings (the
     model's own, ``hidden_states[0]`` of one pass) replace the pixels, the session's prefill
-    feeds all but the last column and its first step that one's embedding. Other prompts (a
-    chat template's end on text) as they are."""
+    feeds all but the last column and its first step that one's embedding. A model whose
+    decoder is called alone (``decodes_alone``: PaliGemma 2) takes every prompt so. Other
+    prompts (a chat template's end on text) as they are."""
     ids, cfg = batch.get("input_ids"), model.config
     media = [m for m in (getattr(cfg, k, None) for k in MEDIA_IDS) if isinstance(m, int)]
-    if ids is None or "modes" in batch or not media or not bool(
+    if ids is None or "modes" in batch or not media or not decodes_alone(model) and not bool(
             torch.isin(ids[:, -1], torch.tensor(media, device=ids.device)).any()):
         return batch
     if getattr(getattr(cfg, "vision_config", None), "deepstack_visual_indexes", None):
@@ -564,8 +561,11 @@ def session_prompt(model, batch: dict) -> dict:
 
 
 def _session(model, params, **cache) -> CausalLMSession:
-    """The session a model decodes in: M-RoPE positions for Qwen-VL models."""
-    return (MRopeSession if uses_mrope(model) else CausalLMSession)(model, params, **cache)
+    """The session a model decodes in: M-RoPE positions for Qwen-VL models; PaliGemma 2's
+    text decoder called alone (``DecoderSession``)."""
+    kind = (MRopeSession if uses_mrope(model) else DecoderSession if decodes_alone(model)
+            else CausalLMSession)
+    return kind(model, params, **cache)
 
 
 def _refuse_unknown_words(tok, texts: list[str], ids: torch.Tensor) -> None:
