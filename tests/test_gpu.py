@@ -725,15 +725,24 @@ def test_captured_sliding_window_layers_give_the_models_own_tokens(method):
     mmspec.release_graphs()
 
 
-def test_captured_gemma3_vlm_equals_eager():
-    """Gemma 3 (bidirectional image blocks in the prompt, sliding windows after it) with
-    compile=True: the eager tokens, for plain, image-draft and Jacobi decoding."""
+@pytest.mark.parametrize("kind", ["gemma3", "paligemma2"])
+def test_captured_gemma_vlms_equal_eager(kind):
+    """Gemma 3 (bidirectional image blocks in the prompt, sliding windows after it) and
+    PaliGemma 2 (its decoder called alone; a prefix longer than its window, the first step
+    refeeding a token inside it) with compile=True: the eager tokens, for plain, image-draft
+    and Jacobi decoding."""
+    from functools import partial
+
     from modalities.vlm import VisionLanguageGenerator
-    from tiny_vlm import images, tiny_gemma3, tiny_gemma3_processor
+    from tiny_vlm import (images, tiny_gemma3, tiny_gemma3_processor, tiny_paligemma,
+                          tiny_paligemma_processor)
 
     dev = torch.device("cuda")
-    target, proc = tiny_gemma3().to(dev), tiny_gemma3_processor()
-    g = VisionLanguageGenerator(target, proc, tiny_gemma3(seed=1, layers=1).to(dev), "image")
+    build, proc = dict(gemma3=(tiny_gemma3, tiny_gemma3_processor()),
+                       paligemma2=(partial(tiny_paligemma, window=4),
+                                   tiny_paligemma_processor()))[kind]
+    target = build().to(dev)
+    g = VisionLanguageGenerator(target, proc, build(seed=1, layers=1).to(dev), "image")
     msgs = [[{"role": "user", "content": [{"type": "image"},
                                           {"type": "text", "text": "what colour is the circle ?"}]}],
             [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "a"}]}]]
