@@ -423,3 +423,38 @@ def test_gptfast_steps_alone_are_called_as_its_loops_call_them():
         ("wide", target, torch.int32, (1, 5), True, torch.int64, (10, 11, 12, 13, 14)),
         ("one", "draft", torch.int32, (1, 1), True, torch.int64, (10,), True, False)}
     assert torch.backends.cuda.flash_sdp_enabled()           # the context is left after
+
+
+def test_bench_jacobi_gpu_tiny_cpu_rows_and_bounds(tmp_path):
+    """The Jacobi GPU benchmark's smoke run (tiny shape, CPU, 16 image tokens, window 4):
+    plain and every Jacobi method produce one image of 16 tokens through the text-to-image
+    path with guidance; each row's bounds are its compression (and the bundled model's, one
+    per method) x the plain step / the window step; a compression per method is required."""
+    from eval.bench_jacobi_gpu import METHODS, main
+
+    with pytest.raises(ValueError, match="--compressions"):
+        main(["--shape", "tiny", "--device", "cpu", "--compressions", "3,4",
+              "--out", str(tmp_path)])
+    main(["--shape", "tiny", "--device", "cpu", "--new-tokens", "16", "--prompt", "8",
+          "--windows", "4", "--compressions", "3.0,3.5,4.0,4.5", "--out", str(tmp_path)])
+    rows = [json.loads(line) for line in (tmp_path / "bench.jsonl").read_text().splitlines()]
+    assert rows[0]["kind"] == "setup" and rows[0]["grid"] == [4, 4]
+    (plain,) = [r for r in rows if r["kind"] == "plain"]
+    jacobi = {r["method"]: r for r in rows if r["kind"] == "jacobi"}
+    assert not [r for r in rows if r["kind"] == "error"]
+    assert set(jacobi) == set(METHODS)
+    assert (plain["tokens"], plain["images"], plain["steps"]) == (16, 1, 16)
+    bundled = dict(zip(METHODS, (3.0, 3.5, 4.0, 4.5)))
+    for label, r in jacobi.items():
+        assert (r["tokens"], r["images"], r["window"]) == (16, 1, 4)
+        assert r["lossless"] == (not label.startswith("sjd-continue"))
+        assert r["compression"] == pytest.approx(16 / r["steps"])
+        assert r["plain_step_ms"] == plain["step_ms"] and r["window_step_ms"] > 0
+        step_ratio = r["plain_step_ms"] / r["window_step_ms"]
+        assert r["bound"] == pytest.approx(r["compression"] * step_ratio)
+        assert r["bundled_compression"] == bundled[label]
+        assert r["bound_bundled"] == pytest.approx(bundled[label] * step_ratio)
+        assert r["efficiency"] == pytest.approx(r["speedup"] / r["bound"])
+    report = (tmp_path / "report.md").read_text()
+    assert "| eager | plain |" in report and "bound at bundled" in report
+    assert all(f"| eager | {m}" in report for m in METHODS)
