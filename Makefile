@@ -19,18 +19,21 @@ $(STAMP): pyproject.toml requirements.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip > $(VENV)/pip.log 2>&1 || { grep -v "^WARNING: Location" $(VENV)/pip.log; exit 1; }
 	$(PY) -m pip install -q -r requirements.lock > $(VENV)/pip.log 2>&1 || { grep -v "^WARNING: Location" $(VENV)/pip.log; exit 1; }
-	$(PY) -m pip install -q --no-deps -e . > $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
+	flock pyproject.toml $(PY) -m pip install -q --no-deps -e . > $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
 	$(PY) -c "import mmspec, torch, torchaudio, transformers, diffusers; print('mmspec', mmspec.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__, '| diffusers', diffusers.__version__)"
 	touch $(STAMP)
 
 # vLLM's CPU build and speculators, pinned in requirements-vllm.lock; its torchvision,
 # torchaudio and torchcodec builds fail to load beside its torch and are removed (nothing
-# here uses them).
-$(VLLM_STAMP): requirements-vllm.lock
+# here uses them). mmspec itself is installed there without its dependencies (editable), so
+# vLLM finds its plugin (pyproject.toml's vllm.general_plugins: mmspec's own DraftHead);
+# the two environments' editable installs (which write mmspec.egg-info here) take turns.
+$(VLLM_STAMP): requirements-vllm.lock pyproject.toml
 	@test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q -r requirements-vllm.lock > $(VLLM_VENV)/pip.log 2>&1 || { grep -v "^WARNING: Location" $(VLLM_VENV)/pip.log; exit 1; }
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec > /dev/null 2>&1 || true
-	$(VLLM_PY) -c "import vllm, speculators.models.eagle3, torch, transformers; print('vllm', vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"
+	flock pyproject.toml $(VLLM_PY) -m pip install -q --no-deps -e . > $(VLLM_VENV)/pip.log 2>&1 || { cat $(VLLM_VENV)/pip.log; exit 1; }
+	$(VLLM_PY) -c "import vllm, speculators.models.eagle3, torch, transformers; from importlib.metadata import entry_points as e; assert 'mmspec_draft_head' in e(group='vllm.general_plugins').names; print('vllm', vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__, '| mmspec plugin')"
 	touch $(VLLM_STAMP)
 
 vllm-env: $(VLLM_STAMP)

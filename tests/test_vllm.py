@@ -7,7 +7,9 @@
 - vLLM serves the bundled image target (a transformers Llama over its image tokens) with the
   bundled EAGLE-3 head: greedy tokens with speculation equal vLLM's without and mmspec's own
   plain greedy; vLLM's acceptance on the same prompts within 0.05 of mmspec's measurement of
-  the head in the same setting (no guidance: vLLM has none), far above a random head's.
+  the head in the same setting (no guidance: vLLM has none), far above a random head's;
+- the same for mmspec's own ``DraftHead`` (the bundled image head) exported to 'vllm' and
+  served through mmspec's ``vllm.general_plugins`` entry point (``mmspec_vllm``).
 
 The figures are printed in the session's summary (``parity`` lines).
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -105,40 +108,162 @@ def _agreeing_prefixes(model, ids, mask, generated, tol=1e-4) -> list[int]:
     return [int(t.nonzero()[0]) if t.any() else generated.shape[1] for t in tie]
 
 
-def test_vllm_serves_the_bundled_image_head_as_mmspec_measures_it(tmp_path, record_property):
-    from modalities.image import TextToImage
-    from recipes.train.draft_head import shapes_items
+class _ImageSetting:
+    """The bundled image target (a transformers Llama over its image tokens) on 8 captions,
+    greedy, 64 tokens, chains of K = 3 (no guidance: vLLM has none), and mmspec's own plain
+    greedy tokens of them."""
 
-    pipe = TextToImage.from_pretrained(str(ROOT / "samples/models/shapes-t2i"))
-    model = pipe.target.model
-    prompts = [pipe.target._encode(c) for c in shapes_items("t2i", 8, 20_000_000)]
     new, k = 64, 3
-    p = max(map(len, prompts))
-    ids = torch.tensor([[0] * (p - len(x)) + x for x in prompts])
-    mask = torch.tensor([[0] * (p - len(x)) + [1] * len(x) for x in prompts])
-    kw = dict(input_ids=ids, attention_mask=mask, temperature=0, max_new_tokens=new,
-              stop_token_ids=[])
-    plain = mmspec.generate(model, **kw).sequences[:, p:]
+    target = str(ROOT / "samples/models/shapes-t2i")
+
+    def __init__(self):
+        from modalities.image import TextToImage
+        from recipes.train.draft_head import shapes_items
+
+        pipe = TextToImage.from_pretrained(self.target)
+        self.model = pipe.target.model
+        self.prompts = [pipe.target._encode(c) for c in shapes_items("t2i", 8, 20_000_000)]
+        p = self.p = max(map(len, self.prompts))
+        self.ids = torch.tensor([[0] * (p - len(x)) + x for x in self.prompts])
+        self.mask = torch.tensor([[0] * (p - len(x)) + [1] * len(x) for x in self.prompts])
+        self.kw = dict(input_ids=self.ids, attention_mask=self.mask, temperature=0,
+                       max_new_tokens=self.new, stop_token_ids=[])
+        self.plain = mmspec.generate(self.model, **self.kw).sequences[:, p:]
+
+    def acceptance(self, head) -> float:
+        """mmspec's acceptance of ``head`` drafting chains of K."""
+        out = mmspec.generate(self.model, drafter=FeatureDrafter(head, depth=self.k, branch=1,
+                                                                 width=1), **self.kw)
+        return out.stats.accepted / out.stats.drafted
+
+    def serve(self, tmp_path: Path, heads: dict[str, str]) -> dict[str, float]:
+        """vLLM serves the target plainly and with each of ``heads`` (name: folder,
+        method="eagle3", K): greedy tokens with speculation equal vLLM's without, which
+        equal mmspec's plain greedy up to each row's first near-tie; -> each head's
+        acceptance in vLLM."""
+        runs = [dict(name="plain", head=None, k=0)]
+        runs += [dict(name=name, head=folder, k=self.k) for name, folder in heads.items()]
+        field("vllm_serve", dict(target=self.target, prompts=self.prompts,
+                                 max_tokens=self.new, runs=runs), tmp_path,
+              str(tmp_path / "out.json"))
+        out = json.loads((tmp_path / "out.json").read_text())
+        for name in heads:
+            assert out[name]["tokens"] == out["plain"]["tokens"], name
+        for row, n in enumerate(_agreeing_prefixes(self.model, self.ids, self.mask,
+                                                   self.plain)):
+            assert out["plain"]["tokens"][row][:n] == self.plain[row, :n].tolist(), row
+        return {name: out[name]["accepted_tokens"] / out[name]["draft_tokens"]
+                for name in heads}
+
+
+def test_vllm_serves_the_bundled_image_head_as_mmspec_measures_it(tmp_path, record_property):
+    s = _ImageSetting()
     bundled = str(ROOT / "samples/models/shapes-t2i-eagle3")
-    head = layouts.load(bundled, model)
-    drafted = mmspec.generate(model, drafter=FeatureDrafter(head, depth=k, branch=1, width=1),
-                              **kw)
-    ours = drafted.stats.accepted / drafted.stats.drafted
+    head = layouts.load(bundled, s.model)
+    ours = s.acceptance(head)
     torch.manual_seed(0)
-    layouts.export(Eagle3Head.for_target(model, head.config.feature_layers, num_layers=2),
-                   tmp_path / "random", "speculators", target=str(ROOT / "samples/models/shapes-t2i"))
-    runs = [dict(name="plain", head=None, k=0), dict(name="bundled", head=bundled, k=k),
-            dict(name="random", head=str(tmp_path / "random"), k=k)]
-    field("vllm_serve", dict(target=str(ROOT / "samples/models/shapes-t2i"), prompts=prompts,
-                             max_tokens=new, runs=runs), tmp_path, str(tmp_path / "out.json"))
-    out = json.loads((tmp_path / "out.json").read_text())
-    assert out["bundled"]["tokens"] == out["plain"]["tokens"] == out["random"]["tokens"]
-    for row, n in enumerate(_agreeing_prefixes(model, ids, mask, plain)):
-        assert out["plain"]["tokens"][row][:n] == plain[row, :n].tolist(), row
-    rate = {name: out[name]["accepted_tokens"] / out[name]["draft_tokens"]
-            for name in ("bundled", "random")}
+    layouts.export(Eagle3Head.for_target(s.model, head.config.feature_layers, num_layers=2),
+                   tmp_path / "random", "speculators", target=s.target)
+    rate = s.serve(tmp_path, dict(bundled=bundled, random=str(tmp_path / "random")))
     record_property("parity", f"vLLM acceptance {rate['bundled']:.3f} (random head "
-                              f"{rate['random']:.3f}), mmspec's {ours:.3f}, K = {k}, "
-                              f"{len(prompts)} captions x {new} tokens")
+                              f"{rate['random']:.3f}), mmspec's {ours:.3f}, K = {s.k}, "
+                              f"{len(s.prompts)} captions x {s.new} tokens")
     assert abs(rate["bundled"] - ours) <= 0.05, (rate, ours)
     assert rate["bundled"] > 0.25 and rate["random"] < 0.05, rate
+
+
+def test_vllm_serves_mmspecs_own_draft_head_through_the_plugin(tmp_path, record_property):
+    """mmspec's own DraftHead (the bundled image head: 2 layers, fusing hidden_states
+    [1, 4, 7], 7 the target's last layer after its final norm) exported to 'vllm' and served
+    by vLLM through mmspec's vllm.general_plugins entry point (architecture
+    MmspecDraftHeadEagle3, method="eagle3"): greedy tokens as above; vLLM's acceptance within
+    0.05 of mmspec's measurement of the head, both as vLLM runs it (no pair for the prompt's
+    first token: vLLM's proposer has no slot for it) and as trained (with that pair), and of
+    the same weights drafting a reduced vocabulary; far above a random DraftHead's. The
+    exported folder reads back as the same head."""
+    import mmspec_vllm
+    from mmspec.drafters import DraftHead
+
+    s = _ImageSetting()
+    head = layouts.load(ROOT / "samples/models/shapes-t2i-head", s.model)
+    assert type(head) is DraftHead and head.config.feature_layers == (1, 4, 7)
+    layouts.export(head, tmp_path / "mine", "vllm", target=s.target)
+    config = json.loads((tmp_path / "mine" / "config.json").read_text())
+    assert config["architectures"] == [mmspec_vllm.ARCHITECTURE]
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 4, 7]
+    assert config["mmspec_final_norm"] == {"layer": 7, "eps": 1e-6}
+    back = layouts.load(tmp_path / "mine", s.model)
+    assert layouts.recognise(tmp_path / "mine").name == "vllm" and type(back) is DraftHead
+    for k, v in head.state_to_save().items():
+        assert torch.equal(back.state_to_save()[k], v), k
+    trained = s.acceptance(head)
+    head.first_pair = False                     # as vLLM's proposer pairs the prompt
+    as_vllm = s.acceptance(head)
+    # the same weights drafting 300 ids only (the plain tokens' and the lowest others):
+    # -inf outside them in vLLM as in mmspec
+    reduced = DraftHead(replace(head.config, draft_vocab_size=300))
+    reduced.load_state_dict(head.state_to_save(), strict=False)
+    reduced.attach(s.model)
+    seen = s.plain.unique()
+    rest = torch.tensor([i for i in range(head.config.vocab_size) if i not in set(seen.tolist())])
+    reduced.set_draft_ids(torch.cat([seen, rest[:300 - len(seen)]]))
+    reduced.first_pair = False
+    as_vllm_reduced = s.acceptance(reduced)
+    layouts.export(reduced, tmp_path / "reduced", "vllm", target=s.target)
+    torch.manual_seed(0)
+    layouts.export(DraftHead.for_target(s.model, head.config.feature_layers, num_layers=2),
+                   tmp_path / "random", "vllm", target=s.target)
+    rate = s.serve(tmp_path, dict(mine=str(tmp_path / "mine"), reduced=str(tmp_path / "reduced"),
+                                  random=str(tmp_path / "random")))
+    record_property("parity", f"vLLM plugin, mmspec DraftHead: acceptance {rate['mine']:.3f} "
+                              f"(random head {rate['random']:.3f}), mmspec's {as_vllm:.3f} "
+                              f"without the first pair, {trained:.3f} as trained; 300 draft "
+                              f"ids: vLLM {rate['reduced']:.3f}, mmspec {as_vllm_reduced:.3f}; "
+                              f"K = {s.k}, {len(s.prompts)} captions x {s.new} tokens")
+    assert abs(rate["mine"] - as_vllm) <= 0.05 and abs(rate["mine"] - trained) <= 0.05, \
+        (rate, as_vllm, trained)
+    assert abs(rate["reduced"] - as_vllm_reduced) <= 0.05, (rate, as_vllm_reduced)
+    assert rate["mine"] > 0.25 and rate["random"] < 0.05, rate
+
+
+def test_the_recipe_exports_a_draft_head_for_vllm(tmp_path):
+    """--export vllm with mmspec's own head (--arch draft-head): the exported folder reads
+    back as the head the recipe saved, with the target's final norm copied where the head
+    fuses its last layer; EAGLE-3 layouts for a DraftHead, 'vllm' for an EAGLE-3 head and a
+    target that is no local folder are refused before any work."""
+    from safetensors.torch import load_file
+    from test_draft_head import _text_lm_folder
+    from transformers import AutoModelForCausalLM
+
+    from mmspec.drafters import DraftHead
+    from recipes.train import draft_head as recipe
+
+    lm = _text_lm_folder(tmp_path, layers=4)
+    common = ["--modality", "text", "--target", lm, "--data", str(tmp_path / "prompts.txt"),
+              "--samples", "4", "--eval", "2", "--max-new-tokens", "6", "--collect-batch", "2",
+              "--steps", "3", "--tree", "3x2x2", "--device", "cpu"]
+    for flags, message in ((["--export", "speculators", "x"], "accepted with --arch eagle3"),
+                           (["--arch", "eagle3", "--export", "vllm", "x"], "accepted one of"),
+                           (["--export", "vllm", "x", "--target", "org/name"],
+                            "not a local folder")):
+        with pytest.raises(ValueError, match=message):
+            recipe.main(common + ["--out", str(tmp_path / "no")] + flags)
+    assert not (tmp_path / "no").exists()
+    recipe.main(common + ["--out", str(tmp_path / "head"), "--export", "vllm",
+                          str(tmp_path / "head-vllm")])
+    target = AutoModelForCausalLM.from_pretrained(lm)
+    saved = layouts.load(tmp_path / "head", target)
+    back = layouts.load(tmp_path / "head-vllm", target)
+    assert type(back) is DraftHead and back.config == saved.config
+    assert saved.config.feature_layers == (1, 2, 4)              # the default: 4 is the last
+    for k, v in saved.state_to_save().items():
+        assert torch.equal(back.state_to_save()[k], v), k
+    config = json.loads((tmp_path / "head-vllm" / "config.json").read_text())
+    assert config["mmspec_final_norm"] == {"layer": 4, "eps": target.config.rms_norm_eps}
+    norm = load_file(str(tmp_path / "head-vllm" / "model.safetensors"))["target_norm.weight"]
+    assert torch.equal(norm, target.model.norm.weight.detach())
+    with pytest.raises(ValueError, match="accepted mmspec's own token DraftHead"):
+        layouts.export(layouts.load(ROOT / "samples/models/shapes-t2i-eagle3",
+                                    AutoModelForCausalLM.from_pretrained(
+                                        ROOT / "samples/models/shapes-t2i")),
+                       tmp_path / "e3", "vllm")

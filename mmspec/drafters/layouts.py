@@ -5,6 +5,8 @@ Every front door's ``head=`` takes a folder in any registered layout (``load``);
 order a folder is tried against them):
 
     mmspec        mmspec's own ``DraftHead`` (config with ``feature_layers``)
+    vllm          mmspec's own ``DraftHead`` for vLLM through mmspec's plugin
+                  (``mmspec_vllm``: architecture ``MmspecDraftHeadEagle3``)
     speculators   vLLM's ``speculators`` EAGLE-3 (``speculators_model_type: eagle3``,
                   ``transformer_layer_config``, ``layers.{i}.*``); vLLM serves it as it is
     angelslim     Tencent AngelSlim EAGLE-3 (``Eagle3LlamaForCausalLM``, ``modal_type``)
@@ -47,7 +49,8 @@ class Layout:
     ``target``; layouts a head can be written in also ``write`` (``export``)."""
 
     name: str = ""
-    writes: bool = False
+    writes: bool = False               # EAGLE-3 heads are written in it
+    writes_draft_head: bool = False    # mmspec's own DraftHead is written in it
 
     def matches(self, config: dict, folder: Path) -> bool:
         """The folder (its ``config``) is in this layout."""
@@ -56,6 +59,13 @@ class Layout:
     def read(self, folder: Path, config: dict, target):
         """The head in ``folder``, attached to ``target``."""
         raise NotImplementedError
+
+    def check_head(self, head) -> None:
+        """Refuse a head this layout does not write (default: EAGLE-3 heads only)."""
+        if not isinstance(head, Eagle3Head):
+            raise ValueError(f"export to {self.name!r}: accepted an Eagle3Head, not a "
+                             f"{type(head).__name__} (mmspec's own DraftHead exports to "
+                             "'vllm', for mmspec's vLLM plugin, and saves with save_pretrained)")
 
     def write(self, head, folder: Path, **kw) -> None:
         """Write ``head`` to ``folder`` in this layout."""
@@ -81,9 +91,12 @@ def layout_named(name: str) -> Layout:
     raise ValueError(f"layout {name!r}: accepted one of {', '.join(x.name for x in LAYOUTS)}")
 
 
-def writable() -> list[str]:
-    """The layouts a head can be written in."""
-    return [x.name for x in LAYOUTS if x.writes]
+def writable(arch: str = "eagle3") -> list[str]:
+    """The layouts a head of ``arch`` can be written in: "eagle3" (an ``Eagle3Head``) or
+    "draft-head" (mmspec's own ``DraftHead``: 'vllm', for mmspec's vLLM plugin)."""
+    if arch not in ("eagle3", "draft-head"):
+        raise ValueError(f"arch={arch!r}: accepted eagle3 or draft-head")
+    return [x.name for x in LAYOUTS if (x.writes if arch == "eagle3" else x.writes_draft_head)]
 
 
 def recognise(folder) -> Layout:
@@ -105,19 +118,19 @@ def load(path, target):
 
 
 def export(head, folder, layout: str = "speculators", **kw) -> None:
-    """Write ``head`` to ``folder`` in ``layout`` (one of ``writable()``): a folder the layout's
-    engine reads without edits (a head of variants or layers that engine does not run is
-    refused, naming them). Keywords: ``target`` (the verifier's name or path written in
-    it; default the head's), ``speculative_tokens`` (speculators: the chain length vLLM drafts;
-    default 3)."""
+    """Write ``head`` to ``folder`` in ``layout`` (one of ``writable()`` for an ``Eagle3Head``,
+    'vllm' for mmspec's own ``DraftHead``): a folder the layout's engine reads without edits
+    (a head of variants or layers that engine does not run is refused, naming them).
+    Keywords: ``target`` (the verifier's name or path written in it; default the head's;
+    'vllm': the target's local folder, read for its layer count and final norm),
+    ``speculative_tokens`` (speculators: the chain length vLLM drafts; default 3)."""
     unknown = set(kw) - {"target", "speculative_tokens"}
     if unknown:
         raise ValueError(f"export: unknown keywords {sorted(unknown)} (accepted target, "
                          "speculative_tokens)")
-    if not isinstance(head, Eagle3Head):
-        raise ValueError(f"export: accepted an Eagle3Head, not a {type(head).__name__} (mmspec's "
-                         "own heads save with save_pretrained)")
-    layout_named(layout).write(head, Path(folder), **kw)
+    chosen = layout_named(layout)
+    chosen.check_head(head)
+    chosen.write(head, Path(folder), **kw)
 
 
 class MmspecLayout(Layout):
@@ -130,6 +143,106 @@ class MmspecLayout(Layout):
         from .head import DraftHead
 
         return DraftHead.from_pretrained(folder, target)
+
+
+class VllmLayout(Layout):
+    """mmspec's own ``DraftHead`` for vLLM through mmspec's plugin (``mmspec_vllm``: the
+    ``vllm.general_plugins`` entry point registers the architecture; its docstring lists the
+    keys): the head's tensors as they are, its config nested under ``mmspec_head`` beside
+    the keys vLLM reads, and a copy of the target's final norm where the head fuses
+    ``hidden_states[N]`` (vLLM captures layer N before that norm)."""
+
+    name, writes_draft_head = "vllm", True
+    architecture = "MmspecDraftHeadEagle3"        # mmspec_vllm.ARCHITECTURE
+
+    def matches(self, config, folder):
+        return self.architecture in (config.get("architectures") or [])
+
+    def read(self, folder, config, target):
+        from .head import DraftHead, HeadConfig
+
+        raw = dict(config.get("mmspec_head") or {})
+        try:
+            raw["feature_layers"] = tuple(raw["feature_layers"])
+            head = DraftHead(HeadConfig(**raw))
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{folder / CONFIG}: no DraftHead config under mmspec_head "
+                             f"({e})") from None
+        tensors = read_tensors(folder)
+        norm = tensors.pop("target_norm.weight", None)
+        if (norm is None) != (config.get("mmspec_final_norm") is None):
+            raise ValueError(f"{folder / WEIGHTS}: target_norm.weight and the config's "
+                             "mmspec_final_norm: accepted both or neither")
+        missing, unexpected = head.load_state_dict(tensors, strict=False)
+        own_missing = [k for k in missing if not k.startswith(("decoder.model.embed_tokens",
+                                                               "decoder.lm_head"))]
+        if own_missing or unexpected:
+            raise ValueError(f"{folder / WEIGHTS}: missing {own_missing}, unexpected "
+                             f"{unexpected}")
+        return head.attach(target) if target is not None else head
+
+    def check_head(self, head):
+        from .head import DraftHead
+
+        if type(head) is not DraftHead or head.config.uncond_features:
+            kind = ("a head fusing the unconditional branch (vLLM has no guidance)"
+                    if type(head) is DraftHead else f"a {type(head).__name__}")
+            raise ValueError(f"export to 'vllm': accepted mmspec's own token DraftHead "
+                             f"(conditional features only), not {kind}"
+                             + (" (an Eagle3Head exports to 'speculators', which vLLM serves "
+                                "as it is)" if isinstance(head, Eagle3Head) else ""))
+
+    def write(self, head, folder, target=None, speculative_tokens: int = 3):
+        from dataclasses import asdict
+
+        c = head.config
+        name = target or c.target
+        text = local_config(name)
+        text = text.get("text_config") or text
+        layers = text.get("num_hidden_layers")
+        if layers is None:
+            raise ValueError(f"export to 'vllm': the target {name!r} is not a local folder with "
+                             "a config.json (accepted target=its folder: its layer count, and "
+                             "its final norm where the head fuses the last layer)")
+        llama = c.llama().to_dict()
+        config = {k: llama[k] for k in (
+            "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "rms_norm_eps", "hidden_act", "attention_bias",
+            "mlp_bias", "max_position_embeddings", "vocab_size", "rope_parameters")}
+        mine = asdict(c)
+        mine["feature_layers"] = list(c.feature_layers)
+        config.update(
+            architectures=[self.architecture], model_type="llama", tie_word_embeddings=False,
+            eagle_aux_hidden_state_layer_ids=sorted(set(c.feature_layers)),
+            target_hidden_size=c.hidden_size, mmspec_head=mine,
+            mmspec_final_norm=None, dtype=str(head.dtype).removeprefix("torch."))
+        tensors = dict(head.state_to_save())
+        if layers in c.feature_layers:
+            config["mmspec_final_norm"] = {"layer": layers, "eps": _final_norm_eps(text, name)}
+            tensors["target_norm.weight"] = _final_norm(Path(name))
+        write(folder, config, tensors)
+
+
+# the target's final norm (a text decoder's, or a VLM's language model's) by tensor name
+FINAL_NORMS = ("model.norm.weight", "model.language_model.norm.weight",
+               "language_model.model.norm.weight", "model.text_model.norm.weight")
+
+
+def _final_norm_eps(text: dict, name: str) -> float:
+    if "gemma" in str(text.get("model_type", "")) or "rms_norm_eps" not in text:
+        raise ValueError(f"export to 'vllm': the target {name!r} ({text.get('model_type')}) has "
+                         "no Llama-style final RMSNorm (weight x normalised, rms_norm_eps), "
+                         "which the head's last fused layer is taken after")
+    return float(text["rms_norm_eps"])
+
+
+def _final_norm(folder: Path):
+    names = set(tensor_names(folder))
+    for name in FINAL_NORMS:
+        if name in names:
+            return read_tensors(folder, keep=lambda k, n=name: k == n)[name]
+    raise ValueError(f"export to 'vllm': the target in {folder} has none of {list(FINAL_NORMS)} "
+                     "(its final norm, which the head's last fused layer is taken after)")
 
 
 # -- EAGLE-3 -------------------------------------------------------------------------------
@@ -296,6 +409,6 @@ class DeepSeekMtpLayout(Layout):
         return DeepSeekMtpHead.from_checkpoint(folder, target)
 
 
-for _layout in (MmspecLayout(), SpeculatorsLayout(), AngelSlimLayout(), SglangLayout(),
-                SafeAILabLayout(), QwenMtpLayout(), DeepSeekMtpLayout()):
+for _layout in (MmspecLayout(), VllmLayout(), SpeculatorsLayout(), AngelSlimLayout(),
+                SglangLayout(), SafeAILabLayout(), QwenMtpLayout(), DeepSeekMtpLayout()):
     register_layout(_layout)

@@ -823,8 +823,9 @@ def build_parser():
                     help="eagle3: keep the output layer at the target's rows of the draft ids "
                          "(as speculators trains; default: trained with the rest)")
     ap.add_argument("--export", nargs=2, metavar=("LAYOUT", "DIR"), default=None,
-                    help="also write the (eagle3) head in LAYOUT (speculators: vLLM; sglang: "
-                         "SGLang; safeailab, angelslim) to DIR")
+                    help="also write the head in LAYOUT to DIR: an eagle3 head in speculators "
+                         "(vLLM), sglang (SGLang), safeailab or angelslim; mmspec's own "
+                         "DraftHead in vllm (vLLM through mmspec's plugin)")
     ap.add_argument("--compare-head", default=None, metavar="FOLDER",
                     help="another head of the target (any layout) measured beside this one on "
                          "the same held-out prompts, chain and tree, for the card")
@@ -853,12 +854,24 @@ def check_args(args) -> tuple[list, list]:
     from mmspec.drafters import layouts
 
     if args.export is not None:
-        if args.arch != "eagle3":
-            raise ValueError("--export: accepted with --arch eagle3 (an mmspec DraftHead is "
-                             "another architecture than the engines' EAGLE-3)")
-        if args.export[0] not in layouts.writable():
+        allowed = layouts.writable(args.arch)
+        if args.arch != "eagle3" and args.export[0] in layouts.writable("eagle3"):
+            raise ValueError(f"--export {args.export[0]}: accepted with --arch eagle3 (an "
+                             "mmspec DraftHead is another architecture than the engines' "
+                             f"EAGLE-3; it exports to {', '.join(allowed)}, for mmspec's vLLM "
+                             "plugin)")
+        if args.export[0] not in allowed:
             raise ValueError(f"--export {args.export[0]}: accepted one of "
-                             f"{', '.join(layouts.writable())}")
+                             f"{', '.join(allowed)} with --arch {args.arch}")
+        if args.export[0] == "vllm" and not os.path.isfile(os.path.join(args.target,
+                                                                        "config.json")):
+            raise ValueError(f"--export vllm: --target {args.target} is not a local folder "
+                             "(the export reads its layer count and copies its final norm); "
+                             "accepted a downloaded target's folder")
+        if args.uncond_features:
+            raise ValueError("--export with --uncond-features: a head fusing the "
+                             "unconditional branch drafts with guidance only, which the "
+                             "engines do not run")
     if args.freeze_output and args.arch != "eagle3":
         raise ValueError("--freeze-output: accepted with --arch eagle3 (a DraftHead's output "
                          "layer is the target's already)")
@@ -1055,7 +1068,7 @@ def _run(args, items: tuple[list, list]) -> None:
 def fit(source: Source, args, accelerator, clock: Clock | None = None):
     """Collect (or reuse OUT/data.safetensors on --resume), train, save the head; ``clock``
     gains the checkpoint's seconds on --resume."""
-    from mmspec.drafters import head_for_target
+    from mmspec.drafters import head_for_target, layouts
 
     if (source.frames or source.depth) and args.draft_vocab is not None:
         raise ValueError(f"--draft-vocab {args.draft_vocab}: a frame head drafts over the "
@@ -1067,6 +1080,8 @@ def fit(source: Source, args, accelerator, clock: Clock | None = None):
         kw["uncond_features"] = args.uncond_features
     head = head_for_target(source.model, args.feature_layers, arch=args.arch, **kw)
     head.config.target = args.target
+    if args.export is not None:           # a frame or depth head: refused before any work
+        layouts.layout_named(args.export[0]).check_head(head)
     os.makedirs(args.out, exist_ok=True)
     data = os.path.join(args.out, "data.safetensors")
     if args.resume and os.path.isfile(data):
