@@ -424,7 +424,8 @@ class CausalLMSession(Session):
         """Model inputs for ids [R, n] (R = rows incl. unconditional): default input_ids.
 
         On the first step after the prompt, column 0 is the prompt's last token: where the
-        prompt came as embeddings (``prefill(inputs_embeds=)``), its embedding."""
+        prompt came as embeddings (``prefill(inputs_embeds=)``), its embedding. A step whose
+        inputs are not all tensors (an adapter's encoder outputs) runs uncaptured."""
         if first_step and self._prompt_embeds is not None:
             e = self.model.get_input_embeddings()(tokens)
             return {"inputs_embeds": torch.cat([self._prompt_embeds[:, -1:].to(e.dtype),
@@ -611,7 +612,8 @@ class CausalLMSession(Session):
             # Attention over the slots in use (a bucket), where the model's attention allows.
             width = (bucket(self.seq.length + n, self.static_len) if self._bucketed
                      else self.static_len)
-            if self.compile and not self._uncaptured and blocks is None and (
+            tensors = all(isinstance(v, torch.Tensor) for v in inputs.values())
+            if self.compile and not self._uncaptured and blocks is None and tensors and (
                     not prompt or self._captures_prompt(inputs, valid, width, model_kwargs)):
                 processed = process and not prompt and self.captures_processing
                 out, pos = self._replay(inputs, valid, width, tree, prompt, processed)

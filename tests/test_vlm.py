@@ -352,8 +352,8 @@ def test_prompts_that_end_on_the_image_decode_as_the_models_own_generate(kind):
     layout transformers' own Qwen3-VL tester builds): plain, draft-model, Jacobi and head
     decoding give the model's own greedy tokens, a batch with a row that ends on text too,
     dynamic and static caches (it raised "Image features and image tokens do not match").
-    Qwen3-VL, whose deepstack adds image features to its first layers in the image's own
-    pass, refuses such prompts by name (its logits would differ)."""
+    Qwen3-VL adds image features inside its first layers (deepstack): its vision tower's
+    outputs are split between the prompt pass and the first step."""
     from mmspec.drafters.architectures import head_for_target
     from test_qwen_vl import _own
     from tiny_vlm import tiny_qwen_processor, tiny_qwen_vl
@@ -373,16 +373,56 @@ def test_prompts_that_end_on_the_image_decode_as_the_models_own_generate(kind):
     gen = VisionLanguageGenerator(target, proc, draft, "image",
                                   head=head_for_target(target, (0, 1), arch="eagle3"))
     assert gen.encode(ims[:1], prompts[:1])["input_ids"][0, -1] == target.config.image_token_id
-    if kind == "qwen3-vl":        # deepstack: the image's features reach early layers in its pass
-        with pytest.raises(ValueError, match="ends on an image.*deepstack"):
-            gen.generate(ims, prompts, method="plain", temperature=0, max_new_tokens=6)
-        return
     own = _own(gen, target, ims, prompts, 6)
     for method in ("plain", "exact", "sjd", "head"):
         for static in (False, True):
             out = gen.generate(ims, prompts, method=method, temperature=0, max_new_tokens=6,
                                static_cache=static, seed=0)
             assert out.token_ids == own, (method, static)
+
+
+def test_qwen3_vl_trailing_image_features_reach_the_first_step():
+    """Qwen3-VL, a prompt ending on its image: the vision tower's outputs split between the
+    prompt pass (every placeholder but the trailing one) and the first step (the trailing
+    one, its deepstack features included) give the model's own last-position logits; without
+    the trailing deepstack features they differ (the greedy tokens of the tiny model do not
+    show it)."""
+    from transformers import DynamicCache
+
+    from modalities.vlm.deepstack import split_trailing
+    from tiny_vlm import tiny_qwen_processor, tiny_qwen_vl
+
+    target, proc = tiny_qwen_vl("qwen3-vl"), tiny_qwen_processor("qwen3-vl")
+    rng = np.random.default_rng(0)
+    im = Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8))
+    batch = dict(VisionLanguageGenerator(target, proc).encode(
+        [im], ["what colour is the circle ? <|vision_start|><|image_pad|>"]))
+    ids = batch["input_ids"]
+    with torch.no_grad():
+        own = target(**batch).logits[0, -1]
+        prompt, (trailing,) = split_trailing(target, batch)
+        pos, _ = target.model.get_rope_index(ids, attention_mask=batch["attention_mask"],
+                                             image_grid_thw=batch["image_grid_thw"],
+                                             mm_token_type_ids=batch.get("mm_token_type_ids"))
+        gaps = []
+        for deep in (True, False):
+            cache = DynamicCache(config=target.config)
+            target(input_ids=ids[:, :-1], position_ids=pos[:, :, :-1], cache=cache,
+                   mm_encoder_outputs=prompt["mm_encoder_outputs"],
+                   image_grid_thw=batch["image_grid_thw"])
+            enc = trailing.outputs(ids[:, -1:], target.get_input_embeddings())
+            if not deep:
+                enc.deepstack_features = [[d[0] * 0] for d in enc.deepstack_features]
+            out = target(input_ids=ids[:, -1:], position_ids=pos[:, :, -1:], cache=cache,
+                         mm_encoder_outputs={"image": enc})
+            gaps.append(float((out.logits[0, -1] - own).abs().max()))
+    assert gaps[0] < 1e-4 < 1e-3 < gaps[1], gaps
+    # a draft equal to the placeholder: its own embedding, no deepstack addition
+    img = target.config.image_token_id
+    enc = trailing.outputs(torch.tensor([[img, img, 5]]), target.get_input_embeddings())
+    (feats,), ((deep,),) = enc.pooler_output, enc.deepstack_features
+    assert torch.equal(feats[0], trailing.features[0]) and torch.equal(deep[0], trailing.deep[0][0])
+    assert torch.equal(feats[1], target.get_input_embeddings().weight[img]) and not deep[1].any()
 
 
 def test_question_lines_are_read_one_way(tmp_path):

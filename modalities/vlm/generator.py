@@ -61,6 +61,7 @@ from mmspec.types import StepStats
 from modalities.registry import adapters, load_pretrained, register_adapter, serialized
 
 from .decoder_session import DecoderSession, decodes_alone
+from .deepstack import has_deepstack, split_trailing
 from .mrope import POSITION_INPUTS, MRopeSession, uses_mrope
 
 
@@ -508,18 +509,18 @@ def media_last(model, batch: dict) -> dict:
     features only when it sees them all: the whole prompt's merged input embeddings (the
     model's own, ``hidden_states[0]`` of one pass) replace the pixels, the session's prefill
     feeds all but the last column and its first step that one's embedding. A model whose
-    decoder is called alone (``decodes_alone``: PaliGemma 2) takes every prompt so. Other
-    prompts (a chat template's end on text) as they are."""
+    decoder is called alone (``decodes_alone``: PaliGemma 2) takes every prompt so. A model
+    with deepstack (Qwen3-VL) adds features inside its first layers: its vision tower's
+    outputs are split instead (``deepstack.split_trailing``), the trailing placeholders' to
+    its first step. Other prompts (a chat template's end on text) as they are."""
     ids, cfg = batch.get("input_ids"), model.config
     media = [m for m in (getattr(cfg, k, None) for k in MEDIA_IDS) if isinstance(m, int)]
     if ids is None or "modes" in batch or not media or not decodes_alone(model) and not bool(
             torch.isin(ids[:, -1], torch.tensor(media, device=ids.device)).any()):
         return batch
-    if getattr(getattr(cfg, "vision_config", None), "deepstack_visual_indexes", None):
-        raise ValueError(f"a prompt that ends on an image: {type(model).__name__} adds its "
-                         "image features to its first decoder layers (deepstack) only in the "
-                         "image's own pass, which the first step cannot repeat; accepted "
-                         "prompts that end on text (a chat template's generation prompt)")
+    if has_deepstack(model):
+        prompt, trailing = split_trailing(model, batch)
+        return {**prompt, "trailing_media": trailing}
     inputs = {k: v for k, v in batch.items() if k in PROCESSOR_OUTPUTS}
     with torch.no_grad():
         embeds = model(**inputs, output_hidden_states=True, use_cache=False).hidden_states[0]

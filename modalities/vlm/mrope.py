@@ -48,11 +48,16 @@ class MRopeSession(CausalLMSession):
     every later slot's from its 1-D position plus the row's ``rope_delta``."""
 
     row_buffers = ("_delta",)
+    _trailing: tuple = ()        # ``prefill(trailing_media=)``
     prompt_graphs = False        # the prompt's 3-D positions are the call's (``_prompt_pos``)
 
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **model_kwargs):
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                trailing_media=(), **model_kwargs):
         """As ``CausalLMSession.prefill``; ``model_kwargs`` carries the processor's outputs
-        (``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids`` ...)."""
+        (``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids`` ...); ``trailing_media``:
+        the features of prompts' last tokens that are placeholders, fed by the first step
+        (``deepstack.TrailingMedia``: Qwen3-VL)."""
+        self._trailing = tuple(trailing_media)
         if model_kwargs.get("mm_token_type_ids") is None:
             model_kwargs["mm_token_type_ids"] = token_types(self.model, input_ids)
         given = {k: model_kwargs[k] for k in POSITION_INPUTS if model_kwargs.get(k) is not None}
@@ -67,6 +72,14 @@ class MRopeSession(CausalLMSession):
         last = (attention_mask.long().sum(1) - 1)[:, None].to(pos.device)         # [B, 1]
         delta = pos[:, :, -1].T - last                                           # [B, 3]
         self._delta = self.persistent("rope_delta", delta.to(input_ids.device))
+
+    def embed(self, tokens: torch.Tensor, first_step: bool = False) -> dict:
+        inputs = super().embed(tokens, first_step)
+        if first_step and self._trailing:
+            table = self.model.get_input_embeddings()
+            inputs["mm_encoder_outputs"] = {t.kind: t.outputs(tokens, table)
+                                            for t in self._trailing}
+        return inputs
 
     def position_ids(self, pos: torch.Tensor, prompt: bool = False) -> torch.Tensor:
         """[3, R, n]: the prompt's from ``get_rope_index``, later slots' p_1d plus each
