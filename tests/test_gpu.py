@@ -752,3 +752,35 @@ def test_captured_gemma_vlms_equal_eager(kind):
         assert g.generate(images(2), msgs, method=method, compile=True, **kw).token_ids == eager, \
             method
     mmspec.release_graphs()
+
+
+@pytest.mark.parametrize("kind", ["llava", "qwen2-vl", "qwen3-vl"])
+def test_captured_prompts_that_end_on_the_image_equal_eager(kind):
+    """A prompt ending on its image placeholder beside one ending on text, compile=True: the
+    eager tokens (the first step feeds the last column's merged embedding, or Qwen3-VL's
+    trailing encoder outputs uncaptured; later steps replay), plain, draft and Jacobi."""
+    import numpy as np
+    from PIL import Image
+
+    from modalities.vlm import VisionLanguageGenerator
+    from tiny_vlm import images, tiny_llava, tiny_processor, tiny_qwen_processor, tiny_qwen_vl
+
+    dev = torch.device("cuda")
+    if kind == "llava":
+        target, draft, proc = tiny_llava(), tiny_llava(seed=1, hidden=16, layers=1), tiny_processor()
+        ims, prompts = images(2), ["USER: what colour is the circle ? <image>",
+                                   "USER: <image> a ASSISTANT:"]
+    else:
+        target, proc = tiny_qwen_vl(kind), tiny_qwen_processor(kind)
+        draft = tiny_qwen_vl(kind, seed=1, layers=1)
+        rng = np.random.default_rng(0)
+        ims = [Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8))] * 2
+        prompts = ["what colour is the circle ? <|vision_start|><|image_pad|>",
+                   "<|vision_start|><|image_pad|><|vision_end|> a"]
+    g = VisionLanguageGenerator(target.to(dev), proc, draft.to(dev), "image")
+    kw = dict(temperature=0, max_new_tokens=12, seed=0)
+    for method in ("plain", "exact", "sjd"):
+        eager = g.generate(ims, prompts, method=method, **kw).token_ids
+        assert g.generate(ims, prompts, method=method, compile=True, **kw).token_ids == eager, \
+            method
+    mmspec.release_graphs()
