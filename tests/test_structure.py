@@ -150,3 +150,45 @@ def test_adapters_do_not_import_the_text_front_door():
     wrong = sorted(m for m, ts in GRAPH.items() if m.startswith("modalities")
                    and "mmspec.generate" in ts)
     assert not wrong, wrong
+
+
+def _layout_sections() -> dict[str, str]:
+    """docs/DESIGN.md's layout block, by top-level folder: its text."""
+    text = (ROOT / "docs" / "DESIGN.md").read_text()
+    block = text.split("## Layout", 1)[1].split("```")[1]
+    sections: dict[str, list[str]] = {}
+    top = None
+    for line in block.splitlines():
+        if line[:1].strip() and "/" in line.split()[0]:
+            top = line.split()[0].rstrip("/")
+        if top is not None:
+            sections.setdefault(top, []).append(line)
+    return {k: "\n".join(v) for k, v in sections.items()}
+
+
+def test_the_design_map_names_every_core_file_and_only_files_that_exist():
+    """docs/DESIGN.md's layout: every file it names exists under its folder, and every file of
+    mmspec/, modalities/ and mmspec_vllm/ is named there (a new file updates the map)."""
+    import re
+
+    sections = _layout_sections()
+    for top, text in sections.items():
+        assert (ROOT / top).is_dir(), top
+        named = set(re.findall(r"\b\w+\.py\b", text))
+        present = {p.name for p in (ROOT / top).rglob("*.py")}
+        assert named <= present, (top, sorted(named - present))
+        if top in ("mmspec", "modalities"):
+            unnamed = sorted(str(p.relative_to(ROOT)) for p in (ROOT / top).rglob("*.py")
+                             if p.name != "__init__.py" and p.name not in named)
+            assert not unnamed, unnamed
+    assert "mmspec_vllm" in sections
+
+
+def test_the_vllm_plugin_imports_nothing_of_mmspec():
+    """vLLM imports the plugin in every process it starts: it must not load mmspec."""
+    for p in (ROOT / "mmspec_vllm").rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [])
+            assert not any(n.split(".")[0] in PACKAGES for n in names), (p, names)
