@@ -233,6 +233,17 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
     stop token or after max_new_tokens. Returns GenerateOutput(sequences [B, P + T],
     num_generated [B], prompt_length, stats).
     """
+    run, stops = _start(**locals())
+    res = run.collect(input_ids[:, -1], stops=stops)
+    return _output(input_ids, res.tokens, run.stats, _pad_id(target, pad_token_id))
+
+
+def _start(target, draft, input_ids, *, attention_mask, rule, num_draft_tokens, max_new_tokens,
+           temperature, top_k, top_p, min_p, seed, stop_token_ids, pad_token_id, drafter,
+           guidance_scale, uncond_input_ids, uncond_attention_mask, compile, static_cache,
+           pipeline, profile, engine, generation_config) -> tuple[Run, Stops]:
+    """``generate``'s and ``generate_stream``'s arguments -> the run, its prompt fed, and the
+    stops."""
     engine = Engine.from_switches(compile, static_cache, pipeline, profile, engine)
     sampling = sampling_params(target, generation_config, temperature=temperature, top_k=top_k,
                                top_p=top_p, min_p=min_p)
@@ -241,8 +252,7 @@ def generate(target, draft=None, input_ids=None, *, attention_mask=None, rule="e
                          max_new_tokens, sampling, seed, drafter, guidance, engine, pad_token_id)
     stops = Stops(_default_stops(target) if stop_token_ids is None else stop_token_ids)
     run.prefill(prompt)
-    res = run.collect(input_ids[:, -1], stops=stops)
-    return _output(input_ids, res.tokens, run.stats, _pad_id(target, pad_token_id))
+    return run, stops
 
 
 def _pad_id(target, pad_token_id: int | None, default: int | None = 0) -> int | None:
@@ -270,14 +280,16 @@ def _output(input_ids, rows: list[list[int]], stats, pad_token_id: int) -> Gener
 @torch.inference_mode()
 def generate_stream(target, draft=None, input_ids=None, *, attention_mask=None, rule="exact",
                     num_draft_tokens: int = 4, max_new_tokens: int = 64,
-                    temperature: float = 1.0, top_k=None, top_p=None, min_p=None, seed=None,
-                    stop_token_ids=None, drafter=None, guidance_scale=None,
-                    uncond_input_ids=None, uncond_attention_mask=None):
-    """Like ``generate`` but yields ``StepEvent``s (new token ids per row) as they are accepted."""
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-    guidance = Guidance.from_arguments(guidance_scale, uncond_input_ids, uncond_attention_mask)
-    run, prompt = _setup(target, draft, input_ids, attention_mask, rule, num_draft_tokens,
-                         max_new_tokens, sampling, seed, drafter, guidance, Engine())
-    stops = Stops(_default_stops(target) if stop_token_ids is None else stop_token_ids)
-    run.prefill(prompt)
+                    temperature: float | None = None, top_k: int | None = None,
+                    top_p: float | None = None, min_p: float | None = None,
+                    seed: int | None = None, stop_token_ids=None, pad_token_id: int | None = None,
+                    drafter=None, guidance_scale: float | None = None, uncond_input_ids=None,
+                    uncond_attention_mask=None, compile: bool = False,
+                    static_cache: bool | None = None, pipeline: bool | None = None,
+                    profile: bool = False, engine: Engine | None = None,
+                    generation_config=None):
+    """``generate``, yielding ``StepEvent``s (each row's new token ids) as they are accepted;
+    the same arguments and defaults (``pad_token_id`` marks the prompt's left padding when no
+    mask is given)."""
+    run, stops = _start(**locals())
     yield from run.stream(input_ids[:, -1], stops=stops)

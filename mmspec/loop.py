@@ -558,9 +558,15 @@ def run(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Tenso
         **kwargs) -> LoopResult:
     """Drain ``stream``: all generated tokens per row and the stats."""
     stats = kwargs.pop("stats", None) or StepStats()
-    tokens: list[list] = [[] for _ in range(first_tokens.shape[0])]
-    finished = [False] * len(tokens)
-    for ev in stream(target, drafter, rule, first_tokens, stats=stats, **kwargs):
+    events = stream(target, drafter, rule, first_tokens, stats=stats, **kwargs)
+    return drain(events, first_tokens.shape[0], stats)
+
+
+def drain(events: Iterator[StepEvent], rows: int, stats: StepStats) -> LoopResult:
+    """Every row's tokens from a loop's ``events``, which rows finished, and ``stats``."""
+    tokens: list[list] = [[] for _ in range(rows)]
+    finished = [False] * rows
+    for ev in events:
         for row, new in zip(tokens, ev.new_tokens):
             row.extend(new)
         finished = ev.finished

@@ -68,13 +68,7 @@ class Run:
 
     def collect(self, first_tokens: torch.Tensor, **kwargs) -> loop.LoopResult:
         """Drain ``stream``: every row's tokens, which rows finished, and the stats."""
-        tokens: list[list] = [[] for _ in range(first_tokens.shape[0])]
-        finished = [False] * len(tokens)
-        for ev in self.stream(first_tokens, **kwargs):
-            for row, new in zip(tokens, ev.new_tokens):
-                row.extend(new)
-            finished = ev.finished
-        return loop.LoopResult(tokens=tokens, stats=self.stats, finished=finished)
+        return loop.drain(self.stream(first_tokens, **kwargs), first_tokens.shape[0], self.stats)
 
 
 def prepare(target: Session, drafter: Drafter, rule: Rule, *, plan: Plan, seed: int | None = None,

@@ -103,3 +103,46 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("parity with the field's code")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+def tiny_qwen35(seed: int = 0, layers: int = 4, vocab: int = 48):
+    """A Qwen3.5 text decoder: linear-attention and full-attention layers alternating."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    cfg = Qwen3_5TextConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+        num_attention_heads=2, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
+        linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+        linear_conv_kernel_dim=4, full_attention_interval=2, max_position_embeddings=256,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, initializer_range=0.3)
+    torch.manual_seed(seed)
+    return Qwen3_5ForCausalLM(cfg).eval()
+
+
+def qwen35_prompt():
+    """Three ragged, left-padded prompts of ids 3-47 (width 9) and their mask."""
+    ids = torch.randint(3, 48, (3, 9), generator=torch.Generator().manual_seed(0))
+    ids[0, :3] = 0                                   # left padding: ragged prompts
+    ids[2, :5] = 0
+    return ids, (ids != 0).long()
+
+
+def path_to(tree, node: int) -> list[int]:
+    """The nodes from the root to ``node`` (row 0's shape), walked up by hand."""
+    par, chain = (0,) + tuple(tree.parents[0].tolist()), [node]
+    while chain[0]:
+        chain.insert(0, par[chain[0]])
+    return chain
+
+
+def attention_inputs(b, h, hkv, n, d, s, w, batch_mask, seed=0, dtype=torch.float32,
+                     device="cpu"):
+    """Decode attention's inputs: q [b, h, n, d] (strided), k and v [b, hkv, s, d], an
+    additive mask over the first w slots (per row with ``batch_mask``)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, n, h, d, generator=g).transpose(1, 2)     # strided, as transformers'
+    k, v = torch.randn(2, b, hkv, s, d, generator=g)
+    visible = torch.rand(b if batch_mask else 1, 1, n, w, generator=g) < 0.7
+    visible[..., 0] = True                                        # every query sees a slot
+    mask = torch.where(visible, 0.0, torch.finfo(dtype).min)
+    return [t.to(device, dtype) for t in (q, k, v, mask)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -73,3 +74,16 @@ def energy_test_pvalue(x, y, permutations: int = 400, seed: int = 0) -> float:
     yy = (v * dv).sum(0) / (m * m)
     stat = 2 * xy - xx - yy
     return float(((stat[1:] >= stat[0]).sum() + 1) / (permutations + 1))
+
+
+def continuation_distribution(model, prompt: list[int], m: int, temperature: float):
+    """Exact distribution of the m-token continuation, by enumerating all V^m sequences."""
+    import torch
+
+    v = model.config.vocab_size
+    seqs = torch.tensor(list(itertools.product(range(v), repeat=m)))
+    ids = torch.cat([torch.tensor(prompt).expand(len(seqs), -1), seqs], 1)
+    with torch.no_grad():
+        logits = model(ids).logits.double()[:, len(prompt) - 1 : -1] / temperature
+    logp = torch.log_softmax(logits, -1).gather(-1, seqs[..., None]).squeeze(-1).sum(-1)
+    return logp.exp().numpy()

@@ -58,7 +58,7 @@ class Case:
 
 
 def _image(name: str) -> Case:
-    from test_image import PIPES
+    from tiny_image import PIPES
     from tiny_image import tiny_vq
 
     pipe, prompts = PIPES[name](tiny_vq())
@@ -78,7 +78,7 @@ def _image(name: str) -> Case:
 
 def _vlm(kind: str) -> Case:
     from modalities.vlm import VisionLanguageGenerator
-    from test_vlm import _models, _pairs
+    from tiny_vlm import llava_models as _models, llava_pairs as _pairs
 
     from PIL import Image
 
@@ -106,7 +106,7 @@ def _vlm_case(gen, ims, prompts) -> Case:
 
 def _qwen(kind: str) -> Case:
     from modalities.vlm import VisionLanguageGenerator
-    from test_qwen_vl import _own, _pairs
+    from tiny_vlm import own_tokens as _own, qwen_pairs as _pairs
     from tiny_vlm import tiny_qwen_processor, tiny_qwen_vl
 
     target, proc = tiny_qwen_vl(kind), tiny_qwen_processor(kind)
@@ -239,7 +239,7 @@ def _delay_pattern() -> Case:
 
 def _single_codebook() -> Case:
     from modalities.speech import SingleCodebookAdapter, TextToSpeech
-    from test_speech import ToyCodec, _single
+    from tiny_speech import ToyCodec, single_codebook as _single
 
     def mk(m):
         return SingleCodebookAdapter(m, ToyCodec(), range(20, 36), end_id=36, prefix=[1],

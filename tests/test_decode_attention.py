@@ -7,17 +7,8 @@ import sys
 import pytest
 import torch
 
+from conftest import attention_inputs as _inputs
 from mmspec import decode_attention
-
-
-def _inputs(b, h, hkv, n, d, s, w, batch_mask, seed=0, dtype=torch.float32, device="cpu"):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, n, h, d, generator=g).transpose(1, 2)     # strided, as transformers'
-    k, v = torch.randn(2, b, hkv, s, d, generator=g)
-    visible = torch.rand(b if batch_mask else 1, 1, n, w, generator=g) < 0.7
-    visible[..., 0] = True                                        # every query sees a slot
-    mask = torch.where(visible, 0.0, torch.finfo(dtype).min)
-    return [t.to(device, dtype) for t in (q, k, v, mask)]
 
 
 def test_reference_is_sdpa_over_the_masks_slots():
@@ -47,7 +38,7 @@ def test_decode_attention_kernel_under_the_triton_interpreter():
     per row; float32 against the reference in float64."""
     code = (
         "import torch\n"
-        "from tests.test_decode_attention import _inputs\n"
+        "from tests.conftest import attention_inputs as _inputs\n"
         "from mmspec import decode_attention as da\n"
         "for b, h, hkv, n, d, s, w, split, per_row in [(1, 2, 2, 1, 16, 96, 70, 256, False),"
         " (2, 4, 2, 3, 32, 300, 200, 64, True), (1, 6, 2, 5, 24, 130, 130, 128, False),"

@@ -11,45 +11,7 @@ import mmspec
 from conftest import tiny_llama
 from mmspec.drafters import DraftHead, FeatureDrafter
 from recipes.train import draft_head as recipe
-
-
-def _collect(target, n_batches=6, rows=16, seed=0, new=16, layers=None):
-    batches = []
-    layers = layers or DraftHead.for_target(target).config.feature_layers
-    for i in range(n_batches):
-        g = torch.Generator().manual_seed(seed + i)
-        ids = torch.randint(1, target.config.vocab_size, (rows, 4), generator=g)
-        rec = recipe.Recorder(layers)
-        mmspec.generate(target, input_ids=ids, drafter=rec, temperature=0, max_new_tokens=new,
-                        seed=i)
-        batches.append(rec.batch())
-    return batches, rec.target
-
-
-def _tokens_per_step(target, head, seed=100):
-    ids = torch.randint(1, target.config.vocab_size, (16, 4),
-                        generator=torch.Generator().manual_seed(seed))
-    out = mmspec.generate(target, input_ids=ids, temperature=0, max_new_tokens=16,
-                          drafter=FeatureDrafter(head, depth=3, branch=1, width=1))
-    return out.stats.tokens_per_step
-
-
-def _trains(target, head, template, batches) -> None:
-    """150 steps of the recipe's training: the head's chain emits over 0.3 more tokens per
-    target step than before, and its greedy tokens stay plain greedy's."""
-    from accelerate import Accelerator
-
-    before = _tokens_per_step(target, head)
-    args = argparse.Namespace(lr=3e-3, steps=150, unroll=2, seed=0, save_every=10_000,
-                              out="unused")
-    recipe.train(head, template, batches, args, Accelerator(cpu=True))
-    after = _tokens_per_step(target, head)
-    assert after > before + 0.3, (before, after)
-    ref = torch.randint(1, target.config.vocab_size, (3, 4),
-                        generator=torch.Generator().manual_seed(7))
-    kw = dict(input_ids=ref, temperature=0, max_new_tokens=12)
-    assert torch.equal(mmspec.generate(target, drafter=FeatureDrafter(head), **kw).sequences,
-                       mmspec.generate(target, **kw).sequences)
+from tiny_heads import collect as _collect, text_lm_folder as _text_lm_folder, trains as _trains
 
 
 def test_training_raises_acceptance_above_an_untrained_head():
@@ -357,20 +319,6 @@ def test_mtp_checkpoints_that_do_not_fit_are_refused(tmp_path):
         MtpHead.from_checkpoint(tmp_path, target)
     with pytest.raises(ValueError, match="an MTP head is the checkpoint's own"):
         MtpHead(target).save_pretrained(tmp_path / "out")
-
-
-def _text_lm_folder(folder, layers: int = 2) -> str:
-    """A tiny text LM saved with the bundled word tokenizer in ``folder/lm`` and seven
-    prompts in ``folder/prompts.txt`` (the recipe's ``--modality text`` inputs)."""
-    from recipes.train.vlm import WORDS, tokenizer
-
-    target = tiny_llama(vocab=len(WORDS), layers=layers)
-    target.config.eos_token_id = None
-    target.save_pretrained(folder / "lm")
-    tokenizer().save_pretrained(folder / "lm")
-    lines = [" ".join(WORDS[12 + (i * 7 + j) % 20] for j in range(3 + i % 4)) for i in range(7)]
-    (folder / "prompts.txt").write_text("\n".join(lines) + "\n")
-    return str(folder / "lm")
 
 
 def test_the_recipe_trains_a_text_head_from_a_prompts_file(tmp_path):

@@ -19,32 +19,10 @@ from mmspec.drafters import layouts
 from mmspec.drafters import eagle3
 from mmspec.drafters.eagle3 import Eagle3Head, MRopeRotaryEmbedding
 from mmspec.drafters.load import load_head
-
-VARIANTS = {
-    "plain": {},
-    "norm_before_residual": dict(norm_before_residual=True),
-    "norm_before_fc": dict(norm_before_fc=True),
-    "fc_norm": dict(fc_norm=True),
-    "norm_output": dict(norm_output=True),
-    "two layers": dict(num_layers=2),
-}
-
+from tiny_heads import VARIANTS, eagle3_head as _head, eagle3_pairs as _pairs, forward
 
 def _target(layers=8, vocab=40, hidden=32):
     return tiny_llama(vocab=vocab, hidden=hidden, layers=layers, heads=2, scale=3.0)
-
-
-def _head(target, seed=1, draft_vocab=24, layers=(1, 2, 4), **kw) -> Eagle3Head:
-    """A random head (weights and norms perturbed, a shuffled draft vocabulary)."""
-    torch.manual_seed(seed)
-    head = Eagle3Head.for_target(target, feature_layers=layers, draft_vocab_size=draft_vocab,
-                                 **kw)
-    head.set_draft_ids(torch.randperm(target.config.vocab_size)[:draft_vocab])
-    with torch.no_grad():
-        for name, p in head.named_parameters():
-            if not name.startswith("decoder.model.embed_tokens"):
-                p.add_(0.3 * torch.randn_like(p))
-    return head
 
 
 def _rms(x, w, eps):
@@ -102,24 +80,6 @@ def reference(head, feats, embeds):
     logits = torch.full((t, c.vocab_size), float("-inf"), dtype=torch.float64)
     logits[:, head.draft_ids] = out @ sd["lm_head.weight"].T
     return logits, (out if c.norm_output else f)
-
-
-def forward(head, feats, embeds):
-    """The head's own logits [T, V] and fed-back outputs through its decoder (as training and
-    the head's session run it)."""
-    x = head.inputs(embeds[None], head.reduce_features(feats[None]))
-    g = head.decoder.model(inputs_embeds=x, position_ids=torch.arange(x.shape[1])[None],
-                           use_cache=False).last_hidden_state
-    return head.full_logits(head.decoder.lm_head(g))[0], g[0]
-
-
-def _pairs(target, head, seed=0, t=7):
-    ids = torch.randint(0, target.config.vocab_size, (1, t),
-                        generator=torch.Generator().manual_seed(seed))
-    with torch.no_grad():
-        hs = target(ids, output_hidden_states=True).hidden_states
-    feats = torch.cat([hs[i] for i in head.config.feature_layers], -1)[0]
-    return feats, target.get_input_embeddings()(ids)[0]
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -327,7 +287,7 @@ def test_training_an_eagle3_head_raises_acceptance_with_a_reduced_vocabulary():
     mass, 150 steps: the chain accepts more than the untrained head; q is zero outside the
     draft ids; greedy tokens are plain greedy's."""
     from recipes.train import draft_head as recipe
-    from test_draft_head import _collect, _trains
+    from tiny_heads import collect as _collect, trains as _trains
 
     torch.manual_seed(0)
     target = tiny_llama(vocab=16, hidden=32, layers=4, scale=4.0)
@@ -345,7 +305,7 @@ def test_the_recipe_trains_exports_and_compares_an_eagle3_head(tmp_path):
     beside it, measured beside --compare-head (an mmspec head) on the same prompts; the card
     names both; bad flags refused in one line before any work."""
     from recipes.train import draft_head as recipe
-    from test_draft_head import _text_lm_folder
+    from tiny_heads import text_lm_folder as _text_lm_folder
     from transformers import AutoModelForCausalLM
 
     lm = _text_lm_folder(tmp_path, layers=7)
@@ -383,7 +343,7 @@ def test_an_mrope_head_drafts_at_its_targets_3d_positions(kind):
     (f_t, x_{t+1}) at the target's 3-D position of t (the model's own get_rope_index), the
     first token's pair left out; each step's pairs at the target's positions of their t."""
     from modalities.vlm import VisionLanguageGenerator
-    from test_qwen_vl import _pairs as qwen_pairs
+    from tiny_vlm import qwen_pairs
     from tiny_vlm import tiny_qwen_processor, tiny_qwen_vl
 
     target, proc = tiny_qwen_vl(kind), tiny_qwen_processor(kind)

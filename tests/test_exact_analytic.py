@@ -16,42 +16,7 @@ import torch
 
 from mmspec.acceptance import Exact, Greedy
 from mmspec.types import PAD
-
-
-def _dist(v: int, gen: torch.Generator, kind: str) -> torch.Tensor:
-    w = torch.rand(v, generator=gen, dtype=torch.float64) ** 3
-    if kind == "zeros":
-        w[torch.randperm(v, generator=gen)[: v // 2]] = 0
-    elif kind == "onehot":
-        w = torch.zeros(v, dtype=torch.float64)
-        w[int(torch.randint(v, (1,), generator=gen))] = 1
-    return w / w.sum()
-
-
-class Tables:
-    """Prefix-dependent p and q: one random distribution per (prefix, model)."""
-
-    def __init__(self, v: int, seed: int, p_kind: str, q_kind: str, relation: str):
-        self.v, self.seed, self.p_kind, self.q_kind, self.relation = v, seed, p_kind, q_kind, relation
-        self._cache: dict = {}
-
-    def get(self, prefix: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-        if prefix not in self._cache:
-            g = torch.Generator().manual_seed(hash((self.seed,) + prefix) % (2**31))
-            p = _dist(self.v, g, self.p_kind)
-            if self.relation == "equal":
-                q = p.clone()
-            elif self.relation == "disjoint":
-                half = self.v // 2
-                p = torch.cat([p[:half] + 1e-3, torch.zeros(self.v - half, dtype=torch.float64)])
-                p /= p.sum()
-                q = _dist(self.v, g, self.q_kind)
-                q = torch.cat([torch.zeros(half, dtype=torch.float64), q[half:] + 1e-3])
-                q /= q.sum()
-            else:
-                q = _dist(self.v, g, self.q_kind)
-            self._cache[prefix] = (p, q)
-        return self._cache[prefix]
+from rule_checks import Tables
 
 
 def emitted_distribution(rule, tables: Tables, k: int, m: int, point_mass: bool = False):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from contextlib import nullcontext
 
 import numpy as np
@@ -12,7 +11,8 @@ import torch
 import mmspec
 from mmspec.acceptance import Exact
 from conftest import tiny_llama
-from stats_util import chi_square_pvalue, tv, tv_threshold
+from stats_util import (chi_square_pvalue, continuation_distribution as _continuation_distribution,
+                        tv, tv_threshold)
 
 
 @pytest.mark.parametrize("k", [1, 3, 8])
@@ -295,15 +295,23 @@ def test_streaming_yields_the_same_tokens(pair, ragged_prompts):
     assert rows == [full.generated(i).tolist() for i in range(3)]
 
 
-def _continuation_distribution(model, prompt: list[int], m: int, temperature: float):
-    """Exact distribution of the m-token continuation, by enumerating all V^m sequences."""
-    v = model.config.vocab_size
-    seqs = torch.tensor(list(itertools.product(range(v), repeat=m)))
-    ids = torch.cat([torch.tensor(prompt).expand(len(seqs), -1), seqs], 1)
-    with torch.no_grad():
-        logits = model(ids).logits.double()[:, len(prompt) - 1 : -1] / temperature
-    logp = torch.log_softmax(logits, -1).gather(-1, seqs[..., None]).squeeze(-1).sum(-1)
-    return logp.exp().numpy()
+def test_generate_stream_takes_generates_arguments_and_defaults(pair, ragged_prompts):
+    """One signature for both front doors; a streamed call with the target's generation
+    config and a static cache gives ``generate``'s tokens."""
+    import inspect
+
+    assert (inspect.signature(mmspec.generate).parameters
+            == inspect.signature(mmspec.generate_stream).parameters)
+    target, draft = pair
+    ids, mask = ragged_prompts
+    kw = dict(attention_mask=mask, max_new_tokens=8, static_cache=True, seed=1,
+              generation_config="model")
+    full = mmspec.generate(target, draft, ids, **kw)
+    rows = [[] for _ in range(3)]
+    for ev in mmspec.generate_stream(target, draft, ids, **kw):
+        for i, new in enumerate(ev.new_tokens):
+            rows[i].extend(new)
+    assert rows == [full.generated(i).tolist() for i in range(3)]
 
 
 def _sample_histogram(target, draft, prompt, m, n, temperature, seed, rule, k=3):
@@ -353,20 +361,24 @@ def test_distribution_check_fails_for_a_broken_residual(flat_pair):
 
 
 def _plain_events(target, ids, mask, n, stops, seed, pipeline, static):
-    """Plain decoding through the loop directly; returns the events and the target steps run."""
+    """Plain decoding through the loop directly; returns the events and the target steps run.
+    Under inference mode, as the front doors run (a static cache kept from an earlier call is
+    an inference tensor)."""
     from mmspec.generate import _setup
     from mmspec.loop import Stops, stream
 
-    run, prompt = _setup(target, None, ids, mask, "exact", 4, n, mmspec.SamplingParams(), seed,
-                         None, None, mmspec.Engine.from_switches(static_cache=static))
-    run.prefill(prompt)
-    tgt = run.target
-    calls = []
-    step = tgt.step
-    tgt.step = lambda *a, **kw: calls.append(1) or step(*a, **kw)
-    events = [(ev.new_tokens, ev.finished, ev.stats.steps)
-              for ev in stream(tgt, run.drafter, run.rule, ids[:, -1], max_new_tokens=n,
-                               stops=Stops(stops), generator=run.generator, pipeline=pipeline)]
+    with torch.inference_mode():
+        run, prompt = _setup(target, None, ids, mask, "exact", 4, n, mmspec.SamplingParams(),
+                             seed, None, None, mmspec.Engine.from_switches(static_cache=static))
+        run.prefill(prompt)
+        tgt = run.target
+        calls = []
+        step = tgt.step
+        tgt.step = lambda *a, **kw: calls.append(1) or step(*a, **kw)
+        events = [(ev.new_tokens, ev.finished, ev.stats.steps)
+                  for ev in stream(tgt, run.drafter, run.rule, ids[:, -1], max_new_tokens=n,
+                                   stops=Stops(stops), generator=run.generator,
+                                   pipeline=pipeline)]
     return events, len(calls)
 
 
@@ -514,7 +526,7 @@ def test_a_commit_without_validity_keeps_the_slots_as_fed(ragged_prompts, model,
     positions, and the same distributions at the next step (padding rows included)."""
     from mmspec.sampling import SamplingParams
     from mmspec.session import CausalLMSession
-    from test_recurrent import tiny_qwen35
+    from conftest import tiny_qwen35
 
     net = tiny_llama(seed=0) if model == "llama" else tiny_qwen35(vocab=16)
     ids, mask = ragged_prompts

@@ -151,7 +151,7 @@ def test_captured_head_trees_on_a_recurrent_target_give_plain_greedy(fuse):
     as its paths on the static cache's rows repeated, the head's steps captured; plain
     greedy's tokens, twice (the second call reuses the first one's cache and graphs)."""
     from mmspec.drafters import DraftHead, FeatureDrafter
-    from test_recurrent import _prompt, tiny_qwen35
+    from conftest import qwen35_prompt as _prompt, tiny_qwen35
 
     dev = torch.device("cuda")
     target = tiny_qwen35(vocab=8).to(dev)
@@ -267,7 +267,7 @@ def test_decode_attention_kernel_matches_sdpa(dtype):
     query and five; 128, 256 and 700 slots read of 1,024: one split and several) and a
     grouped-query shape (28 heads on 4) against the reference in float64, within the dtype's
     rounding; ``applies`` says yes to them; the same bits on a second call."""
-    from test_decode_attention import _inputs
+    from conftest import attention_inputs as _inputs
 
     from mmspec import decode_attention as da
 
@@ -570,7 +570,7 @@ def test_captured_qwen_vl_equals_eager(kind):
     """Qwen-VL with compile=True: the eager tokens; a second call with other images (other
     rope deltas) replays the steps captured in the first, reading its own deltas."""
     from modalities.vlm import VisionLanguageGenerator
-    from test_qwen_vl import _pairs
+    from tiny_vlm import qwen_pairs as _pairs
     from tiny_vlm import tiny_qwen_processor, tiny_qwen_vl
 
     dev = torch.device("cuda")
@@ -630,7 +630,7 @@ def test_captured_speech_equals_eager():
     and CSM (captured backbone, eager depth decoder): the eager codes."""
     from modalities.speech import SingleCodebookAdapter, TextToSpeech
     from modalities.speech.csm import CsmAdapter
-    from test_speech import TEXTS, ToyCodec, _single
+    from tiny_speech import TEXTS, ToyCodec, single_codebook as _single
     from tiny_csm import tiny_csm
 
     dev = torch.device("cuda")

@@ -9,42 +9,14 @@ import torch
 from scipy import stats as sstats
 
 from modalities.image import (Emu3Adapter, JanusAdapter, LlamaGenAdapter, TextToImage,
-                              TokenSpanAdapter, load_llamagen_state_dict)
-from tiny_image import (tiny_emu3, tiny_janus, tiny_llamagen, tiny_token_span, tiny_vq)
+                              load_llamagen_state_dict)
+from tiny_image import (PIPES, emu3_pipe, llamagen_pipe, tiny_emu3, tiny_janus, tiny_llamagen,
+                        tiny_token_span, tiny_vq, token_span_pipe)
 
 
 @pytest.fixture(scope="module")
 def vq():
     return tiny_vq()
-
-
-def janus_pipe():
-    mk = lambda m: JanusAdapter(m, bos_id=1, boi_id=9, pad_id=0)  # noqa: E731
-    return TextToImage(mk(tiny_janus()), mk(tiny_janus(seed=1, hidden=16, layers=1))), \
-        [[1, 5, 6, 9], [1, 7, 9]]
-
-
-def emu3_pipe():
-    return TextToImage(Emu3Adapter(tiny_emu3(), 2, 3),
-                       Emu3Adapter(tiny_emu3(seed=1, hidden=16, layers=1), 2, 3)), \
-        [[1, 5, 6, 42, 44], [1, 7, 42, 44]]
-
-
-def llamagen_pipe(vq):
-    return TextToImage(LlamaGenAdapter(tiny_llamagen(), vq),
-                       LlamaGenAdapter(tiny_llamagen(seed=1, dim=16, layers=1), vq)), [1, 3]
-
-
-def token_span_pipe(vq):
-    m, off = tiny_token_span()
-    d, _ = tiny_token_span(seed=1, hidden=16, layers=1)
-    mk = lambda x: TokenSpanAdapter(x, list(range(off, off + 16)), (4, 4), vq, prefix=[1],  # noqa: E731
-                                    suffix=[2], pad_id=0)
-    return TextToImage(mk(m), mk(d)), [[3, 4, 5], [6]]
-
-
-PIPES = {"janus": lambda vq: janus_pipe(), "emu3": lambda vq: emu3_pipe(),
-         "llamagen": llamagen_pipe, "token-span": token_span_pipe}
 
 
 @pytest.mark.parametrize("name", list(PIPES))

@@ -13,41 +13,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from modalities.vlm import VisionLanguageGenerator
 from stats_util import chi_square_pvalue
-from tiny_vlm import QWEN_KINDS, QWEN_WORDS, tiny_qwen_processor, tiny_qwen_vl, tiny_text_lm
+from tiny_vlm import (QWEN_KINDS, QWEN_WORDS, own_tokens as _own, qwen_pairs as _pairs,
+                      tiny_qwen_processor, tiny_qwen_vl, tiny_text_lm)
 
 KINDS = list(QWEN_KINDS)
-QUESTIONS = ["what colour is the circle ?", "a", "is it red ?"]
-
-
-def _pairs(n: int = 3):
-    """Images of 32x32, 32x48 and 48x32 pixels: 16, 24 and 24 visual tokens."""
-    rng = np.random.default_rng(0)
-    sizes = [(32, 32), (32, 48), (48, 32)][:n]
-    ims = [Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) for h, w in sizes]
-    msgs = [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]}]
-            for q in QUESTIONS[:n]]
-    return ims, msgs
-
-
 @pytest.fixture(scope="module", params=KINDS)
 def qwen(request):
     kind = request.param
     target = tiny_qwen_vl(kind)
     draft = tiny_qwen_vl(kind, seed=1, layers=1)
     return kind, target, draft, tiny_qwen_processor(kind)
-
-
-def _own(gen, target, ims, msgs, n):
-    rows = []
-    for im, m in zip(ims, msgs):
-        batch = gen.encode([im], [m])
-        out = target.generate(**batch, do_sample=False, max_new_tokens=n)
-        rows.append(out[0, batch["input_ids"].shape[1]:].tolist())
-    return rows
 
 
 def test_plain_greedy_equals_the_models_own_generate_on_a_ragged_batch(qwen):

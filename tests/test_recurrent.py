@@ -17,27 +17,7 @@ import mmspec
 from mmspec.cache import recurrent_layers
 from mmspec.sampling import SamplingParams
 from mmspec.session import CausalLMSession
-
-
-def tiny_qwen35(seed: int = 0, layers: int = 4, vocab: int = 48):
-    """A Qwen3.5 text decoder: linear-attention and full-attention layers alternating."""
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
-    cfg = Qwen3_5TextConfig(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-        num_attention_heads=2, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
-        linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
-        linear_conv_kernel_dim=4, full_attention_interval=2, max_position_embeddings=256,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2, initializer_range=0.3)
-    torch.manual_seed(seed)
-    return Qwen3_5ForCausalLM(cfg).eval()
-
-
-def _prompt():
-    ids = torch.randint(3, 48, (3, 9), generator=torch.Generator().manual_seed(0))
-    ids[0, :3] = 0                                   # left padding: ragged prompts
-    ids[2, :5] = 0
-    return ids, (ids != 0).long()
+from conftest import qwen35_prompt as _prompt, tiny_qwen35
 
 
 def _states(session):
@@ -166,7 +146,7 @@ def test_a_tree_step_gives_each_node_its_paths_outputs_and_commits_a_path(static
     of a path per row (ragged), the states and the next step equal a session that was fed
     the paths alone."""
     from mmspec.tree import Tree
-    from test_tree import path_to
+    from conftest import path_to
 
     model = tiny_qwen35()
     ids, mask = _prompt()
@@ -246,8 +226,7 @@ def test_sampling_through_trees_on_a_recurrent_target_keeps_its_distribution(mon
     tree sampling itself is checked on 20,000 rows in tests/test_tree.py.)"""
     import numpy as np
     from stats_util import tv, tv_threshold
-    from test_generate import _continuation_distribution
-    from test_tree import chi_square_pvalue
+    from stats_util import chi_square_pvalue, continuation_distribution as _continuation_distribution
 
     from mmspec.drafters import DraftHead, FeatureDrafter
     from mmspec.tree import Tree

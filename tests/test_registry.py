@@ -12,7 +12,7 @@ import mmspec
 from mmspec import registry
 from mmspec.acceptance import Exact
 from mmspec.registry import MethodContext, parse_method
-from test_rule_conformance import V, case, check_guarantee
+from rule_checks import V, case, check_guarantee
 
 
 @dataclass(frozen=True, repr=False)

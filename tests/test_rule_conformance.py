@@ -27,18 +27,13 @@ from mmspec.acceptance import DepthFrame, Exact, Relaxed
 from mmspec.densities import GaussianMixture
 from mmspec.distributions import Distribution
 from mmspec.registry import MethodContext
-from conftest import random_pq
+from rule_checks import V, case, check_guarantee, emitted
 from stats_util import chi_square_pvalue
 
-V = 16          # the rules' defaults fit (GSD groups of 14)
 RULES = {info.name: info for info in mmspec.rules()}
 TOKEN = sorted(n for n, i in RULES.items() if i.event == "token")
 FRAME = sorted(n for n, i in RULES.items() if i.event == "frame")
 VECTOR = sorted(n for n, i in RULES.items() if i.event == "vector")
-
-
-def case(seed: int, sharp: float = 2.0, zeros: bool = False):
-    return random_pq(seed, V, sharp=sharp, zeros=zeros)
 
 
 def build(name: str, emb: torch.Tensor, **params):
@@ -46,44 +41,8 @@ def build(name: str, emb: torch.Tensor, **params):
     return info.cls.from_params(params, MethodContext(embeddings=emb))
 
 
-def emitted(rule, p, q, pos: int = 0) -> torch.Tensor:
-    """Exact distribution of the token emitted at draft position ``pos`` (earlier drafts
-    accepted): every draft x weighted by q(x) (a point mass at argmin p when q is None),
-    accepted with the rule's accept_prob, else drawn from its residual."""
-    xs = torch.arange(V)
-    x = torch.zeros(V, pos + 1, dtype=torch.long)
-    x[:, pos] = xs
-    qq = None if q is None else q.expand(V, pos + 1, V)
-    a = rule.accept_prob(x, p.expand(V, pos + 1, V), qq)[:, pos]
-    res = rule.residual(xs, p.expand(V, V), None if q is None else q.expand(V, V),
-                        torch.full((V,), pos))
-    w = torch.zeros(V, dtype=torch.float64)
-    if q is None:
-        w[int(p.argmin())] = 1.0
-    else:
-        w = q
-    return (w * a) + ((w * (1 - a))[:, None] * res).sum(0)
-
-
 CASES = [dict(seed=s, sharp=sh, zeros=z) for s, sh, z in
          [(0, 2.0, False), (1, 0.5, False), (2, 4.0, True), (3, 1.0, True)]]
-
-
-def check_guarantee(rule, p, q, pos: int) -> None:
-    """The declared guarantee of a token rule for target p and draft q (None: point mass)."""
-    o = emitted(rule, p, q, pos)
-    assert abs(float(o.sum()) - 1) < 1e-12 and float(o.min()) >= -1e-15
-    if rule.lossless:
-        assert float((o - rule.reference(p)).abs().max()) < 1e-12
-    elif isinstance(rule, Relaxed):
-        bound = float(rule.tv_bound(p[None], None if q is None else q[None], pos)[0])
-        assert 0.5 * float((o - p).abs().sum()) <= bound + 1e-12
-    else:
-        assert getattr(rule, "group_lossless", False), \
-            f"{rule.name}: declares neither lossless, a TV bound nor groups"
-        dense = q if q is not None else torch.zeros(V, dtype=torch.float64).index_fill_(
-            0, p.argmin(), 1.0)                       # the point mass emitted() drafts
-        assert float((emitted_groups(rule, p, dense) - rule.coarse(p[None])[0]).abs().max()) < 1e-12
 
 
 @pytest.mark.parametrize("name", TOKEN)
@@ -93,20 +52,6 @@ def check_guarantee(rule, p, q, pos: int) -> None:
 def test_token_rule_keeps_its_declared_guarantee(name, c, pos, point_mass):
     p, q, emb = case(**CASES[c])
     check_guarantee(build(name, emb), p, None if point_mass else q, pos)
-
-
-def emitted_groups(rule, p, q) -> torch.Tensor:
-    """A group rule's emitted group distribution, exactly: x ~ q, its owner group g uniform
-    among the groups holding x, g accepted with the rule's group probability, else a group
-    drawn from its coarse residual (the rule's group contract: groups, group_accept,
-    coarse_residual)."""
-    groups = rule.groups
-    member = torch.zeros(V, V, dtype=torch.bool)                           # member[g, t]
-    member[groups.rows, groups.cols] = True
-    ga = rule.group_accept(p[None], q[None])[0]
-    owner = member.double() * (q / groups.sizes.double())[None]            # [g, x]: q(x)/|S(x)|
-    out = owner.sum(1) * ga
-    return out + (owner.sum(1) * (1 - ga)).sum() * rule.coarse_residual(p[None], q[None])[0]
 
 
 def test_the_token_suite_covers_lossless_relaxed_and_group_rules():

@@ -409,7 +409,7 @@ def test_sjd_continue_with_guidance_and_static_caches(pair):
 @pytest.mark.parametrize("name", ["janus", "emu3", "llamagen", "token-span"])
 def test_image_adapters_greedy_sjd_continue_equals_plain_greedy(name):
     """Through the text-to-image front door of every image adapter, with guidance."""
-    from test_image import PIPES
+    from tiny_image import PIPES
     from tiny_image import tiny_vq
 
     pipe, prompts = PIPES[name](tiny_vq())

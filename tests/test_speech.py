@@ -11,9 +11,7 @@ from scipy import stats as sstats
 
 from modalities.speech import (DelayPatternAdapter, EncodecCodec, SingleCodebookAdapter,
                                TextToSpeech, apply_delay, undo_delay)
-from tiny_speech import tiny_musicgen
-
-TEXTS = [[3, 4, 5, 6, 7], [8, 9]]
+from tiny_speech import TEXTS, ToyCodec, single_codebook as _single, tiny_musicgen
 
 
 def test_delay_pattern_round_trips():
@@ -86,24 +84,6 @@ def test_exact_sampling_matches_plain_sampling(delay_pair):
     hc = hist(c.codes)
     keep = (ha + hc) > 0
     assert sstats.chi2_contingency(np.stack([ha[keep], hc[keep]]))[1] > 1e-4
-
-
-def _single(seed=0, hidden=32):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=40, hidden_size=hidden, intermediate_size=2 * hidden,
-                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-                      max_position_embeddings=128, pad_token_id=0)
-    return LlamaForCausalLM(cfg).eval()
-
-
-class ToyCodec:
-    sample_rate = 8000
-    codebook_size = 16
-
-    def decode(self, frames):
-        return np.repeat(frames[..., 0].cpu().numpy().astype(np.float32) / 16, 80, axis=1)
 
 
 def test_single_codebook_greedy_equals_plain_including_jacobi():

@@ -192,3 +192,17 @@ def test_the_vllm_plugin_imports_nothing_of_mmspec():
                      [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
                      else [])
             assert not any(n.split(".")[0] in PACKAGES for n in names), (p, names)
+
+
+def test_no_test_module_imports_another():
+    """Shared test helpers live in the helper modules (conftest, tiny_*, stats_util,
+    rule_checks), not in another test file (importing one runs its module again under another
+    name and ties two suites together)."""
+    tests = ROOT / "tests"
+    names = {p.stem for p in tests.glob("test_*.py")}
+    for p in tests.glob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            mods = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            other = [m for m in mods if m in names and m != p.stem]
+            assert not other, (p.name, other)

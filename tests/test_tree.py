@@ -21,7 +21,8 @@ from mmspec.acceptance import Exact, Greedy, Lantern
 from mmspec.acceptance.tree import exact_tree, greedy_tree, sibling_round
 from mmspec.tree import Tree
 from mmspec.types import PAD
-from test_exact_analytic import Tables
+from conftest import path_to
+from rule_checks import Tables
 from stats_util import chi_square_pvalue
 
 
@@ -369,14 +370,6 @@ def _session(model, static: bool, guided: bool = False):
                            static_len=32 if static else None)
 
 
-def path_to(tree: Tree, node: int) -> list[int]:
-    """The nodes from the root to ``node`` (row 0's shape), walked up by hand."""
-    par, chain = (0,) + tuple(tree.parents[0].tolist()), [node]
-    while chain[0]:
-        chain.insert(0, par[chain[0]])
-    return chain
-
-
 def _prefill(sess, ids, mask):
     # with guidance, the unconditional prompts: the same rows without their first real token
     kw = dict(uncond_ids=ids, uncond_mask=mask * (mask.cumsum(1) > 1)) if sess.guided else {}
@@ -484,7 +477,7 @@ def test_tree_sampling_matches_the_target_and_fails_without_the_residual(monkeyp
     import mmspec.acceptance.tree as tree_mod
     from conftest import tiny_llama
     from stats_util import tv, tv_threshold
-    from test_generate import _continuation_distribution
+    from stats_util import continuation_distribution as _continuation_distribution
 
     target = tiny_llama(vocab=8, hidden=32, seed=3, scale=6.0)
     draft = tiny_llama(vocab=8, hidden=16, layers=1, seed=4, scale=6.0)

@@ -2,7 +2,8 @@
 (``.venv-vllm``, which ``make vllm-env`` builds and ``make test`` runs first):
 
 - vLLM's ``speculators`` package reads every variant mmspec writes and computes the same
-  logits from the same weights (float32); what it saves again loads back to the same head;
+  logits from the same weights (float32), at every step of a drafted chain too (its
+  multi-step forward fed mmspec's drafts); what it saves again loads back to the same head;
   its converter's output for a SafeAILab-layout folder loads to the same head;
 - vLLM serves the bundled image target (a transformers Llama over its image tokens) with the
   bundled EAGLE-3 head: greedy tokens with speculation equal vLLM's without and mmspec's own
@@ -29,7 +30,7 @@ import mmspec
 from conftest import tiny_llama
 from mmspec.drafters import FeatureDrafter, layouts
 from mmspec.drafters.eagle3 import Eagle3Head, default_feature_layers
-from test_eagle3 import VARIANTS, _head, _pairs, forward
+from tiny_heads import VARIANTS, eagle3_head as _head, eagle3_pairs as _pairs, forward
 
 ROOT = Path(__file__).resolve().parent.parent
 FIELD = ROOT / ".venv-vllm" / "bin" / "python"
@@ -92,6 +93,95 @@ def test_speculators_reads_mmspecs_heads_and_computes_their_logits(tmp_path, rec
     assert layouts.recognise(tmp_path / "converted").name == "speculators"
     for k, v in safe.state_to_save().items():
         assert torch.equal(converted.state_to_save()[k], v), k
+
+
+def _chains(target, head, prompts: list[list[int]], depth: int):
+    """mmspec drafting, greedy, a chain of ``depth`` tokens with ``head`` after each of
+    ``prompts`` (left-padded into one batch) through ``FeatureDrafter`` and the head's session:
+    -> the prompt's features as the head read them [B, P, F], the target's first token (the
+    chain's root) [B], the drafted tokens [B, depth] and the head's output-layer logits over its
+    draft ids at each drafting step [B, depth, N]."""
+    p = max(map(len, prompts))
+    ids = torch.tensor([[0] * (p - len(x)) + x for x in prompts])
+    mask = torch.tensor([[0] * (p - len(x)) + [1] * len(x) for x in prompts])
+    drafter = FeatureDrafter(head, depth=depth, branch=1, width=1)
+    seen, got = [], {}
+    begin, propose = drafter.begin, drafter.propose
+
+    def on_begin(*args, **kw):
+        begin(*args, **kw)
+        got.setdefault("features", drafter.target.features.clone())
+
+    def on_propose(last, *args, **kw):
+        seen.clear()
+        draft = propose(last, *args, **kw)
+        got.setdefault("chain", (last.clone(), draft.tokens.clone(), torch.stack(seen, 1)))
+        return draft
+
+    drafter.begin, drafter.propose = on_begin, on_propose
+    hook = head.lm_head.register_forward_hook(lambda m, a, out: seen.append(out.detach()[:, -1]))
+    try:
+        mmspec.generate(target, input_ids=ids, attention_mask=mask, drafter=drafter,
+                        temperature=0, max_new_tokens=2 * depth + 2, stop_token_ids=[])
+    finally:
+        hook.remove()
+    last, tokens, logits = got["chain"]
+    assert tokens.shape == (len(prompts), depth) and logits.shape[1] == depth
+    return got["features"], last, tokens, logits
+
+
+def test_speculators_multi_step_forward_gives_mmspecs_chain_drafts(tmp_path, record_property):
+    """Every variant drafting chains of 3 after three prompts (7, 5 and 9 tokens, left-padded
+    into one batch): the logits of drafting steps 1..3 of mmspec's head equal those of
+    speculators' own Eagle3DraftModel's multi-step ("test-time training") forward (float32,
+    within 1e-5 of their scale), given the same weights, prompt features and tokens.
+
+    Which quantities correspond. mmspec, a prompt x_0..x_{P-1} with the target's features
+    f_0..f_{P-1} and first token x_P: the head holds the pairs (f_t, x_{t+1}), t < P - 1 (none
+    for x_0), step 1 feeds the root (f_{P-1}, x_P) and drafts y_1 from its logits, step k > 1
+    feeds (g_{k-1}, y_{k-1}), g_{k-1} the head's output of step k - 1 (normed with
+    norm_output), one position further, seeing the prompt's pairs and its own chain.
+    speculators (speculators/models/eagle3/core.py, forward): hidden_states [f_0..f_{P-1}, then
+    d - 1 unused columns], input_ids [x_1..x_P, y_1..y_{d-1}], ttt_steps = d; step s (0-based)
+    feeds at each index i the state its step s - 1 output at i (the carried hidden_states) with
+    the token input_ids[i + s] (teacher forcing: its own argmax is overwritten, lines 322-338),
+    at position_ids + s (line 357); its queries see the step-0 keys causally and, of each later
+    step's keys, only their own index (eagle3/attention.py: create_combined_mask_mod's
+    diagonal, extend_dense_mask_for_draft_tokens). So mmspec's step k is speculators' step
+    k - 1 at index P - 1, fed mmspec's own drafts; its other indices are chains of shorter
+    prefixes fed the sequence's own tokens (and the pad token 0 past its end), not compared.
+    The positions differ by a constant (speculators' start at 1): rotary, the same logits."""
+    from safetensors.torch import load_file, save_file
+
+    depth = 3
+    target = tiny_llama(vocab=40, hidden=32, layers=8, heads=2, scale=3.0)
+    target.save_pretrained(tmp_path / "target")
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(1, 40, (n,), generator=g).tolist() for n in (7, 5, 9)]
+    jobs, expect = [], {}
+    for i, (name, kw) in enumerate(sorted(VARIANTS.items())):
+        head = _head(target, seed=i, **kw)
+        layouts.export(head, tmp_path / f"h{i}", "speculators", target=str(tmp_path / "target"))
+        feats, last, drafts, logits = _chains(target, head, prompts, depth)
+        rows = {}
+        for r, x in enumerate(prompts):
+            rows[f"features{r}"] = torch.cat([feats[r, -len(x):],
+                                              feats.new_zeros(depth - 1, feats.shape[-1])])
+            rows[f"input_ids{r}"] = torch.tensor(x[1:] + [int(last[r])]
+                                                 + drafts[r, :depth - 1].tolist())
+        save_file(rows, str(tmp_path / f"c{i}"))
+        expect[name] = (i, logits)
+        jobs.append(["ttt", str(tmp_path / f"h{i}"), str(tmp_path / f"c{i}"),
+                     str(tmp_path / f"z{i}"), depth])
+    field("speculators_check", jobs, tmp_path)
+    for name, (i, mine) in expect.items():
+        out = load_file(str(tmp_path / f"z{i}"))
+        theirs = torch.stack([out[f"logits{r}"][:, len(x) - 1] for r, x in enumerate(prompts)])
+        gaps = (theirs - mine).abs().amax((0, 2)) / mine.abs().amax((0, 2))     # per step
+        record_property("parity", f"speculators multi-step logits, {name}: steps 1..{depth} "
+                                  f"largest gaps " + ", ".join(f"{x:.1e}" for x in gaps)
+                                  + " of scale")
+        assert (gaps < 1e-5).all(), (name, gaps)
 
 
 def _agreeing_prefixes(model, ids, mask, generated, tol=1e-4) -> list[int]:
@@ -232,7 +322,7 @@ def test_the_recipe_exports_a_draft_head_for_vllm(tmp_path):
     fuses its last layer; EAGLE-3 layouts for a DraftHead, 'vllm' for an EAGLE-3 head and a
     target that is no local folder are refused before any work."""
     from safetensors.torch import load_file
-    from test_draft_head import _text_lm_folder
+    from tiny_heads import text_lm_folder as _text_lm_folder
     from transformers import AutoModelForCausalLM
 
     from mmspec.drafters import DraftHead

@@ -10,27 +10,8 @@ from PIL import Image
 from scipy import stats as sstats
 
 from modalities.vlm import VisionLanguageGenerator
-from tiny_vlm import (images, tiny_llava, tiny_llava_next, tiny_next_processor, tiny_processor,
-                      tiny_text_lm)
-
-MSGS = [{"role": "user", "content": [{"type": "image"},
-                                     {"type": "text", "text": "what colour is the circle ?"}]}]
-
-
-def _pairs(kind):
-    if kind == "llava":
-        return images(2), [MSGS, "USER: <image> a ASSISTANT:"]
-    rng = np.random.default_rng(0)
-    ims = [Image.fromarray(rng.integers(0, 255, (32, 64, 3), dtype=np.uint8)),
-           Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8))]
-    return ims, ["USER: <image> what colour is the circle ? ASSISTANT:", "USER: <image> a ASSISTANT:"]
-
-
-def _models(kind):
-    if kind == "llava":
-        return tiny_llava(), tiny_llava(seed=1, hidden=16, layers=1), tiny_processor()
-    return tiny_llava_next(), tiny_llava_next(seed=1, hidden=16, layers=1), tiny_next_processor()
-
+from tiny_vlm import (images, llava_models as _models, llava_pairs as _pairs, tiny_llava,
+                      tiny_processor, tiny_text_lm)
 
 @pytest.mark.parametrize("kind", ["llava", "llava-next"])
 def test_speculative_greedy_equals_plain_greedy(kind):
@@ -355,7 +336,7 @@ def test_prompts_that_end_on_the_image_decode_as_the_models_own_generate(kind):
     Qwen3-VL adds image features inside its first layers (deepstack): its vision tower's
     outputs are split between the prompt pass and the first step."""
     from mmspec.drafters.architectures import head_for_target
-    from test_qwen_vl import _own
+    from tiny_vlm import own_tokens as _own
     from tiny_vlm import tiny_qwen_processor, tiny_qwen_vl
 
     if kind.startswith("llava"):

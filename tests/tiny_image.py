@@ -1,4 +1,5 @@
-"""Tiny image-generation models built from configs (no downloads): Janus, Emu3."""
+"""Tiny image-generation models built from configs (no downloads): Janus, Emu3, LlamaGen, token
+spans; pipelines of each with a one-layer draft (``PIPES``)."""
 
 from __future__ import annotations
 
@@ -120,3 +121,41 @@ def save_tiny_bundled_pair(root) -> tuple[str, str]:
                      vq_folder=os.path.join(root, "vq"), meta=meta)
         paths.append(os.path.join(root, name))
     return paths[0], paths[1]
+
+
+# -- pipelines of a target and a one-layer draft, with two prompts --------------------------------
+def janus_pipe():
+    from modalities.image import JanusAdapter, TextToImage
+
+    mk = lambda m: JanusAdapter(m, bos_id=1, boi_id=9, pad_id=0)  # noqa: E731
+    return TextToImage(mk(tiny_janus()), mk(tiny_janus(seed=1, hidden=16, layers=1))), \
+        [[1, 5, 6, 9], [1, 7, 9]]
+
+
+def emu3_pipe():
+    from modalities.image import Emu3Adapter, TextToImage
+
+    return TextToImage(Emu3Adapter(tiny_emu3(), 2, 3),
+                       Emu3Adapter(tiny_emu3(seed=1, hidden=16, layers=1), 2, 3)), \
+        [[1, 5, 6, 42, 44], [1, 7, 42, 44]]
+
+
+def llamagen_pipe(vq):
+    from modalities.image import LlamaGenAdapter, TextToImage
+
+    return TextToImage(LlamaGenAdapter(tiny_llamagen(), vq),
+                       LlamaGenAdapter(tiny_llamagen(seed=1, dim=16, layers=1), vq)), [1, 3]
+
+
+def token_span_pipe(vq):
+    from modalities.image import TextToImage, TokenSpanAdapter
+
+    m, off = tiny_token_span()
+    d, _ = tiny_token_span(seed=1, hidden=16, layers=1)
+    mk = lambda x: TokenSpanAdapter(x, list(range(off, off + 16)), (4, 4), vq, prefix=[1],  # noqa: E731
+                                    suffix=[2], pad_id=0)
+    return TextToImage(mk(m), mk(d)), [[3, 4, 5], [6]]
+
+
+PIPES = {"janus": lambda vq: janus_pipe(), "emu3": lambda vq: emu3_pipe(),
+         "llamagen": llamagen_pipe, "token-span": token_span_pipe}

@@ -1,8 +1,12 @@
-"""Tiny MusicGen-layout models built from configs (text encoder, 2-codebook decoder, Encodec)."""
+"""Tiny speech targets built from configs (MusicGen layout: text encoder, 2-codebook decoder,
+Encodec; a single-codebook Llama), a toy codec and two texts."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+TEXTS = [[3, 4, 5, 6, 7], [8, 9]]      # two texts of token ids
 
 
 def tiny_musicgen(seed: int = 0, hidden: int = 16, layers: int = 2, codebooks: int = 2,
@@ -27,3 +31,24 @@ def tiny_musicgen(seed: int = 0, hidden: int = 16, layers: int = 2, codebooks: i
     m = MusicgenForConditionalGeneration(cfg).eval()
     m.generation_config.decoder_start_token_id = codebook_size
     return m
+
+
+def single_codebook(seed=0, hidden=32):
+    """A one-layer Llama over 40 ids: a single-codebook TTS target (codes 20-35, end 36)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=40, hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                      max_position_embeddings=128, pad_token_id=0)
+    return LlamaForCausalLM(cfg).eval()
+
+
+class ToyCodec:
+    """A codec that decodes a frame's first code as 80 samples of code / 16."""
+
+    sample_rate = 8000
+    codebook_size = 16
+
+    def decode(self, frames):
+        return np.repeat(frames[..., 0].cpu().numpy().astype(np.float32) / 16, 80, axis=1)

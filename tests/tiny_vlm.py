@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+from PIL import Image
 
 WORDS = ["<pad>", "<s>", "</s>", "<unk>", "<image>", "USER:", "ASSISTANT:", "what", "colour",
          "is", "the", "circle", "square", "red", "blue", "green", "a", "it", "?", "."] + \
@@ -481,3 +483,46 @@ def tiny_gemma4(seed: int = 0, hidden: int = 32, layers: int = 2, window: int = 
         audio_config=None, eoa_token_index=GEMMA4_WORDS.index("<end_of_audio>"),
         initializer_range=0.3, tie_word_embeddings=False, **ids)
     return Gemma4ForConditionalGeneration(cfg).eval()
+
+
+# -- shared inputs of the VLM tests ------------------------------------------------------------
+MSGS = [{"role": "user", "content": [{"type": "image"},
+                                     {"type": "text", "text": "what colour is the circle ?"}]}]
+QWEN_QUESTIONS = ["what colour is the circle ?", "a", "is it red ?"]
+
+
+def qwen_pairs(n: int = 3):
+    """Images of 32x32, 32x48 and 48x32 pixels: 16, 24 and 24 visual tokens."""
+    rng = np.random.default_rng(0)
+    sizes = [(32, 32), (32, 48), (48, 32)][:n]
+    ims = [Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) for h, w in sizes]
+    msgs = [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]}]
+            for q in QWEN_QUESTIONS[:n]]
+    return ims, msgs
+
+
+def own_tokens(gen, target, ims, msgs, n):
+    """Each (image, message) pair's greedy tokens from the model's own ``generate``."""
+    rows = []
+    for im, m in zip(ims, msgs):
+        batch = gen.encode([im], [m])
+        out = target.generate(**batch, do_sample=False, max_new_tokens=n)
+        rows.append(out[0, batch["input_ids"].shape[1]:].tolist())
+    return rows
+
+
+def llava_pairs(kind):
+    """Two (image, prompt) pairs for the LLaVA (``"llava"``) or LLaVA-NeXT kind."""
+    if kind == "llava":
+        return images(2), [MSGS, "USER: <image> a ASSISTANT:"]
+    rng = np.random.default_rng(0)
+    ims = [Image.fromarray(rng.integers(0, 255, (32, 64, 3), dtype=np.uint8)),
+           Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8))]
+    return ims, ["USER: <image> what colour is the circle ? ASSISTANT:", "USER: <image> a ASSISTANT:"]
+
+
+def llava_models(kind):
+    """(target, one-layer image draft, processor) of the LLaVA or LLaVA-NeXT kind."""
+    if kind == "llava":
+        return tiny_llava(), tiny_llava(seed=1, hidden=16, layers=1), tiny_processor()
+    return tiny_llava_next(), tiny_llava_next(seed=1, hidden=16, layers=1), tiny_next_processor()

@@ -8,6 +8,11 @@ JOB: a list of commands, each a list:
                                     verifier's embeddings from the folder its config names) on
                                     INPUTS (features [T, F], input_ids [T]): the logits [T, N]
                                     of its first step to OUT
+    ["ttt", HEAD, INPUTS, OUT, STEPS]
+                                    its multi-step (test-time training) forward, ttt_steps =
+                                    STEPS, on each row r of INPUTS (features{r} [T_r, F],
+                                    input_ids{r} [T_r], one document each): the logits
+                                    logits{r} [STEPS, T_r, N] of every step to OUT
     ["resave", HEAD, OUT]           load HEAD, save it again to OUT
     ["convert", SOURCE, OUT, BASE]  speculators' EAGLE-3 converter on the SafeAILab-layout
                                     folder SOURCE, for the target folder BASE
@@ -46,6 +51,24 @@ def logits(head, inputs, out):
     save_file({"logits": seen[0][0].contiguous()}, out)
 
 
+def ttt(head, inputs, out, steps):
+    model = load(head)
+    x = load_file(inputs)
+    seen = []
+    model.lm_head.register_forward_hook(lambda module, args, result: seen.append(result[0]))
+    found = {}
+    for key in sorted(k for k in x if k.startswith("features")):
+        row = key.removeprefix("features")
+        ids = x[f"input_ids{row}"]
+        seen.clear()
+        with torch.no_grad():
+            model(hidden_states=x[key][None], input_ids=ids[None],
+                  document_ids=torch.zeros(1, len(ids), dtype=torch.long), ttt_steps=steps)
+        assert len(seen) == steps, (len(seen), steps)
+        found[f"logits{row}"] = torch.stack(seen).contiguous()
+    save_file(found, out)
+
+
 def resave(head, out):
     load(head).save_pretrained(out)
 
@@ -57,7 +80,7 @@ def convert(source, out, base):
 
 
 if __name__ == "__main__":
-    commands = {"logits": logits, "resave": resave, "convert": convert}
+    commands = {"logits": logits, "ttt": ttt, "resave": resave, "convert": convert}
     with open(sys.argv[1]) as f:
         for name, *args in json.load(f):
             commands[name](*args)
