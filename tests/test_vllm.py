@@ -97,10 +97,12 @@ def test_speculators_reads_mmspecs_heads_and_computes_their_logits(tmp_path, rec
 
 def _chains(target, head, prompts: list[list[int]], depth: int):
     """mmspec drafting, greedy, a chain of ``depth`` tokens with ``head`` after each of
-    ``prompts`` (left-padded into one batch) through ``FeatureDrafter`` and the head's session:
-    -> the prompt's features as the head read them [B, P, F], the target's first token (the
-    chain's root) [B], the drafted tokens [B, depth] and the head's output-layer logits over its
-    draft ids at each drafting step [B, depth, N]."""
+    ``prompts`` (left-padded into one batch) through ``FeatureDrafter`` and the head's session,
+    at the first step: -> the prompt's features as the head read them [B, P - 1, F] (the
+    target's prompt pass keeps those of all but the prompt's last token, which its first step
+    feeds with the drafts), the chain's root (that last token) [B], the drafted tokens
+    [B, depth] and the head's output-layer logits over its draft ids at each drafting step
+    [B, depth, N]."""
     p = max(map(len, prompts))
     ids = torch.tensor([[0] * (p - len(x)) + x for x in prompts])
     mask = torch.tensor([[0] * (p - len(x)) + [1] * len(x) for x in prompts])
@@ -115,7 +117,8 @@ def _chains(target, head, prompts: list[list[int]], depth: int):
     def on_propose(last, *args, **kw):
         seen.clear()
         draft = propose(last, *args, **kw)
-        got.setdefault("chain", (last.clone(), draft.tokens.clone(), torch.stack(seen, 1)))
+        if "chain" not in got:                                   # the first step's
+            got["chain"] = last.clone(), draft.tokens.clone(), torch.stack(seen, 1)
         return draft
 
     drafter.begin, drafter.propose = on_begin, on_propose
@@ -136,21 +139,23 @@ def test_speculators_multi_step_forward_gives_mmspecs_chain_drafts(tmp_path, rec
     speculators' own Eagle3DraftModel's multi-step ("test-time training") forward (float32,
     within 1e-5 of their scale), given the same weights, prompt features and tokens.
 
-    Which quantities correspond. mmspec, a prompt x_0..x_{P-1} with the target's features
-    f_0..f_{P-1} and first token x_P: the head holds the pairs (f_t, x_{t+1}), t < P - 1 (none
-    for x_0), step 1 feeds the root (f_{P-1}, x_P) and drafts y_1 from its logits, step k > 1
-    feeds (g_{k-1}, y_{k-1}), g_{k-1} the head's output of step k - 1 (normed with
-    norm_output), one position further, seeing the prompt's pairs and its own chain.
-    speculators (speculators/models/eagle3/core.py, forward): hidden_states [f_0..f_{P-1}, then
-    d - 1 unused columns], input_ids [x_1..x_P, y_1..y_{d-1}], ttt_steps = d; step s (0-based)
-    feeds at each index i the state its step s - 1 output at i (the carried hidden_states) with
-    the token input_ids[i + s] (teacher forcing: its own argmax is overwritten, lines 322-338),
-    at position_ids + s (line 357); its queries see the step-0 keys causally and, of each later
-    step's keys, only their own index (eagle3/attention.py: create_combined_mask_mod's
-    diagonal, extend_dense_mask_for_draft_tokens). So mmspec's step k is speculators' step
-    k - 1 at index P - 1, fed mmspec's own drafts; its other indices are chains of shorter
-    prefixes fed the sequence's own tokens (and the pad token 0 past its end), not compared.
-    The positions differ by a constant (speculators' start at 1): rotary, the same logits."""
+    Which quantities correspond. mmspec, a prompt x_0..x_{P-1}: the target's prompt pass keeps
+    the features f_0..f_{P-2} (its first step feeds x_{P-1} with the drafts); the head holds
+    the pairs (f_t, x_{t+1}), t < P - 2 (none for x_0); drafting step 1 feeds the root
+    (f_{P-2}, x_{P-1}) and drafts y_1 from its logits; step k > 1 feeds (g_{k-1}, y_{k-1}),
+    g_{k-1} the head's output of step k - 1 (normed with norm_output), one position further,
+    seeing the prompt's pairs and its own chain. speculators (speculators/models/eagle3/core.py,
+    forward): hidden_states [f_0..f_{P-2}, then d - 1 unused columns], input_ids [x_1..x_{P-1},
+    y_1..y_{d-1}], ttt_steps = d; its step s (from 0) feeds at each index i its step s - 1
+    output at i (the carried hidden_states, normed with norm_output) with the token
+    input_ids[i + s] (teacher forcing: its own argmax, line 322, is overwritten, lines
+    332-338), at position_ids + s (line 357); its queries see the step-0 keys causally and, of
+    each later step's keys, only their own index (eagle3/attention.py: the diagonal of
+    create_combined_mask_mod, extend_dense_mask_for_draft_tokens). So mmspec's step k is
+    speculators' step k - 1 at index P - 2, fed mmspec's own drafts. Its other indices are
+    chains after shorter prefixes fed the sequence's own tokens (and the pad token 0 past its
+    end), not compared. The positions differ by a constant (speculators' start at 1, as
+    speculators' shift_batch numbers them): rotary, so the same logits."""
     from safetensors.torch import load_file, save_file
 
     depth = 3
@@ -163,12 +168,12 @@ def test_speculators_multi_step_forward_gives_mmspecs_chain_drafts(tmp_path, rec
         head = _head(target, seed=i, **kw)
         layouts.export(head, tmp_path / f"h{i}", "speculators", target=str(tmp_path / "target"))
         feats, last, drafts, logits = _chains(target, head, prompts, depth)
+        assert last.tolist() == [x[-1] for x in prompts]
         rows = {}
         for r, x in enumerate(prompts):
-            rows[f"features{r}"] = torch.cat([feats[r, -len(x):],
+            rows[f"features{r}"] = torch.cat([feats[r, 1 - len(x):],
                                               feats.new_zeros(depth - 1, feats.shape[-1])])
-            rows[f"input_ids{r}"] = torch.tensor(x[1:] + [int(last[r])]
-                                                 + drafts[r, :depth - 1].tolist())
+            rows[f"input_ids{r}"] = torch.tensor(x[1:] + drafts[r, :depth - 1].tolist())
         save_file(rows, str(tmp_path / f"c{i}"))
         expect[name] = (i, logits)
         jobs.append(["ttt", str(tmp_path / f"h{i}"), str(tmp_path / f"c{i}"),
@@ -176,7 +181,7 @@ def test_speculators_multi_step_forward_gives_mmspecs_chain_drafts(tmp_path, rec
     field("speculators_check", jobs, tmp_path)
     for name, (i, mine) in expect.items():
         out = load_file(str(tmp_path / f"z{i}"))
-        theirs = torch.stack([out[f"logits{r}"][:, len(x) - 1] for r, x in enumerate(prompts)])
+        theirs = torch.stack([out[f"logits{r}"][:, len(x) - 2] for r, x in enumerate(prompts)])
         gaps = (theirs - mine).abs().amax((0, 2)) / mine.abs().amax((0, 2))     # per step
         record_property("parity", f"speculators multi-step logits, {name}: steps 1..{depth} "
                                   f"largest gaps " + ", ".join(f"{x:.1e}" for x in gaps)
