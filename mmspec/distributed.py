@@ -39,5 +39,9 @@ def shared_seed(group) -> int:
 
 def whole(t: torch.Tensor) -> torch.Tensor:
     """``t`` in full in every process: a tensor-parallel plan's split parameter (a DTensor)
-    gathered (a collective: every process calls it alike); any other tensor as it is."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
+    gathered (a collective: every process calls it alike); any other tensor as it is. The
+    gather runs outside inference mode (DTensor's redistribution has no inference-mode path)."""
+    if not hasattr(t, "full_tensor"):
+        return t
+    with torch.inference_mode(False), torch.no_grad():
+        return t.full_tensor()

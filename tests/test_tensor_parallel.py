@@ -1,8 +1,9 @@
 """Tensor-parallel targets: transformers' ``tp_plan="auto"`` in two processes on ``gloo`` (CPU),
 as ``torchrun`` runs them on GPUs. Each process loads the target split in two and its own
 draft; the loop runs in each. Greedy decoding (plain, a draft model, Jacobi; dynamic and
-static caches) gives one process's tokens, for ``mmspec.generate`` and a VLM front door
-loaded with ``from_pretrained(..., distributed_config=...)``; sampling gives the same tokens
+static caches) gives one process's tokens, for ``mmspec.generate``, a VLM front door
+loaded with ``from_pretrained(..., distributed_config=...)``, and the text-to-image (guided)
+and speech front doors over the split Llama; sampling gives the same tokens
 in both processes, seeded or not (``mmspec.distributed.shared_seed``), though their global
 generators differ. Sampled tokens are not compared with one process's: the all-reduce sums
 partial products in another order, and a last-bit difference may move a draw."""
@@ -57,6 +58,29 @@ def _vlm(gen) -> dict:
                                  seed=0).token_ids for m in ("plain", "sjd")}
 
 
+def _fronts(target) -> dict:
+    """The text-to-image (a token span of the target's ids, guidance on) and single-codebook
+    speech front doors on ``target``: plain and Jacobi decoding, greedy and seeded sampling."""
+    from modalities.image import TextToImage, TokenSpanAdapter
+    from modalities.speech import SingleCodebookAdapter, TextToSpeech
+    from tiny_image import tiny_vq
+    from tiny_speech import TEXTS, ToyCodec
+
+    pipe = TextToImage(TokenSpanAdapter(target, list(range(40, 56)), (4, 4), tiny_vq(),
+                                        prefix=[1], suffix=[2], pad_id=0))
+    tts = TextToSpeech(SingleCodebookAdapter(target, ToyCodec(), range(20, 36), end_id=36,
+                                             prefix=[1], suffix=[2], max_frames=12))
+    out = {}
+    for method in ("plain", "sjd"):
+        for t in (0, 1.0):
+            image = pipe([[3, 4, 5], [6]], method=method, guidance_scale=3.0, temperature=t,
+                         seed=5, progress=False, decode=False)
+            speech = tts(TEXTS, method=method, temperature=t, seed=5, progress=False)
+            out[f"image {method} t={t}"] = image.tokens.tolist()
+            out[f"speech {method} t={t}"] = [c.tolist() for c in speech.codes]
+    return out
+
+
 def _rows(weight) -> int:
     """The rows of a weight this process holds (a DTensor's local shard)."""
     return (weight.to_local() if hasattr(weight, "to_local") else weight).shape[0]
@@ -83,7 +107,7 @@ def _worker(rank: int, port: int, folder: str) -> None:
     torch.manual_seed(1000 + rank)        # processes whose global generators differ
     out = {"split": [_rows(target.model.layers[0].self_attn.q_proj.weight),
                      _rows(gen.target.model.language_model.layers[0].self_attn.q_proj.weight)],
-           "text": _text(target, draft), "vlm": _vlm(gen)}
+           "text": _text(target, draft), "vlm": _vlm(gen), "fronts": _fronts(target)}
     with open(f"{folder}/rank{rank}.json", "w") as f:
         json.dump(out, f)
     dist.barrier()
@@ -114,7 +138,7 @@ def ranks(tmp_path_factory):
     mp.spawn(_worker, args=(_free_port(), str(folder)), nprocs=WORLD, join=True)
     runs = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(WORLD)]
     gen = VisionLanguageGenerator.from_pretrained(str(folder / "vlm"))
-    return runs, {"text": _text(target, draft), "vlm": _vlm(gen)}
+    return runs, {"text": _text(target, draft), "vlm": _vlm(gen), "fronts": _fronts(target)}
 
 
 def test_the_target_is_split_across_the_processes(ranks):
@@ -129,6 +153,17 @@ def test_greedy_tokens_equal_one_process(ranks):
     for key in keys:
         assert all(r["text"][key] == one["text"][key] for r in runs), key
     assert all(r["vlm"] == one["vlm"] for r in runs)
+
+
+def test_image_and_speech_front_doors_take_a_split_target(ranks):
+    """Text-to-image with guidance and single-codebook speech on the split target: greedy
+    tokens equal one process's, seeded sampling draws alike in every process (the rules'
+    embedding tables gathered whole: ``mmspec.distributed.whole``)."""
+    runs, one = ranks
+    for key, want in one["fronts"].items():
+        assert runs[0]["fronts"][key] == runs[1]["fronts"][key], key
+        if key.endswith("t=0"):
+            assert runs[0]["fronts"][key] == want, key
 
 
 def test_sampled_calls_draw_alike_in_every_process(ranks):

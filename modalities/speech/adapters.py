@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from mmspec.acceptance import Frame
+from mmspec.distributed import whole
 from mmspec.loop import Stops
 from mmspec.session import TokenSpanSession, max_positions
 from modalities.registry import register_adapter
@@ -242,7 +243,7 @@ class DelayPatternAdapter(CodecAdapter):
         """[vocab_size, d]: codebook c's input embeddings (MusicGen embeds its pad id too)."""
         emb = self.model.decoder.get_input_embeddings()
         table = emb[c] if isinstance(emb, torch.nn.ModuleList) else emb
-        return table.weight.detach().float()[: self.vocab_size]
+        return whole(table.weight).detach().float()[: self.vocab_size]
 
     def decode(self, frames: torch.Tensor) -> np.ndarray:
         """Audio [B, samples] from frames [B, N, C] (ids past the codebook, the pad column of
@@ -307,7 +308,7 @@ class SingleCodebookAdapter(CodecAdapter):
 
     def codebook_embeddings(self, c: int = 0) -> torch.Tensor:
         """[V, d] embeddings of the codec ids: the geometry of relaxed rules."""
-        return self.model.get_input_embeddings().weight.detach().float()[self.to_vocab]
+        return whole(self.model.get_input_embeddings().weight).detach().float()[self.to_vocab]
 
     def decode(self, frames):
         """Audio samples from the generated codec ids."""

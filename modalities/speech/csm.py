@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from mmspec.acceptance import DepthFrame
+from mmspec.distributed import whole
 from mmspec.distributions import Distribution
 from mmspec.loop import Stops
 from mmspec.sampling import SamplingParams, sample
@@ -186,7 +187,7 @@ class CsmAdapter(CodecAdapter):
         return Stops((self.frame_eos,), on="all-but-last")
 
     def codebook_embeddings(self, c: int) -> torch.Tensor:
-        table = self.model.backbone_model.embed_tokens.embed_audio_tokens.weight.detach().float()
+        table = whole(self.model.backbone_model.embed_tokens.embed_audio_tokens.weight).detach().float()
         return table[c * self.vocab_size:(c + 1) * self.vocab_size]
 
     def codes(self, row: list, frames: int) -> torch.Tensor:
