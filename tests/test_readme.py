@@ -14,7 +14,7 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README, re.S)
 
 
 def test_readme_is_a_quickstart():
-    assert len(README.splitlines()) <= 200
+    assert len(README.splitlines()) < 170
     assert "make demo" in README and "make test" in README and len(BLOCKS) >= 4
 
 
