@@ -202,12 +202,15 @@ class Blocks:
     ``keys`` [B, P]: the blocks of the slots from 0 on (the cache's prompt), where the fed
     tokens' own are not all (the first step refeeding the prompt's last token); default the
     fed tokens' ids at their slots. ``sliding_only``: on the sliding-window layers alone
-    (Gemma 4's), else on every layer (Gemma 3's, PaliGemma's). A block overrides a window,
-    as transformers' masks combine them: its tokens see the whole block."""
+    (Gemma 4's), else on every layer (Gemma 3's, PaliGemma's). ``past_window``: on the
+    sliding-window layers a block's tokens see the whole block past the window (PaliGemma 2's
+    prefix: window-causal OR block); else the window bounds the block too (Gemma 3's and
+    4's images: window AND (causal OR block)), as each model's own masks combine them."""
 
     ids: torch.Tensor
     sliding_only: bool = False
     keys: torch.Tensor | None = None
+    past_window: bool = False
 
 
 @dataclass(frozen=True)
@@ -238,10 +241,14 @@ def shaped(mask: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor, new: torch.
         return full[:, None]
     near = pos[:, :, None] - (seq.cumsum(1) - 1)[:, None, :] < window.size
     own = new[None, :, None] == torch.arange(mask.shape[-1], device=mask.device)[None, None]
-    sliding = mask & near | own
-    sliding = (sliding if same is None else sliding | same)[:, None]
-    return sliding if window.alone else {"full_attention": full[:, None],
-                                         "sliding_attention": sliding}
+    if same is None:
+        sliding = mask & near | own
+    elif blocks.past_window:
+        sliding = mask & near | own | same
+    else:
+        sliding = (mask | same) & near | own
+    return sliding[:, None] if window.alone else {"full_attention": full[:, None],
+                                                  "sliding_attention": sliding[:, None]}
 
 
 def _same_block(blocks: Blocks, seq: torch.Tensor, new: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -552,16 +552,17 @@ class CausalLMSession(Session):
             self.features = self.features[:, :-1]
         # A last token inside a block saw the whole block past its window (PaliGemma 2's
         # prefix): so does its refeed.
-        if self.window is not None and bool((blocks.ids[:, -1] >= 0).any()):
-            self._first_blocks = Blocks(blocks.ids[:, -1:], blocks.sliding_only, blocks.ids)
+        if (self.window is not None and blocks.past_window
+                and bool((blocks.ids[:, -1] >= 0).any())):
+            self._first_blocks = Blocks(blocks.ids[:, -1:], blocks.sliding_only, blocks.ids,
+                                        past_window=True)
 
     def _step_blocks(self, n: int) -> Blocks | None:
         """The blocks of the first step's ``n`` slots: the refed prompt token's, if any."""
         b = self._first_blocks
         if b is None or not self._first:
             return None
-        return Blocks(torch.nn.functional.pad(b.ids, (0, n - 1), value=-1), b.sliding_only,
-                      b.keys)
+        return replace(b, ids=torch.nn.functional.pad(b.ids, (0, n - 1), value=-1))
 
     # -- the protocol -------------------------------------------------------------------------
     def _rows(self, t: torch.Tensor) -> torch.Tensor:

@@ -1008,6 +1008,50 @@ def test_sliding_window_layers_decode_past_their_window(static):
         assert out.sequences[:, 7:].tolist() == own, drafter
 
 
+def _models_own_block_masks(kind: str, ids, attn, window: int):
+    """(full, sliding) bool masks [B, 1, P, P] of a prompt pass as the model's own code builds
+    them for prompt blocks ``ids`` [B, P] (-1 outside a block), SDPA layout."""
+    from transformers import Gemma2Config, Gemma3TextConfig
+    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+    b, p = attn.shape
+    kw = dict(hidden_size=8, num_hidden_layers=2, num_attention_heads=1, num_key_value_heads=1,
+              head_dim=8, sliding_window=window, layer_types=["sliding_attention", "full_attention"])
+    cfg = (Gemma2Config if kind == "paligemma2" else Gemma3TextConfig)(**kw)
+    cfg._attn_implementation = "sdpa"
+    args = (cfg, torch.zeros(b, p, 8), attn, None, torch.arange(p)[None].expand(b, -1))
+    if kind == "paligemma2":               # PaliGemma's forward, with Gemma 2's window
+        return (create_causal_mask(*args, block_sequence_ids=ids),
+                create_sliding_window_causal_mask(*args, block_sequence_ids=ids))
+    if kind == "gemma3":
+        from transformers.models.gemma3.modeling_gemma3 import create_masks_for_vision_model
+    else:
+        from transformers.models.gemma4.modeling_gemma4 import create_masks_for_vision_model
+    masks = create_masks_for_vision_model(*args, ids)
+    return masks["full_attention"], masks["sliding_attention"]
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "gemma4", "paligemma2"])
+def test_prompt_blocks_longer_than_the_window_get_the_models_own_masks(kind):
+    """7-token blocks (an image; PaliGemma 2's prefix) in ragged prompts, a 3-slot window: the
+    prompt pass's masks equal the model's own on every real query. Gemma 3: causal OR block
+    (full layers), window AND (causal OR block) (sliding); Gemma 4 the same on its sliding
+    layers alone; PaliGemma 2: window-causal OR block (the prefix past the window)."""
+    from mmspec.cache import Blocks, SequenceMask, Window
+
+    attn = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1, 1, 1], [1] * 10])
+    ids = torch.full((2, 10), -1)
+    ids[0, 2:9], ids[1, 1:8] = 0, 0
+    blocks = dict(gemma3=Blocks(ids), gemma4=Blocks(ids, sliding_only=True),
+                  paligemma2=Blocks(ids, past_window=True))[kind]
+    ours, _ = SequenceMask.from_prompt(attn).plan(attn, None, Window(3), blocks)
+    full, sliding = _models_own_block_masks(kind, ids, attn, 3)
+    real = attn.bool()[:, None, :, None]
+    assert ((full == ours["full_attention"]) | ~real).all()
+    assert ((sliding == ours["sliding_attention"]) | ~real).all()
+    assert not torch.equal(full & real, sliding & real)          # the window bites
+
+
 def test_rollback_without_static_crop(monkeypatch):
     """transformers < 5.18, whose static layers have no crop: their write pointers move,
     and a dynamic cache's layers keep their own crop."""

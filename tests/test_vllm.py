@@ -324,8 +324,9 @@ def test_vllm_serves_mmspecs_own_draft_head_through_the_plugin(tmp_path, record_
 def test_the_recipe_exports_a_draft_head_for_vllm(tmp_path):
     """--export vllm with mmspec's own head (--arch draft-head): the exported folder reads
     back as the head the recipe saved, with the target's final norm copied where the head
-    fuses its last layer; EAGLE-3 layouts for a DraftHead, 'vllm' for an EAGLE-3 head and a
-    target that is no local folder are refused before any work."""
+    fuses its last layer; EAGLE-3 layouts for a DraftHead, 'vllm' for an EAGLE-3 head, a
+    target that is no local folder, one whose final norm is not Llama's (Gemma) where the
+    head fuses the last layer, and an M-RoPE target are refused before any work."""
     from safetensors.torch import load_file
     from tiny_heads import text_lm_folder as _text_lm_folder
     from transformers import AutoModelForCausalLM
@@ -337,13 +338,25 @@ def test_the_recipe_exports_a_draft_head_for_vllm(tmp_path):
     common = ["--modality", "text", "--target", lm, "--data", str(tmp_path / "prompts.txt"),
               "--samples", "4", "--eval", "2", "--max-new-tokens", "6", "--collect-batch", "2",
               "--steps", "3", "--tree", "3x2x2", "--device", "cpu"]
+    gemma, mrope = tmp_path / "gemma", tmp_path / "mrope"
+    for folder, cfg in ((gemma, dict(model_type="gemma3_text", num_hidden_layers=4,
+                                     rms_norm_eps=1e-6)),
+                        (mrope, dict(model_type="qwen2_vl_text", num_hidden_layers=4,
+                                     rms_norm_eps=1e-6,
+                                     rope_parameters={"mrope_section": [2, 1, 1]}))):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(cfg))
     for flags, message in ((["--export", "speculators", "x"], "accepted with --arch eagle3"),
                            (["--arch", "eagle3", "--export", "vllm", "x"], "accepted one of"),
                            (["--export", "vllm", "x", "--target", "org/name"],
-                            "not a local folder")):
+                            "not a local folder"),
+                           (["--export", "vllm", "x", "--target", str(gemma)],
+                            "no Llama-style final RMSNorm"),
+                           (["--export", "vllm", "x", "--target", str(mrope)], "M-RoPE")):
         with pytest.raises(ValueError, match=message):
             recipe.main(common + ["--out", str(tmp_path / "no")] + flags)
     assert not (tmp_path / "no").exists()
+    layouts.check_vllm_target(str(gemma), (1, 2, 3))   # the last layer not fused: no norm read
     recipe.main(common + ["--out", str(tmp_path / "head"), "--export", "vllm",
                           str(tmp_path / "head-vllm")])
     target = AutoModelForCausalLM.from_pretrained(lm)

@@ -197,13 +197,8 @@ class VllmLayout(Layout):
 
         c = head.config
         name = target or c.target
-        text = local_config(name)
-        text = text.get("text_config") or text
-        layers = text.get("num_hidden_layers")
-        if layers is None:
-            raise ValueError(f"export to 'vllm': the target {name!r} is not a local folder with "
-                             "a config.json (accepted target=its folder: its layer count, and "
-                             "its final norm where the head fuses the last layer)")
+        text = check_vllm_target(name, c.feature_layers)
+        layers = text["num_hidden_layers"]
         llama = c.llama().to_dict()
         config = {k: llama[k] for k in (
             "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -226,6 +221,30 @@ class VllmLayout(Layout):
 # the target's final norm (a text decoder's, or a VLM's language model's) by tensor name
 FINAL_NORMS = ("model.norm.weight", "model.language_model.norm.weight",
                "language_model.model.norm.weight", "model.text_model.norm.weight")
+
+
+def check_vllm_target(name, feature_layers=None) -> dict:
+    """The text config of a target a head exports to 'vllm' for (its folder ``name``; the
+    head's ``feature_layers``, default low, middle and high with the last), refused where
+    vLLM cannot serve the head: not a local folder, M-RoPE positions (vLLM hands the drafter
+    the temporal axis), or the last layer fused without a Llama-style final norm."""
+    from .head import feature_layers_of
+
+    text = local_config(name)
+    text = text.get("text_config") or text
+    layers = text.get("num_hidden_layers")
+    if layers is None:
+        raise ValueError(f"export to 'vllm': the target {name!r} is not a local folder with "
+                         "a config.json (accepted target=its folder: its layer count, and "
+                         "its final norm where the head fuses the last layer)")
+    rope = [text.get(k) or {} for k in ("rope_parameters", "rope_scaling")]
+    if any(isinstance(r, dict) and "mrope_section" in r for r in rope):
+        raise ValueError(f"export to 'vllm': the target {name!r} takes M-RoPE positions, of "
+                         "which vLLM hands a drafter the temporal axis where mmspec's head "
+                         "counts tokens; accepted a target of 1-D positions")
+    if layers in feature_layers_of(layers, feature_layers):
+        _final_norm_eps(text, name)
+    return text
 
 
 def _final_norm_eps(text: dict, name: str) -> float:

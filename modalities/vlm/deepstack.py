@@ -46,9 +46,10 @@ class TrailingMedia:
         at = tokens == self.token
         trailing = torch.zeros_like(at)
         trailing[:, 0] = self.rows
-        mine = trailing[at]                                   # [placeholders in the step]
+        mine = trailing[at].to(self.features.device)         # [placeholders in the step]
         n = mine.shape[0]
-        own = embedding(tokens.new_tensor([self.token])).to(self.features.dtype)
+        own = embedding(tokens.new_tensor([self.token])).to(self.features.device,
+                                                             self.features.dtype)
         feats = own.expand(n, -1).clone()
         feats[mine] = self.features
         deep = [self.features.new_zeros(n, d.shape[-1]) for d in self.deep]
@@ -75,7 +76,7 @@ def split_trailing(model, batch: dict) -> tuple[dict, list[TrailingMedia]]:
         rows = at[:, -1]
         last = at.sum(1).cumsum(0) - 1                        # each row's last placeholder
         keep = torch.ones(feats.shape[0], dtype=torch.bool, device=feats.device)
-        keep[last[rows]] = False
+        keep[last[rows].to(keep.device)] = False
         encoded[kind] = type(f)(pooler_output=[feats[keep]],
                                 deepstack_features=[[d[keep]] for d in deep])
         if bool(rows.any()):

@@ -536,8 +536,8 @@ def prompt_blocks(model, batch: dict) -> Blocks | None:
     them), PaliGemma's prefix (every prompt token). None for other models, or without token
     types (the model's own pass is then causal too)."""
     kind = model.config.model_type
-    if kind == "paligemma" and "token_type_ids" in batch:
-        return Blocks(torch.where(batch["token_type_ids"] == 0, 0, -1))
+    if kind == "paligemma" and "token_type_ids" in batch:      # its prefix past any window
+        return Blocks(torch.where(batch["token_type_ids"] == 0, 0, -1), past_window=True)
     if kind == "gemma3" and "token_type_ids" in batch:
         return Blocks(_runs(batch["token_type_ids"] == 1))
     if kind == "gemma4" and "mm_token_type_ids" in batch and getattr(

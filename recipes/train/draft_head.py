@@ -868,6 +868,11 @@ def check_args(args) -> tuple[list, list]:
             raise ValueError(f"--export vllm: --target {args.target} is not a local folder "
                              "(the export reads its layer count and copies its final norm); "
                              "accepted a downloaded target's folder")
+        if args.export[0] == "vllm":
+            try:
+                layouts.check_vllm_target(args.target, args.feature_layers)
+            except ValueError as e:
+                raise ValueError(f"--export vllm: {e}") from None
         if args.uncond_features:
             raise ValueError("--export with --uncond-features: a head fusing the "
                              "unconditional branch drafts with guidance only, which the "
