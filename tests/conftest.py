@@ -119,6 +119,22 @@ def tiny_qwen35(seed: int = 0, layers: int = 4, vocab: int = 48):
     return Qwen3_5ForCausalLM(cfg).eval()
 
 
+def tiny_windowed(seed: int = 0, layers: int = 2, hidden: int = 32):
+    """A Gemma 3 text model: a 4-slot sliding-window layer beside a full one, no eos (its own
+    ``generate`` stops nowhere)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(seed)
+    cfg = Gemma3TextConfig(hidden_size=hidden, intermediate_size=2 * hidden,
+                           num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
+                           head_dim=hidden // 2, vocab_size=64, sliding_window=4,
+                           max_position_embeddings=128,
+                           layer_types=["sliding_attention", "full_attention"][:layers],
+                           initializer_range=0.3, tie_word_embeddings=False, pad_token_id=0,
+                           bos_token_id=None, eos_token_id=None)
+    return Gemma3ForCausalLM(cfg).eval()
+
+
 def qwen35_prompt():
     """Three ragged, left-padded prompts of ids 3-47 (width 9) and their mask."""
     ids = torch.randint(3, 48, (3, 9), generator=torch.Generator().manual_seed(0))

@@ -10,7 +10,7 @@ import torch
 
 import mmspec
 from mmspec.acceptance import Exact
-from conftest import tiny_llama
+from conftest import tiny_llama, tiny_windowed
 from stats_util import (chi_square_pvalue, continuation_distribution as _continuation_distribution,
                         tv, tv_threshold)
 
@@ -970,18 +970,6 @@ def test_static_rollback_moves_every_write_pointer_in_one_call(monkeypatch):
     assert keys[0, :, 1].eq(2).all() and keys[0, :, 0].eq(1).all()
 
 
-def _windowed(seed: int, layers: int = 2):
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    torch.manual_seed(seed)
-    cfg = Gemma3TextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                           num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                           vocab_size=64, sliding_window=4, max_position_embeddings=128,
-                           layer_types=["sliding_attention", "full_attention"][:layers],
-                           initializer_range=0.3, tie_word_embeddings=False, pad_token_id=0)
-    return Gemma3ForCausalLM(cfg).eval()
-
-
 @pytest.mark.parametrize("static", [False, True])
 def test_sliding_window_layers_decode_past_their_window(static):
     """Layers of a 4-slot sliding window beside full ones (Gemma 3's), 16 tokens after
@@ -991,7 +979,7 @@ def test_sliding_window_layers_decode_past_their_window(static):
     the window counted in positions (the ragged batch's holes do not count)."""
     import mmspec
 
-    target, draft = _windowed(0), _windowed(1, layers=1)
+    target, draft = tiny_windowed(0), tiny_windowed(1, layers=1)
     prompts = [torch.randint(3, 64, (1, 7), generator=torch.Generator().manual_seed(i))
                for i in range(2)]
     prompts[1] = prompts[1][:, :3]

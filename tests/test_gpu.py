@@ -695,18 +695,9 @@ def test_captured_sliding_window_layers_give_the_models_own_tokens(method):
     """A Gemma 3 text model of 4-slot sliding windows beside full layers, 20 tokens past
     ragged prompts of 7 and 3, captured: each row's tokens are the model's own ``generate``
     (the static mask carries the window counted in positions, replayed step after step)."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    from conftest import tiny_windowed
 
-    def windowed(seed, layers):
-        torch.manual_seed(seed)
-        cfg = Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                               num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-                               vocab_size=64, sliding_window=4, max_position_embeddings=128,
-                               layer_types=["sliding_attention", "full_attention"][:layers],
-                               initializer_range=0.3, tie_word_embeddings=False, pad_token_id=0,
-                               bos_token_id=None, eos_token_id=None)   # generate stops nowhere
-        return Gemma3ForCausalLM(cfg).eval().cuda()
-
+    windowed = lambda seed, layers: tiny_windowed(seed, layers, hidden=64).cuda()  # noqa: E731
     dev = torch.device("cuda")
     target = windowed(0, 2)
     g = torch.Generator().manual_seed(0)
@@ -759,24 +750,11 @@ def test_captured_prompts_that_end_on_the_image_equal_eager(kind):
     """A prompt ending on its image placeholder beside one ending on text, compile=True: the
     eager tokens (the first step feeds the last column's merged embedding, or Qwen3-VL's
     trailing encoder outputs uncaptured; later steps replay), plain, draft and Jacobi."""
-    import numpy as np
-    from PIL import Image
-
     from modalities.vlm import VisionLanguageGenerator
-    from tiny_vlm import images, tiny_llava, tiny_processor, tiny_qwen_processor, tiny_qwen_vl
+    from tiny_vlm import image_last_case
 
     dev = torch.device("cuda")
-    if kind == "llava":
-        target, draft, proc = tiny_llava(), tiny_llava(seed=1, hidden=16, layers=1), tiny_processor()
-        ims, prompts = images(2), ["USER: what colour is the circle ? <image>",
-                                   "USER: <image> a ASSISTANT:"]
-    else:
-        target, proc = tiny_qwen_vl(kind), tiny_qwen_processor(kind)
-        draft = tiny_qwen_vl(kind, seed=1, layers=1)
-        rng = np.random.default_rng(0)
-        ims = [Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8))] * 2
-        prompts = ["what colour is the circle ? <|vision_start|><|image_pad|>",
-                   "<|vision_start|><|image_pad|><|vision_end|> a"]
+    target, draft, proc, ims, prompts = image_last_case(kind)
     g = VisionLanguageGenerator(target.to(dev), proc, draft.to(dev), "image")
     kw = dict(temperature=0, max_new_tokens=12, seed=0)
     for method in ("plain", "exact", "sjd"):

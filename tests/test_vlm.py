@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 from scipy import stats as sstats
 
 from modalities.vlm import VisionLanguageGenerator
@@ -336,20 +335,9 @@ def test_prompts_that_end_on_the_image_decode_as_the_models_own_generate(kind):
     Qwen3-VL adds image features inside its first layers (deepstack): its vision tower's
     outputs are split between the prompt pass and the first step."""
     from mmspec.drafters.architectures import head_for_target
-    from tiny_vlm import own_tokens as _own
-    from tiny_vlm import tiny_qwen_processor, tiny_qwen_vl
+    from tiny_vlm import image_last_case, own_tokens as _own
 
-    if kind.startswith("llava"):
-        target, draft, proc = _models(kind)
-        ims, _ = _pairs(kind)
-        prompts = ["USER: what colour is the circle ? <image>", "USER: <image> a ASSISTANT:"]
-    else:
-        target, proc = tiny_qwen_vl(kind), tiny_qwen_processor(kind)
-        draft = tiny_qwen_vl(kind, seed=1, layers=1)
-        rng = np.random.default_rng(0)
-        ims = [Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8))] * 2
-        prompts = ["what colour is the circle ? <|vision_start|><|image_pad|>",
-                   "<|vision_start|><|image_pad|><|vision_end|> a"]
+    target, draft, proc, ims, prompts = image_last_case(kind)
     torch.manual_seed(0)
     gen = VisionLanguageGenerator(target, proc, draft, "image",
                                   head=head_for_target(target, (0, 1), arch="eagle3"))
@@ -371,13 +359,10 @@ def test_qwen3_vl_trailing_image_features_reach_the_first_step():
     from transformers import DynamicCache
 
     from modalities.vlm.deepstack import split_trailing
-    from tiny_vlm import tiny_qwen_processor, tiny_qwen_vl
+    from tiny_vlm import image_last_case
 
-    target, proc = tiny_qwen_vl("qwen3-vl"), tiny_qwen_processor("qwen3-vl")
-    rng = np.random.default_rng(0)
-    im = Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8))
-    batch = dict(VisionLanguageGenerator(target, proc).encode(
-        [im], ["what colour is the circle ? <|vision_start|><|image_pad|>"]))
+    target, _, proc, ims, prompts = image_last_case("qwen3-vl")   # prompts[0] ends on the image
+    batch = dict(VisionLanguageGenerator(target, proc).encode(ims[:1], prompts[:1]))
     ids = batch["input_ids"]
     with torch.no_grad():
         own = target(**batch).logits[0, -1]

@@ -521,6 +521,19 @@ def llava_pairs(kind):
     return ims, ["USER: <image> what colour is the circle ? ASSISTANT:", "USER: <image> a ASSISTANT:"]
 
 
+def image_last_case(kind):
+    """(target, one-layer image draft, processor, two images, prompts) of a LLaVA, LLaVA-NeXT
+    or Qwen-VL kind: the first prompt ends on its image placeholder, the second on text."""
+    if kind.startswith("llava"):
+        return (*llava_models(kind), llava_pairs(kind)[0],
+                ["USER: what colour is the circle ? <image>", "USER: <image> a ASSISTANT:"])
+    rng = np.random.default_rng(0)
+    ims = [Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8))] * 2
+    return (tiny_qwen_vl(kind), tiny_qwen_vl(kind, seed=1, layers=1), tiny_qwen_processor(kind),
+            ims, ["what colour is the circle ? <|vision_start|><|image_pad|>",
+                  "<|vision_start|><|image_pad|><|vision_end|> a"])
+
+
 def llava_models(kind):
     """(target, one-layer image draft, processor) of the LLaVA or LLaVA-NeXT kind."""
     if kind == "llava":
