@@ -38,14 +38,13 @@ import argparse
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import mmspec
-from mmspec import engine
-from mmspec.loop import Loop
+from mmspec.engine import INDUCTOR_OPTIONS, PLAIN_STEPS, Engine
 from mmspec.session import CausalLMSession
 from recipes.cli import COUNT, Names, Number, Numbers, Parser, describe, run
 
@@ -234,10 +233,19 @@ def prompts(vocab: int, batch: int, length: int, count: int, dev) -> list[torch.
             for i in range(count)]
 
 
-def step_cost(model, batch, width, dev, compile: bool, prompt_len=128, reps=20) -> float:
-    """Seconds of one decoding step of ``width`` tokens at ``batch`` rows (static cache)."""
-    s = CausalLMSession(model, mmspec.SamplingParams(temperature=0), static_len=prompt_len + 64 + 4 * reps,
-                        compile=compile)
+def engine_of(compile, **switches) -> Engine:
+    """The Engine of a ``compile=`` value (``COMPILE``) on static caches, with ``switches``
+    (Engine's speed fields); an Engine given is returned as it is."""
+    if isinstance(compile, Engine):
+        return compile
+    return replace(Engine.from_switches(compile=compile, static_cache=True), **switches)
+
+
+def step_cost(model, batch, width, dev, compile, prompt_len=128, reps=20) -> float:
+    """Seconds of one decoding step of ``width`` tokens at ``batch`` rows (static cache;
+    ``compile``: a ``compile=`` value or an Engine)."""
+    s = CausalLMSession(model, mmspec.SamplingParams(temperature=0),
+                        static_len=prompt_len + 64 + 4 * reps, engine=engine_of(compile))
     ids = torch.randint(1, model.config.get_text_config().vocab_size, (batch, prompt_len), device=dev)
     with torch.inference_mode():
         s.prefill(ids, torch.ones_like(ids))
@@ -262,7 +270,7 @@ def prefill_cost(model, batch, dev, prompt_len=128, reps=3, compile=False) -> fl
     with torch.inference_mode():
         for i in range(reps + 1):
             s = CausalLMSession(model, mmspec.SamplingParams(temperature=0),
-                                static_len=prompt_len + 64, compile=compile)
+                                static_len=prompt_len + 64, engine=engine_of(compile))
             sync(dev)
             t0 = time.perf_counter()
             s.prefill(ids, torch.ones_like(ids))
@@ -308,27 +316,27 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--inductor-option", type=inductor_option, action="append", default=[],
                     metavar="KEY=VALUE",
                     help="set one of the decode steps' inductor options "
-                         "(CausalLMSession.inductor_options; VALUE as JSON: true, false, 2), "
+                         "(Engine.inductor_options; VALUE as JSON: true, false, 2), "
                          "e.g. triton.enable_pdl=false; repeatable (default: none)")
     ap.add_argument("--no-prompt-graphs", action="store_true",
                     help="prompt passes run uncaptured under the captured modes "
-                         "(CausalLMSession.capture_prompts_up_to = 0); default: captured")
+                         "(Engine.capture_prompts_up_to=0); default: captured")
     ap.add_argument("--no-fused-settle", action="store_true",
                     help="greedy steps' acceptance and bookkeeping run op by op under the "
-                         "captured modes (mmspec.loop.Loop.fuse = False); default: fused")
+                         "captured modes (Engine.fused_settle=False); default: fused")
     ap.add_argument("--no-row-kernels", action="store_true",
                     help="one-row products under compile=True as inductor's reductions "
-                         "(CausalLMSession.row_kernels = False); default: mmspec.gemv's kernel")
+                         "(Engine.row_kernels=False); default: mmspec.gemv's kernel")
     ap.add_argument("--no-row-rope", action="store_true",
                     help="the rotary embedding and cache writes after a one-row q/k/v product "
-                         "as kernels of their own (CausalLMSession.row_rope = False); default: "
+                         "as kernels of their own (Engine.row_rope=False); default: "
                          "in mmspec.qkv_rope's")
     ap.add_argument("--no-row-norms", action="store_true",
                     help="the RMSNorms before one-row products as kernels of their own "
-                         "(CausalLMSession.row_norms = False); default: inside mmspec.gemv's")
-    ap.add_argument("--plain-steps", type=COUNT, default=engine.PLAIN_STEPS,
+                         "(Engine.row_norms=False); default: inside mmspec.gemv's")
+    ap.add_argument("--plain-steps", type=COUNT, default=PLAIN_STEPS,
                     help="plain greedy decoding's target steps per launch under the captured "
-                         "modes, one graph (mmspec.engine.PLAIN_STEPS; 1: a step per launch)")
+                         "modes, one graph (Engine.plain_steps; 1: a step per launch)")
     ap.add_argument("--out", default="out/bench_gpu", help="output folder")
     return describe(ap)
 
@@ -363,29 +371,19 @@ class Costs:
                    {k: step_cost(target, batch, k + 1, dev, cap) for k in ks})
 
 
-def apply_settings(args) -> dict:
-    """The engine settings the flags name, set on the classes that read them; the decode
-    steps' inductor options returned."""
-    options = {**CausalLMSession.inductor_options, **dict(args.inductor_option)}
-    CausalLMSession.inductor_options = options
-    if args.no_prompt_graphs:
-        CausalLMSession.capture_prompts_up_to = 0
-    if args.no_fused_settle:
-        Loop.fuse = False
-    engine.PLAIN_STEPS = args.plain_steps
-    if args.no_row_kernels:
-        CausalLMSession.row_kernels = False
-    if args.no_row_norms:
-        CausalLMSession.row_norms = False
-    if args.no_row_rope:
-        CausalLMSession.row_rope = False
-    return options
+def switches(args) -> dict:
+    """The Engine speed fields the flags name (every call of the run is given them)."""
+    return dict(inductor_options={**dict(INDUCTOR_OPTIONS), **dict(args.inductor_option)},
+                capture_prompts_up_to=0 if args.no_prompt_graphs else 512,
+                fused_settle=not args.no_fused_settle, plain_steps=args.plain_steps,
+                row_kernels=not args.no_row_kernels, row_norms=not args.no_row_norms,
+                row_rope=not args.no_row_rope)
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
     check_peer(args)
-    options = apply_settings(args)
+    speed = switches(args)
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     rows, emit = open_log(args.out)
@@ -396,11 +394,7 @@ def main(argv=None):
     emit(dict(kind="setup", device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
               shape=args.shape, weight_gb=wbytes / 1e9, copy_tb_s=bw / 1e12, floor_ms=floor_ms,
               transformers=__import__("transformers").__version__, torch=torch.__version__,
-              inductor_options=options, prompts=args.prompts,
-              capture_prompts_up_to=CausalLMSession.capture_prompts_up_to,
-              fused_settle=Loop.fuse, plain_steps=engine.PLAIN_STEPS,
-              row_kernels=CausalLMSession.row_kernels,
-              row_norms=CausalLMSession.row_norms, row_rope=CausalLMSession.row_rope))
+              prompts=args.prompts, **speed))
     for eps in args.eps:
         set_eps(originals, eps)
         for b in args.batches:
@@ -408,7 +402,8 @@ def main(argv=None):
             for mode in args.modes if dev.type == "cuda" else ["eager"]:
                 if mode == "inductor" and (b != 1 or eps != 0.0):
                     continue
-                bench = Bench(args, target, draft, ids, COMPILE[mode], dev, floor_ms,
+                bench = Bench(args, target, draft, ids, engine_of(COMPILE[mode], **speed), dev,
+                              floor_ms,
                               dict(mode=mode, eps=eps, batch=b, prompts=args.prompts))
                 ks = args.ks if b == 1 and mode != "inductor" else [4]
                 costs = Costs.measure(target, draft, b, dev, bench.cap, args.prompt, ks)
@@ -437,15 +432,15 @@ class Bench:
     target: object
     draft: object
     ids: list
-    cap: object                 # the compile= value of the mode
+    cap: Engine                 # the mode's Engine, with the run's switches
     dev: torch.device
     floor_ms: float
     tags: dict
 
-    def calls(self, draft=None, tokens: int | None = None, **kw) -> Calls:
+    def calls(self, draft=None, tokens: int | None = None, pipeline=None, **kw) -> Calls:
         n = self.args.new_tokens if tokens is None else tokens
         return Calls([mmspec.generate(
-            self.target, draft, p, compile=self.cap, static_cache=True, temperature=0,
+            self.target, draft, p, engine=replace(self.cap, pipeline=pipeline), temperature=0,
             max_new_tokens=n, stop_token_ids=[], attention_mask=torch.ones_like(p), **kw)
             for p in self.ids])
 

@@ -20,7 +20,7 @@ eval.bench_gpu's models (random bf16 weights; the draft is the target's first tw
   their tokens are ``identical``;
 - ``plain_graph_ms`` / ``plain_between_us`` / ``plain_between_ms`` / ``plain_before_ms`` /
   ``plain_after_ms``: one profiled plain call's device timeline (``call_timeline``): its
-  step graphs (median; each a chain of ``mmspec.engine.PLAIN_STEPS`` target steps where
+  step graphs (median; each a chain of ``Engine.plain_steps`` target steps where
   plain decoding chains them), the device time from one step graph's end to the next one's start
   (median and sum), before the first graph (the call's checks, the cache's reset) and after
   the last; ``plain_between_kernels``: the kernels and copies launched between the step
@@ -52,6 +52,7 @@ import time
 import traceback
 import warnings
 from collections import Counter
+from dataclasses import replace
 
 import torch
 
@@ -59,7 +60,8 @@ import mmspec
 from mmspec.cache import crop
 from mmspec.session import CausalLMSession
 
-from .bench_gpu import COMPILE, SHAPES, build, prefill_cost, set_eps, step_cost, sync, timed
+from .bench_gpu import (COMPILE, SHAPES, build, engine_of, prefill_cost, set_eps, step_cost, sync,
+                        timed)
 from recipes.cli import COUNT, Names, Parser, describe, run
 
 
@@ -72,7 +74,8 @@ def step_graph(session):
 def warm_session(model, dev, cap, prompt, width):
     """A greedy session on a 512-slot static cache, ``prompt`` fed and one step of ``width``
     taken and rolled back (captured under ``cap``)."""
-    s = CausalLMSession(model, mmspec.SamplingParams(temperature=0), static_len=512, compile=cap)
+    s = CausalLMSession(model, mmspec.SamplingParams(temperature=0), static_len=512,
+                        engine=engine_of(cap))
     s.prefill(prompt, torch.ones_like(prompt))
     s.step(prompt[:, :width])
     s.commit(0, torch.ones(1, 0, dtype=torch.bool, device=dev))   # captured, rolled back
@@ -90,11 +93,11 @@ def prompt_profile(model, dev, cap, prompt) -> dict:
     with torch.inference_mode():
         for _ in range(3):     # allocate, then compile the prompt's trace and capture
             s = CausalLMSession(model, mmspec.SamplingParams(temperature=0),
-                                static_len=prompt.shape[1] + 64, compile=cap)
+                                static_len=prompt.shape[1] + 64, engine=engine_of(cap))
             s.prefill(prompt, torch.ones_like(prompt))
         sync(dev)
         s = CausalLMSession(model, mmspec.SamplingParams(temperature=0),
-                            static_len=prompt.shape[1] + 64, compile=cap)
+                            static_len=prompt.shape[1] + 64, engine=engine_of(cap))
         with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
             t0 = time.perf_counter()
             s.prefill(prompt, torch.ones_like(prompt))
@@ -187,11 +190,13 @@ def plain_timeline(target, prompt, gen: dict) -> dict:
 
 def profile_mode(target, draft, dev, mode: str, k: int = 4, new_tokens: int = 128,
                  prompt_len: int = 128, reps: int = 30, trace: str | None = None) -> dict:
-    cap = {**COMPILE, "inductor-untuned": "inductor"}[mode]
+    untuned = {"inductor_options": {}} if mode == "inductor-untuned" else {}
+    cap = engine_of({**COMPILE, "inductor-untuned": "inductor"}[mode], **untuned)
     cuda = dev.type == "cuda"
-    options = CausalLMSession.inductor_options
-    if mode == "inductor-untuned":
-        CausalLMSession.inductor_options = {}
+
+    def piped(pipeline) -> dict:
+        return {"engine": replace(cap, pipeline=pipeline)}
+
     if cuda:
         torch._dynamo.reset()
     mmspec.release_graphs()
@@ -199,90 +204,86 @@ def profile_mode(target, draft, dev, mode: str, k: int = 4, new_tokens: int = 12
     prompt = torch.randint(2, target.config.vocab_size, (1, prompt_len), device=dev,
                            generator=torch.Generator(device=dev).manual_seed(0))
     none = torch.ones(1, 0, dtype=torch.bool, device=dev)
-    try:
-        with torch.inference_mode():
-            t0 = time.perf_counter()
-            s = warm_session(target, dev, cap, prompt, 1)
-            sync(dev)
-            r["capture_s"] = time.perf_counter() - t0     # compilation and capture, width 1
-            tok = prompt[:, :1]
-            if cap:
-                for name, model, sess in (("", target, s), ("draft_", draft, None)):
-                    sess = sess or warm_session(model, dev, cap, prompt, 1)
-                    graph, host = step_graph(sess), []
-                    for _ in range(reps):
-                        sync(dev)
-                        t0 = time.perf_counter()
-                        graph.replay()
-                        host.append(time.perf_counter() - t0)
-                        crop(sess.cache, 1)
-                    r[f"{name}launch_us"] = 1e6 * sorted(host)[reps // 2]
-                graph = step_graph(s)
-                sync(dev)
-                t0 = time.perf_counter()
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        s = warm_session(target, dev, cap, prompt, 1)
+        sync(dev)
+        r["capture_s"] = time.perf_counter() - t0     # compilation and capture, width 1
+        tok = prompt[:, :1]
+        if cap.captures:
+            for name, model, sess in (("", target, s), ("draft_", draft, None)):
+                sess = sess or warm_session(model, dev, cap, prompt, 1)
+                graph, host = step_graph(sess), []
                 for _ in range(reps):
+                    sync(dev)
+                    t0 = time.perf_counter()
                     graph.replay()
-                    crop(s.cache, 1)
-                sync(dev)
-                r["replay_ms"] = 1e3 * (time.perf_counter() - t0) / reps
+                    host.append(time.perf_counter() - t0)
+                    crop(sess.cache, 1)
+                r[f"{name}launch_us"] = 1e6 * sorted(host)[reps // 2]
+            graph = step_graph(s)
             sync(dev)
             t0 = time.perf_counter()
             for _ in range(reps):
-                s.step(tok).argmax(-1).tolist()       # the step, read on the host
-                s.commit(0, none)                     # and rolled back
+                graph.replay()
+                crop(s.cache, 1)
             sync(dev)
-            r["step_sync_ms"] = 1e3 * (time.perf_counter() - t0) / reps
-            del s
-        r["step_ms"] = 1e3 * step_cost(target, 1, 1, dev, cap, prompt_len, reps)
-        gen = dict(temperature=0, max_new_tokens=new_tokens, stop_token_ids=[], compile=cap,
-                   static_cache=True)
-        outs = {}
-        for key, pipe in (("plain_ms_per_token", None), ("plain_sync_ms_per_token", False)):
-            # two untimed calls: the first captures, the second compiles the prompt's trace
-            outs[key], t = timed(lambda: mmspec.generate(target, None, prompt, pipeline=pipe,
-                                                         **gen), dev, warmup=2)
-            r[key] = 1e3 * t / new_tokens
-        r["identical"] = bool(torch.equal(outs["plain_ms_per_token"].sequences,
-                                          outs["plain_sync_ms_per_token"].sequences))
-        if cuda and cap:
-            r.update(plain_timeline(target, prompt, gen))
-        spec = dict(gen, num_draft_tokens=k)
-        c = dict(verify=step_cost(target, 1, k + 1, dev, cap, prompt_len, reps),
-                 draft=step_cost(draft, 1, 1, dev, cap, prompt_len, reps),
-                 pt=prefill_cost(target, 1, dev, prompt_len, compile=cap),
-                 pd=prefill_cost(draft, 1, dev, prompt_len, compile=cap))
-        r.update({f"{key}_ms": 1e3 * v for key, v in c.items()})
-        r.update(prompt_profile(target, dev, cap, prompt))
-        for tag, pipe in (("spec", False), ("spec_pipelined", True)):
-            out, t = timed(lambda: mmspec.generate(target, draft, prompt, pipeline=pipe, **spec),
-                           dev, warmup=2)
-            r[f"{tag}_wall_ms"] = 1e3 * t
-            r[f"{tag}_steps"] = out.stats.steps
-            r[f"{tag}_acceptance"] = out.stats.acceptance_rate
-            # The call's forward passes at their separately measured costs.
-            r[f"{tag}_model_ms"] = 1e3 * (c["pt"] + c["pd"] + out.stats.steps
-                                          * (c["verify"] + k * c["draft"]))
-            if cuda:
-                from torch.profiler import ProfilerActivity, profile
-
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    mmspec.generate(target, draft, prompt, pipeline=pipe, **spec)
-                    sync(dev)
-                events = prof.key_averages()
-                r[f"{tag}_kernel_ms"] = sum(e.self_device_time_total for e in events) / 1e3
-                if trace:
-                    with open(os.path.join(trace, f"{mode}_{tag}_kernels.txt"), "w") as f:
-                        f.write(events.table(sort_by="self_cuda_time_total", row_limit=40,
-                                             max_name_column_width=90))
+            r["replay_ms"] = 1e3 * (time.perf_counter() - t0) / reps
+        sync(dev)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            s.step(tok).argmax(-1).tolist()       # the step, read on the host
+            s.commit(0, none)                     # and rolled back
+        sync(dev)
+        r["step_sync_ms"] = 1e3 * (time.perf_counter() - t0) / reps
+        del s
+    r["step_ms"] = 1e3 * step_cost(target, 1, 1, dev, cap, prompt_len, reps)
+    gen = dict(temperature=0, max_new_tokens=new_tokens, stop_token_ids=[])
+    outs = {}
+    for key, pipe in (("plain_ms_per_token", None), ("plain_sync_ms_per_token", False)):
+        # two untimed calls: the first captures, the second compiles the prompt's trace
+        outs[key], t = timed(lambda: mmspec.generate(
+            target, None, prompt, **gen, **piped(pipe)), dev, warmup=2)
+        r[key] = 1e3 * t / new_tokens
+    r["identical"] = bool(torch.equal(outs["plain_ms_per_token"].sequences,
+                                      outs["plain_sync_ms_per_token"].sequences))
+    if cuda and cap.captures:
+        r.update(plain_timeline(target, prompt, {**gen, **piped(None)}))
+    spec = dict(gen, num_draft_tokens=k)
+    c = dict(verify=step_cost(target, 1, k + 1, dev, cap, prompt_len, reps),
+             draft=step_cost(draft, 1, 1, dev, cap, prompt_len, reps),
+             pt=prefill_cost(target, 1, dev, prompt_len, compile=cap),
+             pd=prefill_cost(draft, 1, dev, prompt_len, compile=cap))
+    r.update({f"{key}_ms": 1e3 * v for key, v in c.items()})
+    r.update(prompt_profile(target, dev, cap, prompt))
+    for tag, pipe in (("spec", False), ("spec_pipelined", True)):
+        out, t = timed(lambda: mmspec.generate(target, draft, prompt, **spec, **piped(pipe)),
+                       dev, warmup=2)
+        r[f"{tag}_wall_ms"] = 1e3 * t
+        r[f"{tag}_steps"] = out.stats.steps
+        r[f"{tag}_acceptance"] = out.stats.acceptance_rate
+        # The call's forward passes at their separately measured costs.
+        r[f"{tag}_model_ms"] = 1e3 * (c["pt"] + c["pd"] + out.stats.steps
+                                      * (c["verify"] + k * c["draft"]))
         if cuda:
-            r["loop_syncs"] = dict(
-                plain=_loop_syncs(lambda: mmspec.generate(target, None, prompt, **gen)),
-                speculative=_loop_syncs(lambda: mmspec.generate(target, draft, prompt,
-                                                                pipeline=False, **spec)),
-                pipelined=_loop_syncs(lambda: mmspec.generate(target, draft, prompt,
-                                                              pipeline=True, **spec)))
-    finally:
-        CausalLMSession.inductor_options = options
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                mmspec.generate(target, draft, prompt, **spec, **piped(pipe))
+                sync(dev)
+            events = prof.key_averages()
+            r[f"{tag}_kernel_ms"] = sum(e.self_device_time_total for e in events) / 1e3
+            if trace:
+                with open(os.path.join(trace, f"{mode}_{tag}_kernels.txt"), "w") as f:
+                    f.write(events.table(sort_by="self_cuda_time_total", row_limit=40,
+                                         max_name_column_width=90))
+    if cuda:
+        r["loop_syncs"] = dict(
+            plain=_loop_syncs(lambda: mmspec.generate(target, None, prompt, **gen, **piped(None))),
+            speculative=_loop_syncs(lambda: mmspec.generate(target, draft, prompt,
+                                                            **spec, **piped(False))),
+            pipelined=_loop_syncs(lambda: mmspec.generate(target, draft, prompt,
+                                                          **spec, **piped(True))))
     return r
 
 

@@ -10,8 +10,8 @@ runs in a fresh process with an empty inductor cache (``TORCHINDUCTOR_CACHE_DIR`
 temporary folder), the settings interleaved (A, B, A, B, ...): inductor's coordinate-descent
 tuning lands on different kernel configurations from one compilation to the next, so one
 compilation per setting says little. A setting is comma-separated ``KEY=VALUE`` inductor
-options (VALUE as JSON) laid over ``CausalLMSession.inductor_options``, or with KEY
-``session.NAME`` a class attribute of ``CausalLMSession`` (``session.row_kernels=false``);
+options (VALUE as JSON) laid over ``Engine.inductor_options``, or with KEY
+``engine.NAME`` a speed field of ``mmspec.engine.Engine`` (``engine.row_kernels=false``);
 an empty setting is the defaults. Under CUDA the step is captured (``compile=True``) and, at
 width 1, its graph replayed alone (``replay_ms``, 100 replays after 20; wider steps through
 the session's step and rollback, as ``eval.bench_gpu.step_cost``); on the CPU the eager step
@@ -39,24 +39,27 @@ from recipes.cli import COUNT, ROOT, Parser, describe, run
 
 def parse_setting(text: str) -> dict:
     """``"K1=V1,K2=V2"`` -> {K1: V1, K2: V2} (VALUE as JSON); ``""`` -> {}."""
-    from mmspec.session import CausalLMSession
+    from dataclasses import fields
+
+    from mmspec.engine import Engine
 
     from .bench_gpu import inductor_option
 
     setting = dict(inductor_option(part) for part in text.split(",") if part)
+    names = [f.name for f in fields(Engine)[3:]]
     for name in split_setting(setting)[1]:
-        if not hasattr(CausalLMSession, name):
-            raise argparse.ArgumentTypeError(f"'session.{name}': CausalLMSession has no "
-                                             f"attribute {name!r}")
+        if name not in names:
+            raise argparse.ArgumentTypeError(f"'engine.{name}': accepted an Engine speed "
+                                             f"field ({', '.join(names)})")
     return setting
 
 
 def split_setting(setting: dict) -> tuple[dict, dict]:
-    """(its inductor options, its ``session.NAME`` entries by NAME) of a setting."""
+    """(its inductor options, its ``engine.NAME`` entries by NAME) of a setting."""
     options, attributes = {}, {}
     for k, v in setting.items():
-        if k.startswith("session."):
-            attributes[k.removeprefix("session.")] = v
+        if k.startswith("engine."):
+            attributes[k.removeprefix("engine.")] = v
         else:
             options[k] = v
     return options, attributes
@@ -97,24 +100,23 @@ def _step(session, cuda: bool, tokens, none):
 
 def measure(shape: str, device: str, setting: dict, top: int, width: int = 1) -> dict:
     """One compilation of ``setting``: the step's time and its kernels, in this process."""
-    from mmspec.session import CausalLMSession
+    from mmspec.engine import INDUCTOR_OPTIONS
 
-    from .bench_gpu import build, sync
+    from .bench_gpu import build, engine_of, sync
     from .profile_gpu import warm_session
 
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     options, attributes = split_setting(setting)
-    CausalLMSession.inductor_options = {**CausalLMSession.inductor_options, **options}
-    for name, value in attributes.items():
-        setattr(CausalLMSession, name, value)
+    engine = engine_of(cuda, inductor_options={**dict(INDUCTOR_OPTIONS), **options},
+                       **attributes)
     target, _, _ = build(shape, dev, torch.bfloat16 if cuda else torch.float32)
     prompt = torch.randint(2, target.config.vocab_size, (1, 128), device=dev,
                            generator=torch.Generator(device=dev).manual_seed(0))
     none = torch.ones(1, 0, dtype=torch.bool, device=dev)
     with torch.inference_mode():
         t0 = time.perf_counter()
-        s = warm_session(target, dev, cuda, prompt, width)    # captured, rolled back
+        s = warm_session(target, dev, engine, prompt, width)   # captured, rolled back
         sync(dev)
         capture_s = time.perf_counter() - t0
         step = _step(s, cuda, prompt[:, :width], none)

@@ -14,6 +14,10 @@ Modes:
     inductor  as graphs, each step fused whole by torch.compile before it is captured
               (``compile="inductor"``; about a minute of compilation per width for a 7B model).
 
+Speed switches: every one a field of the ``Engine`` a call is given (docs/engine.md measures
+each), on by default; they only act under the captured modes. ``Engine(mode="regional",
+row_kernels=False)`` turns one off for one call; nothing in the process changes.
+
 Pipelining: the loop queues step t + 1 on the device before the host reads step t, so the
 device never waits for the host between steps. It needs a drafter whose steps need no host
 value of the previous one (``Drafter.host_free``): plain decoding, or a draft model that keeps
@@ -26,13 +30,13 @@ it, ``False`` turns both off.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, fields
+from typing import Mapping, Sequence
 
 MODES = ("eager", "static", "graphs", "regional", "inductor")
 # The captured modes, each its compile= value (compile=True is "regional").
 CAPTURED = ("graphs", "regional", "inductor")
-# Plain greedy decoding under captured engines: steps per launch, one graph (``Plan.plain_steps``).
+# Plain greedy decoding under captured engines: steps per launch, one graph (Engine.plain_steps).
 PLAIN_STEPS = 4
 
 
@@ -46,22 +50,115 @@ def compile_mode(compile) -> str | bool:
     return compile
 
 
+# torch.compile options of ``compile="inductor"`` and of the layers under ``"regional"``.
+# Decode steps: matrix-vector reductions tuned by coordinate descent (7B, H100: 6.3 -> 5.6 ms
+# per step; compilation 34 -> 53 s per width; ``python -m eval.profile_gpu --modes
+# inductor-untuned,inductor`` compares); on GPUs that have it (Hopper and later),
+# programmatic dependent launch, so each kernel's launch overlaps the end of the one before
+# (a 7B step alone 4.66 -> 4.38 ms, one H200); element-wise producers of more than 6
+# operations that read two or more tensors (an MLP's silu(gate) * up, an RMSNorm's scaling)
+# stored once, not recomputed by every row block of the reduction that reads them (4.54 ->
+# 3.99 ms; docs/benchmarks.md).
+INDUCTOR_OPTIONS = (("coordinate_descent_tuning", True), ("realize_opcount_threshold", 6),
+                    ("triton.enable_pdl", True))
+
+
+# The Engine fields a captured graph depends on.
+GRAPH_SWITCHES = ("group_projections", "row_kernels", "row_norms", "row_rope", "shared_pointer",
+                  "decode_kernel", "compiled_tail", "inductor_options", "prompt_inductor_options")
+
+
+def _options(value, name: str) -> tuple:
+    """torch.compile options as sorted (name, value) pairs (hashable, frozen)."""
+    if isinstance(value, Mapping):
+        value = value.items()
+    try:
+        pairs = tuple(sorted((str(k), v) for k, v in value))
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={value!r}: accepted a mapping of torch.compile option "
+                         "names to values") from None
+    return pairs
+
+
 @dataclass(frozen=True)
 class Engine:
-    """mode: one of MODES; pipeline: None (decide), True or False; profile: synchronise the
-    device between phases so the per-phase seconds are exact (costs speed)."""
+    """How one call runs.
+
+    mode:     one of MODES; ``pipeline``: None (decide), True or False; ``profile``:
+              synchronise the device between phases so the per-phase seconds are exact
+              (costs speed).
+
+    Speed switches of the captured modes (each on by default; docs/engine.md):
+    group_projections: under "regional", each layer's sibling projections laid out back to
+              back (same Parameters and values) and those reading one input (q/k/v, gate/up)
+              run as one product at more than one row (``mmspec.grouping``).
+    row_kernels: under "regional" with grouped projections, one-row products (q/k/v, gate/up
+              with silu(gate) * up, o and down with their residual adds, output heads) in
+              ``mmspec.gemv``'s kernel instead of inductor's reductions; ``row_norms``: the
+              RMSNorm before q/k/v and gate/up inside it; ``row_rope``: q/k/v with its rotary
+              embedding and cache writes as one kernel (``mmspec.qkv_rope``).
+    shared_pointer: static caches' full-attention layers share one write pointer, moved once
+              per step (``mmspec.cache.SharedPointerLayer``).
+    decode_kernel: attention of a few queries over the slots in use through
+              ``mmspec.decode_attention``'s kernel (models whose attention is SDPA).
+    compiled_tail: under "regional", a step's work outside the layers (the sequence mask's
+              update, the distributions) compiled rather than captured op by op.
+    sampled_chains: sampled chains (temperature > 0) captured as one graph too, the call's
+              generator followed through one registered with the graph; False: step by step.
+    capture_prompts_up_to: prompt passes of at most this many tokens in all (rows x length,
+              at least 2 long) on a reused static cache replayed from a CUDA graph, one per
+              prompt shape, at most ``captured_prompts`` per cache (later shapes run
+              uncaptured): a 127-token pass of a 7B Llama launches some 590 kernels whose host
+              time was four times their device time. 0 turns it off.
+    plain_steps: plain greedy decoding's target steps per launch, one captured chain
+              (``Plan.steps_per_launch``; 1: a step per launch, as vLLM's multi-step decoding).
+    fused_settle: each step's settling (stop tokens, budgets, the rule where it draws
+              nothing) in one compiled function (``mmspec.loop.settler``) on CUDA.
+    inductor_options: torch.compile options of the steps' compiled layers (INDUCTOR_OPTIONS);
+              ``prompt_inductor_options``: of prompt passes (bound by compute: none).
+    """
 
     mode: str = "eager"
     pipeline: bool | None = None
     profile: bool = False
+    group_projections: bool = True
+    row_kernels: bool = True
+    row_norms: bool = True
+    row_rope: bool = True
+    shared_pointer: bool = True
+    decode_kernel: bool = True
+    compiled_tail: bool = True
+    sampled_chains: bool = True
+    capture_prompts_up_to: int = 512
+    captured_prompts: int = 8
+    plain_steps: int = PLAIN_STEPS
+    fused_settle: bool = True
+    inductor_options: Mapping | tuple = INDUCTOR_OPTIONS
+    prompt_inductor_options: Mapping | tuple = ()
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r}: accepted one of {MODES}")
         if self.pipeline is not None and not isinstance(self.pipeline, bool):
             raise ValueError(f"pipeline={self.pipeline!r}: accepted None, True or False")
-        if not isinstance(self.profile, bool):
-            raise ValueError(f"profile={self.profile!r}: accepted True or False")
+        values = vars(self)
+        for f in fields(self)[2:]:
+            value = values[f.name]
+            if f.type == "bool" and not isinstance(value, bool):
+                raise ValueError(f"{f.name}={value!r}: accepted True or False")
+            low = 1 if f.name == "plain_steps" else 0
+            if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int)
+                                    or value < low):
+                raise ValueError(f"{f.name}={value!r}: accepted an integer >= {low}")
+        for name in ("inductor_options", "prompt_inductor_options"):
+            object.__setattr__(self, name, _options(values[name], name))
+
+    @property
+    def speed(self) -> tuple:
+        """The switches a captured step's graph depends on: part of the key of the static
+        caches and the steps captured on them (the others only say which are captured)."""
+        values = vars(self)
+        return tuple(values[name] for name in GRAPH_SWITCHES)
 
     @classmethod
     def from_switches(cls, compile=False, static_cache=None, pipeline=None,
@@ -165,21 +262,21 @@ class Plan:
                              self.holes)
 
     def cache(self, prompt_len: int, batch: int) -> dict:
-        """A session's cache arguments (``static_len``, ``compile``) for its prompt."""
+        """A session's cache arguments (``static_len``, ``engine``) for its prompt."""
         if not self.engine.static:
             return {}
-        return dict(static_len=self.static_len(prompt_len, batch), compile=self.engine.compile)
+        return dict(static_len=self.static_len(prompt_len, batch), engine=self.engine)
 
-    def plain_steps(self, target, drafter) -> int:
+    def steps_per_launch(self, target, drafter) -> int:
         """Plain decoding's target steps per launch (``mmspec.loop.Loop.plain_steps``):
-        ``PLAIN_STEPS`` under captured engines where the drafter drafts nothing (``NoDraft``)
+        ``Engine.plain_steps`` under captured engines where the drafter drafts nothing (``NoDraft``)
         and the target draws greedily in one captured chain (``Session.chains``), as vLLM's
         multi-step decoding; else 1."""
         from .drafters.base import NoDraft
 
         chained = (self.engine.captures and isinstance(drafter, NoDraft) and target.greedy
                    and target.chains)
-        return PLAIN_STEPS if chained else 1
+        return self.engine.plain_steps if chained else 1
 
     def pipelines(self, drafter) -> bool:
         """Whether the loop queues each step before reading the last, for this drafter."""

@@ -288,15 +288,14 @@ def chain_settler(stops: Stops, ragged: bool, fuse: bool):
 
 class Loop:
     """One generation's loop state; the drivers below run it. ``fuse``: under captured
-    engines, settle each chain step in one compiled function (``settler``).
-    ``plain_steps``: plain decoding's target steps per launch, drawn as one ``Session.chain``
-    (greedy targets; 1: a step per launch)."""
-
-    fuse = True
+    engines (``fixed_k``) on CUDA, settle each chain step in one compiled function
+    (``settler``). ``plain_steps``: plain decoding's target steps per launch, drawn as one
+    ``Session.chain`` (greedy targets; 1: a step per launch)."""
 
     def __init__(self, target: Session, drafter: Drafter, rule: Rule, first_tokens, *,
                  max_new_tokens: int, stops: Stops, generator, stats: StepStats,
-                 profile: bool, fixed_k: bool, overdraft: bool = False, plain_steps: int = 1):
+                 profile: bool, fixed_k: bool, overdraft: bool = False, plain_steps: int = 1,
+                 fuse: bool = True):
         self.target, self.drafter, self.rule = target, drafter, rule
         self.budget, self.stops, self.generator = max_new_tokens, stops, generator
         self.stats, self.profile, self.fixed_k = stats, profile, fixed_k
@@ -311,7 +310,7 @@ class Loop:
         self.produced, self.planned, self.finished = [0] * b, [0] * b, [False] * b
         self._stop_ids = _to_device(stops.ids, dev)
         self._budget = torch.full((), max_new_tokens, dtype=torch.long, device=dev)
-        fuse = self.fuse and fixed_k and dev.type == "cuda"
+        fuse = fuse and fixed_k and dev.type == "cuda"
         self._settle = settler(rule, stops, target.ragged, generator, fuse)
         self._settle_chain = chain_settler(stops, target.ragged, fuse) if plain_steps > 1 else None
         self._t_start = time.perf_counter()
@@ -511,7 +510,8 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
            max_new_tokens: int, stops: Stops | None = None,
            generator: torch.Generator | None = None, stats: StepStats | None = None,
            profile: bool = False, fixed_k: bool = False, overdraft: bool = False,
-           pipeline: bool | None = None, plain_steps: int = 1) -> Iterator[StepEvent]:
+           pipeline: bool | None = None, plain_steps: int = 1,
+           fuse: bool = True) -> Iterator[StepEvent]:
     """Run the loop after both target and drafter have seen the prompt.
 
     first_tokens: [B, *event] the last prompt token of each row (not yet fed to either model).
@@ -526,6 +526,7 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
                   for host-free drafters unless ``profile``. Same tokens either way.
     plain_steps:  plain decoding (``NoDraft``) of a greedy target: target steps per launch,
                   drawn as one ``Session.chain`` (captured sessions: one graph). Same tokens.
+    fuse:         with ``fixed_k`` on CUDA, settle each step in one compiled function.
     """
     check_count("max_new_tokens", max_new_tokens)
     check_pipeline(drafter, pipeline)
@@ -535,7 +536,7 @@ def stream(target: Session, drafter: Drafter, rule: Rule, first_tokens: torch.Te
     loop = Loop(target, drafter, rule, first_tokens, max_new_tokens=max_new_tokens,
                 stops=stops or Stops(), generator=generator,
                 stats=stats if stats is not None else StepStats(), profile=profile,
-                fixed_k=fixed_k, overdraft=overdraft, plain_steps=plain_steps)
+                fixed_k=fixed_k, overdraft=overdraft, plain_steps=plain_steps, fuse=fuse)
     return _pipelined(loop) if pipe else _synchronised(loop)
 
 

@@ -26,7 +26,7 @@ A prompt pass runs the same regions compiled once more with the prompt's length 
 (``compiled(..., prompt=True)``; ``mark_prompt``): one trace serves every prompt length, and
 the pass launches a few fused kernels per layer instead of the eager model's hundreds of
 small ones (a short pass on a reused cache is then captured per prompt shape:
-``CausalLMSession.capture_prompts_up_to``). The prompt's regions
+``Engine.capture_prompts_up_to``). The prompt's regions
 are traced through a function of their own (``_call``), so their graphs and the steps'
 (static widths, captured) are kept apart.
 """

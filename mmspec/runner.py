@@ -62,7 +62,8 @@ class Run:
                              profile=self.plan.engine.profile, fixed_k=self.plan.fixed_k,
                              overdraft=self.plan.overdraft,
                              pipeline=self.plan.pipelines(self.drafter),
-                             plain_steps=self.plan.plain_steps(self.target, self.drafter))
+                             plain_steps=self.plan.steps_per_launch(self.target, self.drafter),
+                             fuse=self.plan.engine.fused_settle)
         return events if progress is None else _with_progress(events, self.plan.max_new_tokens,
                                                               progress)
 

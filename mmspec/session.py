@@ -37,7 +37,7 @@ from .cache import (Blocks, DynamicCache, SequenceMask, StateSnapshot, StaticSeq
                     TreeMask, Window, additive_masks, advance, cache_argument, crop, dynamic_cache,
                     gather_tail, recurrent_layers, repeated_rows, reset, static_cache)
 from .distributed import split_group
-from .engine import compile_mode
+from .engine import Engine, compile_mode
 from .sampling import SamplingParams, guide
 
 
@@ -236,6 +236,27 @@ def release_graphs(model=None) -> None:
     regions.forget_layout(model)
 
 
+@dataclass(frozen=True)
+class CaptureTraits:
+    """What an adapter's hooks allow a captured step to do (a captured graph keeps the
+    addresses of what it reads: a tensor of one call's session would be freed under it).
+
+    chain_hooks:   the hooks (embed, position_ids, logits, mask_logits, distributions) run on
+                   the device alone and read only the model's weights and ``persistent``
+                   buffers: a chain of steps, and a step's distributions, can be captured
+                   (``chains``). False where a hook reads host values or draws by itself.
+    prompt_graphs: ``position_ids(prompt=True)`` reads only ``persistent`` buffers, so a
+                   prompt pass can be captured (False: prompt positions are per call).
+    row_buffers:   per-row tensors the hooks read during a forward (``position_ids``' rope
+                   deltas), repeated with the cache's rows while a tree is fed as its paths
+                   (``_paths_step``).
+    """
+
+    chain_hooks: bool = True
+    prompt_graphs: bool = True
+    row_buffers: tuple[str, ...] = ()
+
+
 class CausalLMSession(Session):
     """A transformers causal LM, its cache and its sequence mask.
 
@@ -256,87 +277,32 @@ class CausalLMSession(Session):
                     ``"graphs"`` without compiling, ``"inductor"`` with the step fused whole
                     by torch.compile. The prompt pass: eager, or under ``"regional"`` on a
                     reused cache through the compiled layers; a short one on a reused cache
-                    is captured too (``capture_prompts_up_to``).
+                    is captured too (``Engine.capture_prompts_up_to``).
     net:            the module called for each step, when it is a part of ``model`` (default:
                     ``model``).
+    engine:         the call's ``Engine``, given instead of ``compile``: its mode and speed
+                    switches (a plan's ``cache()`` gives it with ``static_len``).
+    capture:        the class's ``CaptureTraits`` (adapters declare theirs).
     """
 
-    # torch.compile options of ``compile="inductor"``. Coordinate-descent tuning of the
-    # generated kernels: batch-1 matrix products become tuned reductions fused with their
-    # neighbours (7B, H100: 6.3 -> 5.6 ms per step; compilation 34 -> 53 s per width;
-    # ``python -m eval.profile_gpu --modes inductor-untuned,inductor`` compares).
-    # Its hooks (embed, position_ids, logits, mask_logits, distributions) run on the device
-    # alone and read only the model's weights and ``persistent`` buffers (a captured graph
-    # keeps the addresses of what it reads: a tensor of one call's session would be freed
-    # under it): a chain of its steps can be captured (``chains``). Adapters whose hooks read
-    # host values set it False.
-    chain_hooks = True
-    # Sampled chains (temperature > 0) as graphs too: the call's generator followed through a
-    # generator registered with the graph (``chain``; tests/test_gpu.py compares their draws
-    # with the steps one by one). False: sampled chains run step by step.
-    sampled_chains = True
-    # Decode steps: matrix-vector reductions tuned by coordinate descent; on GPUs that have it
-    # (Hopper and later), programmatic dependent launch, so each kernel's launch overlaps the
-    # end of the one before (docs/benchmarks.md: a 7B step alone 4.66 -> 4.38 ms, one H200);
-    # element-wise producers of more than 6 operations that read two or more tensors (an
-    # MLP's silu(gate) * up, an RMSNorm's scaling) stored once, not recomputed by every row
-    # block of the reduction that reads them (a 7B step alone, median of fresh compilations
-    # on one H200: 4.54 -> 3.99 ms).
-    inductor_options = {"coordinate_descent_tuning": True, "triton.enable_pdl": True,
-                        "realize_opcount_threshold": 6}
-    # Prompt passes: matrix products bound by compute, whose kernels tuning gains little.
-    prompt_inductor_options: dict = {}
-    # Prompt passes of at most ``capture_prompts_up_to`` tokens in all (rows x length, at
-    # least 2 long) replayed from a CUDA graph under captured steps, one graph per prompt
-    # shape, at most ``captured_prompts`` per static cache (later shapes run uncaptured): a
-    # 127-token pass of a 7B Llama launches about 590 kernels, whose host time under
-    # ``compile=True`` (22 ms) was four times their device time (5 ms; docs/engine.md);
-    # longer passes are bound by the device. Each graph keeps its outputs (the logits of
-    # every prompt slot) with the cache. A cache's first prompt pass, which allocates its
-    # slots, runs uncaptured. ``capture_prompts_up_to = 0`` turns it off.
-    capture_prompts_up_to = 512
-    captured_prompts = 8
-    # The ``position_ids`` hook's prompt positions read only ``persistent`` buffers, so a
-    # prompt pass can be captured (False: sessions whose prompt positions are per call).
-    prompt_graphs = True
-    # Under "regional": each layer's sibling projections laid out back to back in one buffer
-    # (same Parameters and values) and those reading one input (q/k/v, gate/up) run as one
-    # product at more than one row (mmspec.grouping; a K = 4 verification step of a 7B Llama
-    # on one H200 in docs/benchmarks.md).
-    group_projections = True
-    # Under "regional" with grouped projections, on CUDA: one-row products (the q/k/v span,
-    # the gate/up span with silu(gate) * up, o and down with their residual adds, output
-    # heads) in ``mmspec.gemv``'s kernel instead of inductor's reductions (docs/engine.md);
-    # ``row_norms``: the RMSNorm before q/k/v and before gate/up inside that kernel;
-    # ``row_rope``: the q/k/v span with its rotary embedding and cache writes as one kernel
-    # (``mmspec.qkv_rope``), where the layer writes them as transformers' Llama does.
-    row_kernels = True
-    row_norms = True
-    row_rope = True
-    # Static caches' full-attention layers share one write pointer, moved once per step
-    # (``mmspec.cache.SharedPointerLayer``): a 32-layer step launches one increment, not 32.
-    shared_pointer = True
-    # Captured steps on CUDA: attention of a few queries over the slots in use through
-    # ``mmspec.decode_attention``'s kernel (models whose attention is SDPA).
-    decode_kernel = True
-    # Under "regional": a step's work outside the layers, the sequence mask's update (the
-    # 4-D mask and positions) and the distributions it returns, compiled (``compiled``)
-    # rather than captured op by op (some 29 small kernels of a 7B step, 13 compiled; among
-    # them greedy's one-hot: PyTorch's single-block maximum over the vocabulary).
-    compiled_tail = True
-    # Per-row tensors the hooks read during a forward (``position_ids``' rope deltas), repeated
-    # with the cache's rows while a tree is fed as its paths (``_paths_step``).
-    row_buffers: tuple[str, ...] = ()
+    capture = CaptureTraits()
     _recurrent: list = []         # the cache's recurrent layers (set by ``prefill``)
 
     def __init__(self, model, params: SamplingParams, guidance_scale: float | None = None,
-                 static_len: int | None = None, compile: bool | str = False, net=None):
-        compile = compile_mode(compile)
+                 static_len: int | None = None, compile: bool | str = False, net=None,
+                 engine: Engine | None = None):
+        if engine is not None and compile is not False:
+            raise ValueError("engine: accepted an Engine, given instead of compile= (not with it)")
+        if engine is None:
+            mode = compile_mode(compile) or ("static" if static_len is not None else "eager")
+            engine = Engine(mode)
+        compile = engine.compile
         if compile and static_len is None:
             raise ValueError("compile=True needs a static cache (static_len)")
         if compile and next(model.parameters()).device.type != "cuda":
             raise ValueError("compile=True captures CUDA graphs: accepted a model on a CUDA device")
         self.static_len = static_len
+        self.engine = engine            # its speed switches (``Engine``), read by captured steps
         self.compile = compile
         self._static: _Static | None = None   # the static cache and the steps captured on it
         self.model = model
@@ -437,7 +403,7 @@ class CausalLMSession(Session):
         count of real tokens before the slot; rolled back with the sequence mask). Default:
         ``pos``. Models with multi-axis rotary positions (Qwen-VL's M-RoPE) map them here;
         a captured step calls this too, and a captured prompt pass with ``prompt=True``, so
-        what it reads must be ``persistent`` (or the class sets ``prompt_graphs = False``)."""
+        what it reads must be ``persistent`` (or the class declares ``CaptureTraits(prompt_graphs=False)``)."""
         return pos
 
     def persistent(self, name: str, value: torch.Tensor) -> torch.Tensor:
@@ -507,10 +473,11 @@ class CausalLMSession(Session):
 
             def make():
                 return _Static(static_cache(self.net.config, self.static_len,
-                                            self.shared_pointer))
+                                            self.engine.shared_pointer))
             # Reuse a cache of this shape (and the steps captured on it) from an earlier call.
             w = next(self.net.parameters())
-            key = (input_ids.shape[0], self.static_len, str(self.compile), str(w.device), w.dtype)
+            key = (input_ids.shape[0], self.static_len, self.engine.mode, self.engine.speed,
+                   str(w.device), w.dtype)
             self._static = _take_static(self.net, key, make)
             weakref.finalize(self, _give_back, weakref.ref(self.net), key, self._static)
             self.cache = self._static.cache
@@ -645,7 +612,7 @@ class CausalLMSession(Session):
         """Captured steps compute their distributions inside their graphs: hooks that run on
         the device alone (``chain_hooks``, as chains need), no kept features, no recurrent
         layers. The graph's distributions are copied out: what a step returns stays valid."""
-        return self.chain_hooks and not self._feature_layers and not self._recurrent
+        return self.capture.chain_hooks and not self._feature_layers and not self._recurrent
 
     def processing_key(self) -> tuple:
         """What the ``distributions`` hook depends on besides tensors: part of the key of
@@ -665,7 +632,7 @@ class CausalLMSession(Session):
                            self.window, blocks)
         if self.compile == "regional":
             regions.dynamic_length(self.cache, mask)
-        kernel = self.decode_kernel and bool(self.compile)          # captured: on CUDA
+        kernel = self.engine.decode_kernel and bool(self.compile)          # captured: on CUDA
         with prefix(self._sdpa_configs if narrow else [], kernel):
             out = fn(**inputs, **{self._cache_arg: self.cache}, attention_mask=mask,
                      position_ids=self.position_ids(pos, prompt), use_cache=True,
@@ -675,7 +642,7 @@ class CausalLMSession(Session):
 
     def _tail(self, fn):
         """``fn`` as a step calls it: ``compiled`` under "regional" (``compiled_tail``)."""
-        return compiled(fn) if self.compile == "regional" and self.compiled_tail else fn
+        return compiled(fn) if self.compile == "regional" and self.engine.compiled_tail else fn
 
     def _graph_key(self, tensors: dict, width: int, prompt: bool = False,
                    processed: bool = False) -> tuple:
@@ -689,12 +656,12 @@ class CausalLMSession(Session):
         the ids or embeddings alone, no recurrent layers, a cache whose slots are allocated,
         and its shape captured already or room for one more prompt graph."""
         rows, n = valid.shape
-        if (not self.prompt_graphs or model_kwargs or self.recurrent or n < 2
-                or rows * n > self.capture_prompts_up_to or not self._cache_ready()):
+        if (not self.capture.prompt_graphs or model_kwargs or self.recurrent or n < 2
+                or rows * n > self.engine.capture_prompts_up_to or not self._cache_ready()):
             return False
         graphs = self._static.graphs
         return (self._graph_key({**inputs, "valid": valid}, width, True) in graphs
-                or sum(k[0] == "prompt" for k in graphs) < self.captured_prompts)
+                or sum(k[0] == "prompt" for k in graphs) < self.engine.captured_prompts)
 
     def _replay(self, inputs: dict, valid: torch.Tensor, width: int, tree: TreeMask | None,
                 prompt: bool = False, processed: bool = False):
@@ -731,8 +698,8 @@ class CausalLMSession(Session):
         if self.compile != "regional" or n < 2 or not self._cache_ready():
             return contextlib.nullcontext()
         self._lay_out()
-        return regions.compiled(self.net, self.prompt_inductor_options, prompt=True,
-                                group=self.group_projections)
+        return regions.compiled(self.net, dict(self.engine.prompt_inductor_options), prompt=True,
+                                group=self.engine.group_projections)
 
     def _cache_ready(self) -> bool:
         """The static cache's layers hold their slots (allocated by its first pass)."""
@@ -743,12 +710,12 @@ class CausalLMSession(Session):
         """Each decoder layer's projections back to back (``regions.lay_out``), once per
         model. Steps kept captured on the weights' former places are let go, every model's
         (a draft may share the target's layers)."""
-        if self.group_projections and regions.lay_out(self.net):
+        if self.engine.group_projections and regions.lay_out(self.net):
             _STATIC.clear()
 
     def _row_kernels(self) -> grouping.RowKernels | None:
-        return (grouping.RowKernels(norms=self.row_norms, rope=self.row_rope)
-                if self.row_kernels else None)
+        return (grouping.RowKernels(norms=self.engine.row_norms, rope=self.engine.row_rope)
+                if self.engine.row_kernels else None)
 
     def _fused(self):
         """(the module a captured step calls, the context it is captured in): the network
@@ -757,14 +724,14 @@ class CausalLMSession(Session):
         ``"regional"``."""
         if self.compile == "regional":
             self._lay_out()
-            return self.net, regions.compiled(self.net, self.inductor_options,
-                                              group=self.group_projections,
+            return self.net, regions.compiled(self.net, dict(self.engine.inductor_options),
+                                              group=self.engine.group_projections,
                                               rows=self._row_kernels())
         if self.compile != "inductor":
             return self.net, contextlib.nullcontext()
         st = self._static
         if st.fused is None:
-            st.fused = compile_fixed(self.net, options=dict(self.inductor_options))
+            st.fused = compile_fixed(self.net, options=dict(self.engine.inductor_options))
         return st.fused, contextlib.nullcontext()
 
     def _capture(self, fn, static: dict, static_inputs: dict, static_tree, width: int, n: int,
@@ -853,7 +820,7 @@ class CausalLMSession(Session):
         self._snapshot = StateSnapshot.take(self._recurrent)
         self._fed, self._fed_first, self._tree_fed = [(tokens, valid)], self._first, True
         seq = self.seq
-        saved = {k: getattr(self, k) for k in (*self.row_buffers, "_prompt_embeds")
+        saved = {k: getattr(self, k) for k in (*self.capture.row_buffers, "_prompt_embeds")
                  if getattr(self, k) is not None}
         self.seq, self._uncaptured = seq.repeat_rows(paths), True
         for k, v in saved.items():
@@ -879,8 +846,8 @@ class CausalLMSession(Session):
         """Chains run as one captured graph: captured steps whose hooks need no host value
         (``chain_hooks``), no recurrent layers, no kept features; one-hot draws, or sampled
         ones with ``sampled_chains``."""
-        return (bool(self.compile) and self.chain_hooks and not self._recurrent
-                and not self._feature_layers and (self.greedy or self.sampled_chains))
+        return (bool(self.compile) and self.capture.chain_hooks and not self._recurrent
+                and not self._feature_layers and (self.greedy or self.engine.sampled_chains))
 
     def chain(self, tokens: torch.Tensor, valid: torch.Tensor, k: int, follow: torch.Tensor,
               generator: torch.Generator | None = None):

@@ -308,14 +308,14 @@ def test_speculative_greedy_equals_plain_greedy(case):
 
 
 def test_plain_steps_chained_give_plain_greedy(case, monkeypatch):
-    """Plain decoding three target steps per launch (``Plan.plain_steps``, as captured
+    """Plain decoding three target steps per launch (``Plan.steps_per_launch``, as captured
     engines chain them; here each chain runs its steps one by one) gives the tokens of a
     step per launch, budgets that end mid-chain and stop tokens inside a chain included."""
     from mmspec.drafters import NoDraft
     from mmspec.engine import Plan
 
     plain = {static: case.run("plain", [0, 1], static) for static in {False, case.static}}
-    monkeypatch.setattr(Plan, "plain_steps",
+    monkeypatch.setattr(Plan, "steps_per_launch",
                         lambda self, target, drafter: 3 if isinstance(drafter, NoDraft) else 1)
     for static, tokens in plain.items():
         assert case.run("plain", [0, 1], static) == tokens, static

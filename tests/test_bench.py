@@ -13,10 +13,9 @@ import torch
 
 def test_bench_gpu_tiny_cpu_rows_are_identical_and_bounded(tmp_path, monkeypatch):
     from eval.bench_gpu import main
-    from mmspec.session import CausalLMSession
+    from mmspec.engine import INDUCTOR_OPTIONS
 
-    defaults = dict(CausalLMSession.inductor_options)
-    monkeypatch.setattr(CausalLMSession, "inductor_options", defaults)   # restored after
+    defaults = dict(INDUCTOR_OPTIONS)
     main(["--shape", "tiny", "--device", "cpu", "--no-hf-compile", "--batches", "1,2",
           "--ks", "2", "--eps", "0.0", "--new-tokens", "12", "--prompt", "8",
           "--inductor-option", "triton.enable_pdl=false", "--out", str(tmp_path)])
@@ -37,15 +36,7 @@ def test_bench_gpu_tiny_cpu_rows_are_identical_and_bounded(tmp_path, monkeypatch
 
 def test_bench_gpu_no_hf_runs_no_transformers_rows(tmp_path, monkeypatch):
     from eval.bench_gpu import main
-    from mmspec.session import CausalLMSession
 
-    from mmspec.loop import Loop
-
-    monkeypatch.setattr(CausalLMSession, "capture_prompts_up_to", 512)    # restored after
-    monkeypatch.setattr(Loop, "fuse", True)
-    monkeypatch.setattr(CausalLMSession, "row_kernels", True)
-    monkeypatch.setattr(CausalLMSession, "row_norms", True)
-    monkeypatch.setattr(CausalLMSession, "row_rope", True)
     main(["--shape", "tiny", "--device", "cpu", "--no-hf", "--batches", "1", "--ks", "2",
           "--eps", "0.0", "--new-tokens", "4", "--prompt", "4", "--no-prompt-graphs",
           "--no-fused-settle", "--no-row-kernels", "--no-row-norms", "--no-row-rope",
@@ -370,8 +361,8 @@ def test_step_kernels_smoke_run_interleaves_settings_and_summarises_them(capsys)
 
     rows = main(["--shape", "tiny", "--device", "cpu", "--compilations", "1", "--kernels", "3",
                  "--width", "5", "--setting", "",
-                 "--setting", "coordinate_descent_tuning=false,session.row_kernels=false"])
-    second = {"coordinate_descent_tuning": False, "session.row_kernels": False}
+                 "--setting", "coordinate_descent_tuning=false,engine.row_kernels=false"])
+    second = {"coordinate_descent_tuning": False, "engine.row_kernels": False}
     assert [r["setting"] for r in rows] == [{}, second]
     assert [r["width"] for r in rows] == [5, 5]
     assert all(r["replay_ms"] > 0 and 0 < len(r["kernels"]) <= 3 for r in rows)
@@ -387,8 +378,8 @@ def test_step_kernels_refuses_a_malformed_setting_before_any_work():
 
     with pytest.raises(ValueError, match="--setting: 'pdl': accepted KEY=VALUE"):
         main(["--device", "cpu", "--setting", "realize_opcount_threshold=6,pdl"])
-    with pytest.raises(ValueError, match="'session.fast': CausalLMSession has no attribute"):
-        main(["--device", "cpu", "--setting", "session.fast=true"])
+    with pytest.raises(ValueError, match="'engine.fast': accepted an Engine speed field"):
+        main(["--device", "cpu", "--setting", "engine.fast=true"])
 
 
 def test_gptfast_steps_alone_are_called_as_its_loops_call_them():

@@ -640,6 +640,46 @@ def test_an_engine_object_stands_for_the_switches(pair, ragged_prompts):
         mmspec.generate(target, draft, ids, engine=Engine("graphs"), **kw)
 
 
+def test_speed_switches_are_per_call_fields_of_the_engine(pair, ragged_prompts):
+    """Every speed switch is a field of the call's Engine: the sessions of one call read its
+    engine, a static cache is kept per graph-shaping switch (not shared with a call that
+    turned one off), another call's engine changes nothing, and bad values are refused."""
+    import gc
+
+    from mmspec import Engine
+    from mmspec.engine import GRAPH_SWITCHES, INDUCTOR_OPTIONS
+    from mmspec.session import _STATIC, CausalLMSession
+
+    target, draft = pair
+    ids, mask = ragged_prompts
+    kw = dict(attention_mask=mask, temperature=0, max_new_tokens=6, num_draft_tokens=2)
+    off = Engine("static", shared_pointer=False, row_kernels=False, plain_steps=2,
+                 inductor_options={"coordinate_descent_tuning": False})
+    mmspec.release_graphs()
+    ref = mmspec.generate(target, draft, ids, engine=Engine("static"), **kw)
+    got = mmspec.generate(target, draft, ids, engine=off, **kw)
+    assert torch.equal(ref.sequences, got.sequences)
+    gc.collect()
+    keys = [k for k in _STATIC.get(target, {})]
+    assert len(keys) == 2 and {k[3] for k in keys} == {Engine("static").speed, off.speed}
+    session = CausalLMSession(target, mmspec.SamplingParams(temperature=0), static_len=64,
+                              engine=off)
+    assert session.engine is off and session.compile is False
+    assert Engine().inductor_options == INDUCTOR_OPTIONS          # defaults untouched
+    assert Engine(inductor_options=dict(INDUCTOR_OPTIONS)) == Engine()
+    assert len(Engine().speed) == len(GRAPH_SWITCHES)
+    for bad, match in ((dict(row_kernels=1), "row_kernels=1: accepted True or False"),
+                       (dict(captured_prompts=-1), "captured_prompts=-1: accepted an integer >= 0"),
+                       (dict(plain_steps=0), "plain_steps=0: accepted an integer >= 1"),
+                       (dict(inductor_options=3), "inductor_options=3: accepted a mapping")):
+        with pytest.raises(ValueError, match=match):
+            Engine(**bad)
+    with pytest.raises(ValueError, match="engine: accepted an Engine, given instead of compile="):
+        CausalLMSession(target, mmspec.SamplingParams(temperature=0), static_len=64,
+                        compile="graphs", engine=off)
+    mmspec.release_graphs()
+
+
 def test_generation_config_gives_model_generate_processing(pair):
     from transformers import GenerationConfig
 
@@ -775,7 +815,7 @@ def test_compile_true_is_the_regional_mode():
 
 
 def test_plain_decoding_chains_its_steps_where_a_captured_target_draws_greedily():
-    """``Plan.plain_steps``: ``PLAIN_STEPS`` target steps per launch for plain decoding under
+    """``Plan.steps_per_launch``: ``PLAIN_STEPS`` target steps per launch for plain decoding under
     captured engines of a target that chains its greedy steps in one graph; one otherwise
     (eager engines, drafts, sampling, targets that do not chain); other counts refused by
     the loop before any work."""
@@ -793,7 +833,7 @@ def test_plain_decoding_chains_its_steps_where_a_captured_target_draws_greedily(
              ("regional", plain, SimpleNamespace(greedy=True, chains=False), 1)]
     for mode, drafter, target, want in cases:
         plan = Engine(mode).plan(max_new_tokens=8)
-        assert plan.plain_steps(target, drafter) == want, (mode, drafter, target)
+        assert plan.steps_per_launch(target, drafter) == want, (mode, drafter, target)
     sampled = SimpleNamespace(greedy=False, params=SimpleNamespace(temperature=0.7))
     with pytest.raises(ValueError, match="plain_steps=4: accepted 1 unless plain decoding of "
                                          "a greedy target"):
@@ -1169,11 +1209,13 @@ def test_token_span_tables_live_with_the_static_cache():
     mmspec.release_graphs(m)
 
 
-def test_which_prompt_passes_are_captured(monkeypatch):
+def test_which_prompt_passes_are_captured():
     """``_captures_prompt``: a pass of 2 to ``capture_prompts_up_to`` tokens in all (rows x
     length) on a cache whose slots a first pass allocated, its ids alone, the session's
     prompt positions capturable, room for its shape among ``captured_prompts``."""
-    from mmspec.session import CausalLMSession
+    from dataclasses import replace
+
+    from mmspec.session import CaptureTraits, CausalLMSession
 
     t = tiny_llama(vocab=32)
     s = CausalLMSession(t, mmspec.SamplingParams(temperature=0), static_len=64)
@@ -1186,22 +1228,22 @@ def test_which_prompt_passes_are_captured(monkeypatch):
     assert s._captures_prompt(inputs, valid, 64, {})
     assert not s._captures_prompt({"input_ids": ids[:, :1]}, valid[:, :1], 64, {})
     assert not s._captures_prompt(inputs, valid, 64, {"pixel_values": ids})
-    monkeypatch.setattr(CausalLMSession, "capture_prompts_up_to", 7)       # 2 rows x 4 > 7
+    s.engine = replace(s.engine, capture_prompts_up_to=7)                   # 2 rows x 4 > 7
     assert not s._captures_prompt(inputs, valid, 64, {})
-    monkeypatch.setattr(CausalLMSession, "capture_prompts_up_to", 8)
+    s.engine = replace(s.engine, capture_prompts_up_to=8)
     assert s._captures_prompt(inputs, valid, 64, {})
     s._static.graphs[s._graph_key({**inputs, "valid": valid}, 64, True)] = None
-    monkeypatch.setattr(CausalLMSession, "captured_prompts", 1)
+    s.engine = replace(s.engine, captured_prompts=1)
     assert s._captures_prompt(inputs, valid, 64, {})                       # its own shape
     assert not s._captures_prompt({"input_ids": ids[:, :3]}, valid[:, :3], 64, {})
-    monkeypatch.setattr(CausalLMSession, "prompt_graphs", False)
+    s.capture = CaptureTraits(prompt_graphs=False)
     assert not s._captures_prompt(inputs, valid, 64, {})
 
 
 @pytest.mark.parametrize("pipeline", [True, False])
 def test_plain_steps_in_chains_give_plain_greedy_and_its_counts(pair, ragged_prompts, pipeline,
                                                                monkeypatch):
-    """Plain decoding three target steps per launch (``Plan.plain_steps``; the chains run
+    """Plain decoding three target steps per launch (``Plan.steps_per_launch``; the chains run
     step by step here) gives plain greedy's tokens with rows ending on a stop token inside a
     chain and a budget ending mid-chain; the stats count every target step, the kept tokens
     as plain decoding counts them, and no row is fed past its budget."""
@@ -1213,7 +1255,7 @@ def test_plain_steps_in_chains_give_plain_greedy_and_its_counts(pair, ragged_pro
     free = mmspec.generate(target, None, ids, **run)
     stop = int(free.sequences[0, ids.shape[1] + 4])      # row 0's fifth token: mid-chain
     plain = mmspec.generate(target, None, ids, stop_token_ids=[stop], **run)
-    monkeypatch.setattr(Plan, "plain_steps", lambda self, session, drafter: 3)
+    monkeypatch.setattr(Plan, "steps_per_launch", lambda self, session, drafter: 3)
     for stops in ([], [stop]):
         chained = mmspec.generate(target, None, ids, stop_token_ids=stops, **run)
         want = free if not stops else plain

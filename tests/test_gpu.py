@@ -16,17 +16,17 @@ import torch
 
 import mmspec
 from conftest import tiny_llama
+from mmspec.engine import Engine, compile_mode
 from mmspec import grouping
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
-@pytest.fixture(autouse=True)
-def _untuned(monkeypatch):
-    from mmspec.session import CausalLMSession
-
-    monkeypatch.setattr(CausalLMSession, "inductor_options", {})
+def fast(compile=True, **switches) -> dict:
+    """A front door's ``engine=`` for a captured mode whose steps inductor compiles without
+    tuning (quick to compile; what the tests check does not depend on the tuning)."""
+    return dict(engine=Engine(compile_mode(compile), inductor_options={}, **switches))
 
 
 def _record_host_free(monkeypatch) -> list:
@@ -69,18 +69,18 @@ def test_captured_equals_eager_text(k):
     mask[1] = 1
     kw = dict(attention_mask=mask, temperature=0, max_new_tokens=24, num_draft_tokens=k)
     eager = mmspec.generate(t, d, ids, **kw)
-    cap = mmspec.generate(t, d, ids, compile=True, **kw)
+    cap = mmspec.generate(t, d, ids, **fast(), **kw)
     plain = mmspec.generate(t, None, ids, attention_mask=mask, temperature=0, max_new_tokens=24)
     assert torch.equal(eager.sequences, cap.sequences)
     assert torch.equal(plain.sequences, cap.sequences)
-    synced = mmspec.generate(t, d, ids, compile=True, pipeline=False, **kw)   # default: queued
+    synced = mmspec.generate(t, d, ids, **fast(True, pipeline=False), **kw)   # default: queued
     assert torch.equal(plain.sequences, synced.sequences)
 
 
 @pytest.mark.parametrize("fuse", ["graphs", True])
 def test_captured_plain_decoding_in_chains_equals_eager(fuse, monkeypatch):
     """Captured plain greedy decoding runs ``PLAIN_STEPS`` target steps per launch as one
-    chain graph (``Plan.plain_steps``): eager plain greedy's tokens in float32, pipelined and
+    chain graph (``Plan.steps_per_launch``): eager plain greedy's tokens in float32, pipelined and
     synchronised, with a budget that ends mid-chain and a row ending on a stop token inside a
     chain; every target step counted."""
     from mmspec.engine import PLAIN_STEPS
@@ -105,10 +105,10 @@ def test_captured_plain_decoding_in_chains_equals_eager(fuse, monkeypatch):
     stop = int(eager.sequences[0, ids.shape[1] + PLAIN_STEPS + 1])
     stopped = mmspec.generate(t, None, ids, stop_token_ids=[stop], **kw)
     for pipeline in (None, False):
-        cap = mmspec.generate(t, None, ids, compile=fuse, pipeline=pipeline, **kw)
+        cap = mmspec.generate(t, None, ids, **fast(fuse, pipeline=pipeline), **kw)
         assert torch.equal(cap.sequences, eager.sequences), pipeline
         assert cap.stats.steps == n and cap.stats.emitted == eager.stats.emitted
-        cap = mmspec.generate(t, None, ids, compile=fuse, pipeline=pipeline,
+        cap = mmspec.generate(t, None, ids, **fast(fuse, pipeline=pipeline),
                               stop_token_ids=[stop], **kw)
         assert torch.equal(cap.sequences, stopped.sequences), pipeline
     assert PLAIN_STEPS in chains and 2 in chains         # full chains and the budget's last
@@ -122,7 +122,7 @@ def test_captured_equals_eager_images_with_guidance_and_jacobi(monkeypatch):
         kw = dict(guidance_scale=2.0, temperature=0, progress=False, seed=0, method=method)
         host_free.clear()
         a = pipe([[3, 4, 5], [6]], **kw)
-        b = pipe([[3, 4, 5], [6]], compile=True, **kw)
+        b = pipe([[3, 4, 5], [6]], **fast(), **kw)
         assert torch.equal(a.tokens, b.tokens), method
         assert host_free == ([False, True] if method == "exact" else []), method
 
@@ -140,7 +140,7 @@ def test_captured_trees_and_heads_equal_eager():
     for method, params in (("tree", {}), ("head", {}),
                            ("head", dict(tree_branch=1, tree_width=1, tree_depth=3))):
         eager = pipe([[3, 4, 5], [6]], method=method, **params, **kw)
-        cap = pipe([[3, 4, 5], [6]], method=method, compile=True, **params, **kw)
+        cap = pipe([[3, 4, 5], [6]], method=method, **fast(), **params, **kw)
         assert torch.equal(eager.tokens, plain.tokens), (method, params)
         assert torch.equal(cap.tokens, plain.tokens), (method, params)
 
@@ -163,7 +163,7 @@ def test_captured_head_trees_on_a_recurrent_target_give_plain_greedy(fuse):
     head = DraftHead.for_target(target).to(dev)
     for _ in range(2):
         drafter = FeatureDrafter(head, depth=3, branch=2, width=2)
-        out = mmspec.generate(target, input_ids=ids, drafter=drafter, compile=fuse, **kw)
+        out = mmspec.generate(target, input_ids=ids, drafter=drafter, **fast(fuse), **kw)
         assert out.sequences.tolist() == plain
         assert drafter.trees and out.stats.accepted > 0
     mmspec.release_graphs()
@@ -179,10 +179,10 @@ def test_fused_capture_equals_eager(fuse):
     kw = dict(attention_mask=mask, temperature=0, max_new_tokens=16, num_draft_tokens=3)
     eager = mmspec.generate(t, d, ids, **kw)
     modules = [type(m) for m in t.modules()]
-    fused = mmspec.generate(t, d, ids, compile=fuse, **kw)
+    fused = mmspec.generate(t, d, ids, **fast(fuse), **kw)
     assert torch.equal(eager.sequences, fused.sequences)
     assert [type(m) for m in t.modules()] == modules         # the user's modules are back
-    plain = mmspec.generate(t, None, ids, compile=fuse, **{**kw, "num_draft_tokens": 0})
+    plain = mmspec.generate(t, None, ids, **fast(fuse), **{**kw, "num_draft_tokens": 0})
     assert torch.equal(eager.sequences, plain.sequences)
     # compile=True lays each layer's projections out back to back (mmspec.grouping)
     assert grouping.back_to_back(t) == (fuse is True)
@@ -308,7 +308,7 @@ def test_one_row_steps_run_the_row_kernel_and_give_plain_greedy(k, monkeypatch):
     ids = torch.tensor([[1, 2, 3, 4, 5]], device=dev)
     kw = dict(temperature=0, max_new_tokens=24)
     plain = mmspec.generate(t, None, ids, **kw)
-    fused = mmspec.generate(t, d, ids, compile=True, num_draft_tokens=k, **kw)
+    fused = mmspec.generate(t, d, ids, **fast(), num_draft_tokens=k, **kw)
     assert torch.equal(plain.sequences, fused.sequences)
     assert {(False, True, True), (True, False, False), (False, False, False)} <= set(calls)
     assert rope and all(rope)                 # every q/k/v row: norm, rotary, cache writes
@@ -328,11 +328,11 @@ def test_captured_steps_are_reused_by_the_next_call():
     a = torch.tensor([[3, 4, 5], [6, 7, 8]], device=dev)
     b = torch.tensor([[9, 3, 1], [2, 2, 5]], device=dev)
     mmspec.release_graphs()
-    first = mmspec.generate(t, d, a, compile=True, **kw)
+    first = mmspec.generate(t, d, a, **fast(), **kw)
     gc.collect()
     (key, (entry,)), = _STATIC[t].items()
     graphs = dict(entry.graphs)
-    second = mmspec.generate(t, d, b, compile=True, **kw)
+    second = mmspec.generate(t, d, b, **fast(), **kw)
     gc.collect()
     assert _STATIC[t][key] == [entry]
     # no step captured again; the prompt pass is, once the cache's slots are allocated
@@ -366,7 +366,7 @@ def test_captured_steps_compute_the_calls_own_distributions():
             got.append(p)
             gc.collect()
         torch.testing.assert_close(got[1], got[0], atol=1e-5, rtol=1e-4)
-    (entry,), = (v for k, v in _STATIC[t].items() if k[2] != "False")       # compile=True's
+    (entry,), = (v for k, v in _STATIC[t].items() if k[2] != "static")      # **fast(True)'s
     assert len({k[3] for k in entry.graphs if k[0] == "step"}) == 2
     mmspec.release_graphs()
 
@@ -377,7 +377,7 @@ def _two_steps(t, ids, temperature, compile):
     from mmspec.session import CausalLMSession
 
     s = CausalLMSession(t, mmspec.SamplingParams(temperature=temperature), static_len=64,
-                        compile=compile)
+                        **(fast(compile) if compile else {}))
     s.prefill(ids, torch.ones_like(ids))
     assert s.captures_processing
     p = s.step(ids[:, -1:])
@@ -404,7 +404,7 @@ def test_compiled_prompt_passes_on_a_reused_cache():
     for ids in prompts:
         mask = (ids != 0).long()
         eager = mmspec.generate(t, None, ids, attention_mask=mask, **kw)
-        fused = mmspec.generate(t, None, ids, attention_mask=mask, compile=True, **kw)
+        fused = mmspec.generate(t, None, ids, attention_mask=mask, **fast(), **kw)
         assert torch.equal(eager.sequences, fused.sequences)
         traced.append(counters["stats"]["unique_graphs"])
     assert traced[1] > traced[0] and traced[2] == traced[1]
@@ -412,14 +412,14 @@ def test_compiled_prompt_passes_on_a_reused_cache():
 
 
 @pytest.mark.parametrize("fuse", ["graphs", True])
-def test_prompt_passes_are_captured_on_a_reused_cache(fuse, monkeypatch):
+def test_prompt_passes_are_captured_on_a_reused_cache(fuse):
     """Captured steps replay a reused cache's prompt passes from one graph per prompt shape
     (the cache's first pass, which allocates its slots, runs uncaptured), at most
     ``captured_prompts`` shapes per cache (later ones run uncaptured); tokens equal eager
     plain greedy, padded rows included."""
     import gc
 
-    from mmspec.session import _STATIC, CausalLMSession
+    from mmspec.session import _STATIC
 
     dev = torch.device("cuda")
     t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
@@ -433,20 +433,19 @@ def test_prompt_passes_are_captured_on_a_reused_cache(fuse, monkeypatch):
         return {k: v[0] for entries in _STATIC[t].values() for e in entries
                 for k, v in e.graphs.items() if k[0] == "prompt"}
 
-    monkeypatch.setattr(CausalLMSession, "captured_prompts", 1)
     mmspec.release_graphs()
     seen = []
     for ids in (a, b, a, c):
         mask = (ids != 0).long()
-        out = mmspec.generate(t, None, ids, attention_mask=mask, compile=fuse, **kw)
+        out = mmspec.generate(t, None, ids, attention_mask=mask,
+                              **fast(fuse, captured_prompts=1), **kw)
         assert torch.equal(out.sequences,
                            mmspec.generate(t, None, ids, attention_mask=mask, **kw).sequences)
         seen.append(prompt_graphs())
     assert [len(g) for g in seen] == [0, 1, 1, 1]
     assert seen[2] == seen[1]                            # replayed, not captured again
-    monkeypatch.setattr(CausalLMSession, "captured_prompts", 8)
-    mask = (c != 0).long()
-    out = mmspec.generate(t, None, c, attention_mask=mask, compile=fuse, **kw)
+    mask = (c != 0).long()          # room for more: the same cache captures it
+    out = mmspec.generate(t, None, c, attention_mask=mask, **fast(fuse, captured_prompts=8), **kw)
     assert len(prompt_graphs()) == 2
     assert torch.equal(out.sequences,
                        mmspec.generate(t, None, c, attention_mask=mask, **kw).sequences)
@@ -454,13 +453,13 @@ def test_prompt_passes_are_captured_on_a_reused_cache(fuse, monkeypatch):
 
 
 @pytest.mark.parametrize("fuse", ["graphs", True])
-def test_captured_greedy_draft_chains_are_one_graph(fuse, monkeypatch):
+def test_captured_greedy_draft_chains_are_one_graph(fuse):
     """Captured greedy drafts: the K steps after the first are one graph per first width
     (``CausalLMSession.chain``), queued or synchronised; tokens equal eager plain greedy;
     sampled drafts are chains too, and step one graph at a time without ``sampled_chains``."""
     import gc
 
-    from mmspec.session import _STATIC, CausalLMSession
+    from mmspec.session import _STATIC
 
     dev = torch.device("cuda")
     t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
@@ -477,38 +476,38 @@ def test_captured_greedy_draft_chains_are_one_graph(fuse, monkeypatch):
 
     for pipeline in (None, False):
         mmspec.release_graphs()
-        out = mmspec.generate(t, d, ids, temperature=0, compile=fuse, pipeline=pipeline, **kw)
+        out = mmspec.generate(t, d, ids, temperature=0, **fast(fuse, pipeline=pipeline), **kw)
         assert torch.equal(out.sequences, plain.sequences)
         assert chains()
     for sampled in (True, False):
         mmspec.release_graphs()
-        monkeypatch.setattr(CausalLMSession, "sampled_chains", sampled)
-        mmspec.generate(t, d, ids, temperature=1.0, seed=0, compile=fuse, **kw)
+        mmspec.generate(t, d, ids, temperature=1.0, seed=0, **fast(fuse, sampled_chains=sampled),
+                        **kw)
         assert bool(chains()) == sampled
     mmspec.release_graphs()
 
 
-def test_captured_sampled_draft_chains_draw_what_the_eager_steps_draw(monkeypatch):
+def test_captured_sampled_draft_chains_draw_what_the_eager_steps_draw():
     """Sampled chains as graphs (``CausalLMSession.sampled_chains``): the call's generator is
     followed through the graph's own, so at temperature 1 with a seed a call draws exactly
     what stepping one graph at a time draws, on the call that captures and on the next
     (replays); the chain graphs exist."""
     import gc
 
-    from mmspec.session import _STATIC, CausalLMSession
+    from mmspec.session import _STATIC
 
     dev = torch.device("cuda")
     t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
     d = tiny_llama(vocab=64, hidden=32, layers=1, seed=1).to(dev)
     ids = torch.tensor([[0, 0, 3, 4, 5], [2, 1, 2, 3, 4]], device=dev)
     kw = dict(attention_mask=(ids != 0).long(), max_new_tokens=24, num_draft_tokens=3,
-              temperature=1.0, compile=True)
-    monkeypatch.setattr(CausalLMSession, "sampled_chains", False)
-    stepped = [mmspec.generate(t, d, ids, seed=s, **kw).sequences for s in (0, 1)]
+              temperature=1.0)
+    stepped = [mmspec.generate(t, d, ids, seed=s, **fast(sampled_chains=False), **kw).sequences
+               for s in (0, 1)]
     mmspec.release_graphs()
-    monkeypatch.setattr(CausalLMSession, "sampled_chains", True)
     for s in (0, 1, 0):
-        assert torch.equal(mmspec.generate(t, d, ids, seed=s, **kw).sequences, stepped[s]), s
+        got = mmspec.generate(t, d, ids, seed=s, **fast(), **kw).sequences
+        assert torch.equal(got, stepped[s]), s
     gc.collect()
     assert any(k[0] == "chain" for entries in _STATIC.get(d, {}).values() for e in entries
                for k in e.graphs)
@@ -525,7 +524,7 @@ def test_captured_speculative_decoding_is_pipelined_by_default():
     t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
     d = tiny_llama(vocab=64, hidden=32, layers=1, seed=1).to(dev)
     ids = torch.tensor([[1, 2, 3, 4, 5]], device=dev)
-    kw = dict(temperature=0, max_new_tokens=100, num_draft_tokens=4, compile=True)
+    kw = dict(temperature=0, max_new_tokens=100, num_draft_tokens=4, **fast(True))
     holes, tight = (static_length(5, 1, 100, 4, h) for h in (True, False))
     assert holes > tight
     for extra, want in ((dict(), holes), (dict(pipeline=False), tight),
@@ -536,12 +535,12 @@ def test_captured_speculative_decoding_is_pipelined_by_default():
     mmspec.release_graphs()
 
 
-def test_greedy_steps_settle_in_one_compiled_function(monkeypatch):
+def test_greedy_steps_settle_in_one_compiled_function():
     """Under captured steps a greedy call's acceptance, stops, budgets and transfer run as
     one compiled function (``loop.settler``), made once per process; same tokens as eager,
     rows ending on a stop token included, and as with ``Loop.fuse`` off."""
     from mmspec.acceptance import Greedy
-    from mmspec.loop import _SETTLERS, Loop
+    from mmspec.loop import _SETTLERS
 
     dev = torch.device("cuda")
     t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
@@ -555,11 +554,10 @@ def test_greedy_steps_settle_in_one_compiled_function(monkeypatch):
               seed=0)                           # a generator the fused function never sees
     for k, draft in ((0, None), (3, d)):
         want = mmspec.generate(t, draft, ids, num_draft_tokens=k, **kw)
-        fused = mmspec.generate(t, draft, ids, num_draft_tokens=k, compile=True, **kw)
+        fused = mmspec.generate(t, draft, ids, num_draft_tokens=k, **fast(), **kw)
         assert torch.equal(fused.sequences, want.sequences), k
-        monkeypatch.setattr(Loop, "fuse", False)
-        unfused = mmspec.generate(t, draft, ids, num_draft_tokens=k, compile=True, **kw)
-        monkeypatch.setattr(Loop, "fuse", True)
+        unfused = mmspec.generate(t, draft, ids, num_draft_tokens=k,
+                                  **fast(fused_settle=False), **kw)
         assert torch.equal(unfused.sequences, want.sequences), k
     assert any(isinstance(key[0], Greedy) for key in _SETTLERS)
     mmspec.release_graphs()
@@ -583,7 +581,7 @@ def test_captured_qwen_vl_equals_eager(kind):
         a, m = [ims[i] for i in rows], [msgs[i] for i in rows]
         for method in ("plain", "exact", "sjd"):
             eager = g.generate(a, m, method=method, **kw).token_ids
-            assert g.generate(a, m, method=method, compile=True, **kw).token_ids == eager, \
+            assert g.generate(a, m, method=method, **fast(), **kw).token_ids == eager, \
                 (rows, method)
     mmspec.release_graphs()
 
@@ -606,7 +604,7 @@ def test_captured_vlm_equals_eager(monkeypatch):
     kw = dict(temperature=0, max_new_tokens=20, seed=0)
     g = VisionLanguageGenerator(target, proc)
     for method in ("plain", "sjd"):
-        assert (g.generate(ims, prompts, method=method, compile=True, **kw).token_ids
+        assert (g.generate(ims, prompts, method=method, **fast(), **kw).token_ids
                 == g.generate(ims, prompts, method=method, **kw).token_ids), method
     for draft, mode in ((tiny_text_lm().to(dev), "text"), (tiny_llava(seed=1, hidden=16, layers=1).to(dev), "image"),
                         (target, "image"), (tiny_llava(seed=1, hidden=16, layers=1).to(dev), "ensemble")):
@@ -614,7 +612,7 @@ def test_captured_vlm_equals_eager(monkeypatch):
         for k in (1, 4):
             eager = g.generate(ims, prompts, method="exact", num_draft_tokens=k, **kw)
             host_free.clear()
-            cap = g.generate(ims, prompts, method="exact", num_draft_tokens=k, compile=True, **kw)
+            cap = g.generate(ims, prompts, method="exact", num_draft_tokens=k, **fast(), **kw)
             assert cap.token_ids == eager.token_ids, (mode, k)
             assert cap.stats.steps == eager.stats.steps, (mode, k)
             assert host_free[-1] == (mode != "ensemble"), (mode, host_free)
@@ -640,7 +638,7 @@ def test_captured_speech_equals_eager():
     for method in ("plain", "exact", "sjd"):
         for g in (None, 2.0):
             kw = dict(method=method, temperature=0, progress=False, guidance_scale=g, decode=False)
-            a, b = tts(TEXTS, **kw), tts(TEXTS, compile=True, **kw)
+            a, b = tts(TEXTS, **kw), tts(TEXTS, **fast(), **kw)
             assert all(torch.equal(x, y) for x, y in zip(a.codes, b.codes)), (method, g)
     target, draft = tiny_csm(scale=3.0).to(dev), tiny_csm(scale=3.0, seed=1).to(dev)
     tts = TextToSpeech(CsmAdapter(target, max_frames=10), CsmAdapter(draft, max_frames=10))
@@ -648,7 +646,7 @@ def test_captured_speech_equals_eager():
         kw = dict(method=method, temperature=0, progress=False, decode=False, num_draft_tokens=3)
         if method == "plain":
             kw.pop("num_draft_tokens")
-        a, b = tts([[4, 5, 6, 7, 8], [9, 10]], **kw), tts([[4, 5, 6, 7, 8], [9, 10]], compile=True, **kw)
+        a, b = tts([[4, 5, 6, 7, 8], [9, 10]], **kw), tts([[4, 5, 6, 7, 8], [9, 10]], **fast(), **kw)
         assert all(torch.equal(x, y) for x, y in zip(a.codes, b.codes)), method
     mmspec.release_graphs()
 
@@ -668,7 +666,7 @@ def test_captured_depth_head_equals_eager():
     for depth in (1, 3):
         kw = dict(method="head", tree_depth=depth, temperature=0, progress=False, decode=False)
         a, b = tts([[4, 5, 6, 7, 8], [9, 10]], **kw), tts([[4, 5, 6, 7, 8], [9, 10]],
-                                                          compile=True, **kw)
+                                                          **fast(True), **kw)
         assert all(torch.equal(x, y) for x, y in zip(a.codes, b.codes)), depth
         assert b.stats.drafted > 0
     mmspec.release_graphs()
@@ -711,7 +709,7 @@ def test_captured_sliding_window_layers_give_the_models_own_tokens(method):
     drafter = dict(draft=dict(draft=windowed(1, 1)), jacobi=dict(drafter=mmspec.Jacobi(4)),
                    plain={})[method]
     out = mmspec.generate(target, input_ids=ids, attention_mask=mask, max_new_tokens=20,
-                          temperature=0, compile=True, stop_token_ids=[], **drafter)
+                          temperature=0, **fast(), stop_token_ids=[], **drafter)
     assert out.sequences[:, 7:].tolist() == own
     mmspec.release_graphs()
 
@@ -740,7 +738,7 @@ def test_captured_gemma_vlms_equal_eager(kind):
     kw = dict(temperature=0, max_new_tokens=16, seed=0)
     for method in ("plain", "exact", "sjd"):
         eager = g.generate(images(2), msgs, method=method, **kw).token_ids
-        assert g.generate(images(2), msgs, method=method, compile=True, **kw).token_ids == eager, \
+        assert g.generate(images(2), msgs, method=method, **fast(), **kw).token_ids == eager, \
             method
     mmspec.release_graphs()
 
@@ -759,6 +757,6 @@ def test_captured_prompts_that_end_on_the_image_equal_eager(kind):
     kw = dict(temperature=0, max_new_tokens=12, seed=0)
     for method in ("plain", "exact", "sjd"):
         eager = g.generate(ims, prompts, method=method, **kw).token_ids
-        assert g.generate(ims, prompts, method=method, compile=True, **kw).token_ids == eager, \
+        assert g.generate(ims, prompts, method=method, **fast(), **kw).token_ids == eager, \
             method
     mmspec.release_graphs()

@@ -206,3 +206,29 @@ def test_no_test_module_imports_another():
                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             other = [m for m in mods if m in names and m != p.stem]
             assert not other, (p.name, other)
+
+
+def test_no_speed_switch_is_set_on_a_class_or_module():
+    """Speed switches are per call (``mmspec.Engine``'s fields): no file of the package, the
+    recipes, the benchmarks or the tests assigns or patches one on a class or a module
+    (``Session.row_kernels = False``, ``monkeypatch.setattr(Loop, "fuse", ...)``), and the
+    session and loop classes hold none."""
+    from dataclasses import fields
+
+    from mmspec.engine import Engine
+    from mmspec.loop import Loop
+    from mmspec.session import CausalLMSession
+
+    names = {f.name for f in fields(Engine)} | {"fuse", "PLAIN_STEPS"}
+    assert not [n for n in names if hasattr(CausalLMSession, n) or hasattr(Loop, n)]
+    for p in [*(ROOT / "tests").glob("*.py"), *(ROOT / d for d in PACKAGES)]:
+        for f in ([p] if p.is_file() else p.rglob("*.py")):
+            for node in ast.walk(ast.parse(f.read_text())):
+                hit = (isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Attribute) and t.attr in names and isinstance(t.value, ast.Name)
+                    and t.value.id[:1].isupper() or t.value.id == "engine" for t in node.targets
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name))
+                    or isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "setattr"
+                    and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+                    and node.args[1].value in names)
+                assert not hit, (f.relative_to(ROOT), node.lineno)

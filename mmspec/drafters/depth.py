@@ -63,7 +63,7 @@ class DepthDrafter(HeadChainDrafter):
     def attach(self, target) -> None:
         super().attach(target)
         self.session = DepthHeadSession(self.head, target, static_len=target.static_len,
-                                        compile=target.compile)
+                                        engine=target.engine)
 
     def begin(self, input_ids, attention_mask, vocab_size=None, **prompt) -> None:
         if self.target is None:

@@ -104,7 +104,7 @@ class FeatureDrafter(TreeDrafter):
         target.keep_features(self.head.config.feature_layers, self.head.config.uncond_features)
         self.target = target
         self.session = HeadSession(self.head, target, static_len=target.static_len,
-                                   compile=target.compile)
+                                   engine=target.engine)
         self.check_sampling()
 
     def _as_chain(self, target: Session) -> None:

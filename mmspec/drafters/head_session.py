@@ -4,7 +4,7 @@ and its prefill with the prompt's (token, feature) pairs. Shared by the drafters
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -44,7 +44,7 @@ class HeadSession(CausalLMSession):
         self.prompt_embeds: torch.Tensor | None = None     # [B, P, d] set before prefill
         self.keep_features((head.config.num_layers,))     # the last layer's (normed) output
         if head.mrope:              # the prompt's 3-D positions are the call's
-            self.prompt_graphs = False
+            self.capture = replace(self.capture, prompt_graphs=False)
         self._offset: torch.Tensor | None = None
 
     def prefill(self, input_ids, attention_mask, **model_kwargs) -> None:

@@ -21,7 +21,7 @@ from mmspec.distributed import whole
 from mmspec.distributions import Distribution
 from mmspec.loop import Stops
 from mmspec.sampling import SamplingParams, sample
-from mmspec.session import CausalLMSession
+from mmspec.session import CaptureTraits, CausalLMSession
 from modalities.registry import register_adapter
 
 from .adapters import CodecAdapter
@@ -111,7 +111,7 @@ class CsmSession(CausalLMSession):
     after the prompt feeds the prompt's last text token in column 0) and return
     ``FrameDistribution``s over [B, n]."""
 
-    chain_hooks = False     # a frame's draw runs the depth decoder, step by step
+    capture = CaptureTraits(chain_hooks=False)  # a frame's draw runs the depth decoder
 
     def __init__(self, model, params: SamplingParams, **engine):
         super().__init__(model, params, net=model.backbone_model, **engine)

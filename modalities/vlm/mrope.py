@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from mmspec.session import CausalLMSession
+from mmspec.session import CaptureTraits, CausalLMSession
 
 # Model types whose decoder takes M-RoPE positions, and their position function's extra inputs.
 MROPE_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
@@ -47,9 +47,9 @@ class MRopeSession(CausalLMSession):
     """A Qwen-VL session: the prompt's 3-D positions from the model's position function, and
     every later slot's from its 1-D position plus the row's ``rope_delta``."""
 
-    row_buffers = ("_delta",)
+    # the prompt's 3-D positions are the call's (``_prompt_pos``); rows' rope deltas
+    capture = CaptureTraits(prompt_graphs=False, row_buffers=("_delta",))
     _trailing: tuple = ()        # ``prefill(trailing_media=)``
-    prompt_graphs = False        # the prompt's 3-D positions are the call's (``_prompt_pos``)
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 trailing_media=(), **model_kwargs):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from mmspec.sampling import SamplingParams
-from mmspec.session import CausalLMSession
+from mmspec.session import CaptureTraits, CausalLMSession
 
 from .model import MixtureHead
 
@@ -18,7 +18,7 @@ class ContinuousSession(CausalLMSession):
     bank [B, L, S, D] (the same tensor for draft and target: trajectory alignment).
     """
 
-    chain_hooks = False     # densities drawn with the session's own noise, step by step
+    capture = CaptureTraits(chain_hooks=False)  # densities drawn with its own noise, one by one
 
     def __init__(self, model, temperature: float, guidance_scale=None, noise=None):
         super().__init__(model, SamplingParams(temperature=1.0), guidance_scale)
