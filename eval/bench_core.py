@@ -36,7 +36,7 @@ def _sync(device):
 
 def forward_cost(model, batch: int, device, repeats: int = 20) -> float:
     """Seconds of one single-token decode forward with a short cache (eager)."""
-    from mmspec.session import CausalLMSession
+    from mmspec.sessions import CausalLMSession
 
     s = CausalLMSession(model, mmspec.SamplingParams(temperature=0))
     ids = torch.ones(batch, 16, dtype=torch.long, device=device)

@@ -45,7 +45,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import mmspec
 from mmspec.engine import INDUCTOR_OPTIONS, PLAIN_STEPS, Engine
-from mmspec.session import CausalLMSession
+from mmspec.sessions import CausalLMSession
 from recipes.cli import COUNT, Names, Number, Numbers, Parser, describe, run
 
 # --modes -> generate's compile=
@@ -326,14 +326,14 @@ def build_parser() -> argparse.ArgumentParser:
                          "captured modes (Engine.fused_settle=False); default: fused")
     ap.add_argument("--no-row-kernels", action="store_true",
                     help="one-row products under compile=True as inductor's reductions "
-                         "(Engine.row_kernels=False); default: mmspec.gemv's kernel")
+                         "(Engine.row_kernels=False); default: mmspec.kernels.gemv's kernel")
     ap.add_argument("--no-row-rope", action="store_true",
                     help="the rotary embedding and cache writes after a one-row q/k/v product "
                          "as kernels of their own (Engine.row_rope=False); default: "
-                         "in mmspec.qkv_rope's")
+                         "in mmspec.kernels.qkv_rope's")
     ap.add_argument("--no-row-norms", action="store_true",
                     help="the RMSNorms before one-row products as kernels of their own "
-                         "(Engine.row_norms=False); default: inside mmspec.gemv's")
+                         "(Engine.row_norms=False); default: inside mmspec.kernels.gemv's")
     ap.add_argument("--plain-steps", type=COUNT, default=PLAIN_STEPS,
                     help="plain greedy decoding's target steps per launch under the captured "
                          "modes, one graph (Engine.plain_steps; 1: a step per launch)")

@@ -23,7 +23,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import mmspec
 from mmspec.drafters.architectures import head_for_target
 from mmspec.drafters.head_session import HeadSession, prefill_pairs
-from mmspec.session import CausalLMSession
+from mmspec.sessions import CausalLMSession
 
 SHAPES = {
     "7b": dict(hidden_size=4096, intermediate_size=11008, num_attention_heads=32,

@@ -22,7 +22,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import mmspec
 from mmspec.drafters import ModelDrafter
-from mmspec.session import CausalLMSession
+from mmspec.sessions import CausalLMSession
 from recipes.cli import COUNT, Parser, describe, run
 
 

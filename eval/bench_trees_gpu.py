@@ -36,7 +36,7 @@ from eval.bench_gpu import (COMPILE, SHAPES, build, copy_bandwidth, open_log, se
                             sync, timed)
 from mmspec.drafters import TreeDrafter
 from mmspec.engine import static_length
-from mmspec.session import CausalLMSession
+from mmspec.sessions import CausalLMSession
 from mmspec.tree import Tree
 from recipes.cli import COUNT, Names, Number, Numbers, Parser, describe, run
 

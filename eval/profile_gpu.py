@@ -58,7 +58,7 @@ import torch
 
 import mmspec
 from mmspec.cache import crop
-from mmspec.session import CausalLMSession
+from mmspec.sessions import CausalLMSession
 
 from .bench_gpu import (COMPILE, SHAPES, build, engine_of, prefill_cost, set_eps, step_cost, sync,
                         timed)

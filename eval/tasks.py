@@ -149,7 +149,7 @@ class VLMTask:
         self.device = self.gen_obj.to(device).device
         gen.setdefault("temperature", 0.0)
         self.gen, self.max_new_tokens = gen, max_new_tokens
-        from mmspec.session import output_vocab_size
+        from mmspec.sessions import output_vocab_size
 
         self.vocab = output_vocab_size(self.gen_obj.target)
         self._greedy: dict = {}

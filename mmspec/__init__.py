@@ -14,7 +14,7 @@ from .registry import (build_method, make_rule, parse_method, register_drafter, 
                        rule_names, rules)
 from .runner import Run, prepare
 from .sampling import SamplingParams
-from .session import CausalLMSession, Session, release_graphs
+from .sessions import CausalLMSession, Session, release_graphs
 from .tree import Tree
 from .types import Draft, GenerateOutput, StepStats, TargetOutput, VerifyOutput
 

@@ -477,7 +477,7 @@ class StaticSequenceMask:
 
     ``advance`` is the step's device side (inside a captured graph: no host value): write the
     new slots' validity, return the 4-D mask [R, 1, n, W] (W <= S: the slots attention reads,
-    ``mmspec.attention``) and the positions [R, n], and move
+    ``mmspec.engine.attention``) and the positions [R, n], and move
     ``next_pos`` and ``dev_len``; the host then calls ``appended(n)``."""
 
     def __init__(self, buf: torch.Tensor, dev_len: torch.Tensor, next_pos: torch.Tensor):

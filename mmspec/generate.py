@@ -16,7 +16,7 @@ from .loop import Stops
 from .registry import MethodContext, make_rule, rule_class
 from .runner import Run, prepare
 from .sampling import SamplingParams, sampling_params
-from .session import CausalLMSession, max_positions, output_vocab_size
+from .sessions import CausalLMSession, max_positions, output_vocab_size
 from .types import GenerateOutput
 
 

@@ -48,7 +48,8 @@ from .acceptance.base import Rule
 from .checks import check_count
 from .distributions import nonfinite
 from .drafters.base import Drafter, NoDraft
-from .session import Session, compile_fixed
+from .engine.capture import compile_fixed
+from .sessions import Session
 from .types import PAD, StepStats, VerifyOutput
 
 

@@ -46,11 +46,11 @@ def hopper_ptx(kernel, signature: dict, constants: dict, num_warps: int = 4) -> 
 
 
 def row_kernel_for_hopper(dtype: str, settings: list[dict]) -> None:
-    """``mmspec.gemv``'s row kernel compiled for Hopper (``hopper_ptx``) with ``settings[0]``
+    """``mmspec.kernels.gemv``'s row kernel compiled for Hopper (``hopper_ptx``) with ``settings[0]``
     in every launch setting it tunes among, and with each of ``settings`` in the first:
     under PDL each program's first weight loads come before its wait on the kernel before
     it; without PDL there is no wait."""
-    from mmspec import gemv, row_kernel
+    from mmspec.kernels import gemv, row_kernel
 
     ptr = "*" + dtype
     sig = {**{name: ptr for name in ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "n_ptr", "y_ptr",

@@ -47,7 +47,7 @@ class Case:
         method 'head' (EAGLE-3: the first layers, up to three, fused)."""
         from mmspec.drafters.architectures import head_for_target
         from mmspec.drafters.load import load_head
-        from mmspec.session import _decoder_config
+        from mmspec.sessions.causal_lm import _decoder_config
 
         torch.manual_seed(7)
         kw = {}

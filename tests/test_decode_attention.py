@@ -1,4 +1,4 @@
-"""``mmspec.decode_attention``: the decode steps' attention kernel and where it applies."""
+"""``mmspec.kernels.decode_attention``: the decode steps' attention kernel and where it applies."""
 
 import os
 import subprocess
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import attention_inputs as _inputs
-from mmspec import decode_attention
+from mmspec.kernels import decode_attention
 
 
 def test_reference_is_sdpa_over_the_masks_slots():
@@ -39,7 +39,7 @@ def test_decode_attention_kernel_under_the_triton_interpreter():
     code = (
         "import torch\n"
         "from tests.conftest import attention_inputs as _inputs\n"
-        "from mmspec import decode_attention as da\n"
+        "from mmspec.kernels import decode_attention as da\n"
         "for b, h, hkv, n, d, s, w, split, per_row in [(1, 2, 2, 1, 16, 96, 70, 256, False),"
         " (2, 4, 2, 3, 32, 300, 200, 64, True), (1, 6, 2, 5, 24, 130, 130, 128, False),"
         " (2, 2, 1, 2, 16, 64, 64, 64, True)]:\n"

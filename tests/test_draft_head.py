@@ -350,7 +350,7 @@ def test_the_session_keeps_both_branches_features_under_guidance():
     then its unconditional row's, the same as sessions without guidance on either prompt;
     refused without guidance."""
     from mmspec.sampling import SamplingParams
-    from mmspec.session import CausalLMSession
+    from mmspec.sessions import CausalLMSession
 
     target = tiny_llama(layers=3)
     g = torch.Generator().manual_seed(0)

@@ -123,7 +123,7 @@ def test_prefix_attention_casts_a_mask_of_another_dtype():
     and gives SDPA's result with the same mask as bool."""
     from transformers import AttentionInterface
 
-    from mmspec import attention
+    from mmspec.engine import attention
 
     attention._register()
     fn = AttentionInterface()[attention.NAME]
@@ -147,7 +147,7 @@ def test_models_without_sdpa_attend_over_the_whole_static_cache(ragged_prompts, 
     """Eager attention slices its mask to the keys, not the keys to the mask, and adds it to
     its scores: such models get full-width additive masks (no buckets) and the dynamic
     cache's tokens (with bool masks, as before, they did not)."""
-    from mmspec.attention import bucket
+    from mmspec.engine.attention import bucket
 
     assert [bucket(u, 300) for u in (1, 64, 65, 200, 257, 300)] == [64, 64, 128, 256, 300, 300]
     target = tiny_llama(seed=0)
@@ -182,7 +182,7 @@ def test_static_caches_are_reused_across_calls_and_released(pair, ragged_prompts
     holds two at once; tokens stay those of the dynamic path."""
     import gc
 
-    from mmspec.session import _STATIC
+    from mmspec.engine.capture import KEPT
 
     target, draft = pair
     ids, mask = ragged_prompts
@@ -191,24 +191,24 @@ def test_static_caches_are_reused_across_calls_and_released(pair, ragged_prompts
     ref = mmspec.generate(target, draft, ids, **kw)
     first = mmspec.generate(target, draft, ids, static_cache=True, **kw)
     gc.collect()
-    (key, entries), = _STATIC[target].items()
+    (key, entries), = KEPT[target].items()
     assert len(entries) == 1
     cache = entries[0].cache
     second = mmspec.generate(target, draft, ids, static_cache=True, **kw)
     gc.collect()
-    assert _STATIC[target][key] == entries and entries[0].cache is cache    # reused, given back
+    assert KEPT[target][key] == entries and entries[0].cache is cache    # reused, given back
     assert torch.equal(first.sequences, ref.sequences)
     assert torch.equal(second.sequences, ref.sequences)
     selfdraft = mmspec.generate(target, target, ids, static_cache=True, **kw)
     gc.collect()
-    assert len(_STATIC[target][key]) == 2          # target and its self-draft: two caches
+    assert len(KEPT[target][key]) == 2          # target and its self-draft: two caches
     assert selfdraft.stats.acceptance_rate == 1.0
     plain = mmspec.generate(target, None, ids, attention_mask=mask, temperature=0, max_new_tokens=12)
     assert torch.equal(selfdraft.sequences, plain.sequences)
     mmspec.release_graphs(target)
-    assert target not in _STATIC and draft in _STATIC
+    assert target not in KEPT and draft in KEPT
     mmspec.release_graphs()
-    assert len(_STATIC) == 0
+    assert len(KEPT) == 0
 
 
 def test_a_networks_structure_is_read_once_and_forgotten_with_its_graphs(pair):
@@ -216,7 +216,9 @@ def test_a_networks_structure_is_read_once_and_forgotten_with_its_graphs(pair):
     (``net_facts``); SDPA is chosen from the configs at each session, so a model switched to
     eager attention between calls gets no prefix attention; ``release_graphs(model)`` forgets
     the facts and static caches of the model and of the parts of it sessions run."""
-    from mmspec.session import _FACTS, _STATIC, CausalLMSession, net_facts
+    from mmspec.sessions.causal_lm import _FACTS
+    from mmspec.engine.capture import KEPT
+    from mmspec.sessions import CausalLMSession, net_facts
 
     target, _ = pair
     mmspec.release_graphs()
@@ -231,9 +233,9 @@ def test_a_networks_structure_is_read_once_and_forgotten_with_its_graphs(pair):
     finally:
         target.config._attn_implementation_internal = "sdpa"
     net_facts(target.model)
-    _STATIC[target.model] = {}                      # as a session running a part would keep
+    KEPT[target.model] = {}                      # as a session running a part would keep
     mmspec.release_graphs(target)
-    assert target not in _FACTS and target.model not in _FACTS and target.model not in _STATIC
+    assert target not in _FACTS and target.model not in _FACTS and target.model not in KEPT
 
 
 def test_plain_greedy_equals_transformers_generate(pair, ragged_prompts):
@@ -525,7 +527,7 @@ def test_a_commit_without_validity_keeps_the_slots_as_fed(ragged_prompts, model,
     session as a commit of the validity the slots were fed with: the same sequence mask and
     positions, and the same distributions at the next step (padding rows included)."""
     from mmspec.sampling import SamplingParams
-    from mmspec.session import CausalLMSession
+    from mmspec.sessions import CausalLMSession
     from conftest import tiny_qwen35
 
     net = tiny_llama(seed=0) if model == "llama" else tiny_qwen35(vocab=16)
@@ -558,7 +560,7 @@ def test_a_steps_compiled_tail_is_traced_whole_and_equals_eager(pair, ragged_pro
     processing a chain step's draw too (``_greedy_draw``)."""
     from mmspec.cache import StaticSequenceMask, TreeMask
     from mmspec.sampling import SamplingParams
-    from mmspec.session import CausalLMSession
+    from mmspec.sessions import CausalLMSession
 
     torch._dynamo.reset()
     advance = torch.compile(StaticSequenceMask.advance, backend="aot_eager", fullgraph=True)
@@ -648,7 +650,8 @@ def test_speed_switches_are_per_call_fields_of_the_engine(pair, ragged_prompts):
 
     from mmspec import Engine
     from mmspec.engine import GRAPH_SWITCHES, INDUCTOR_OPTIONS
-    from mmspec.session import _STATIC, CausalLMSession
+    from mmspec.engine.capture import KEPT
+    from mmspec.sessions import CausalLMSession
 
     target, draft = pair
     ids, mask = ragged_prompts
@@ -660,7 +663,7 @@ def test_speed_switches_are_per_call_fields_of_the_engine(pair, ragged_prompts):
     got = mmspec.generate(target, draft, ids, engine=off, **kw)
     assert torch.equal(ref.sequences, got.sequences)
     gc.collect()
-    keys = [k for k in _STATIC.get(target, {})]
+    keys = [k for k in KEPT.get(target, {})]
     assert len(keys) == 2 and {k[3] for k in keys} == {Engine("static").speed, off.speed}
     session = CausalLMSession(target, mmspec.SamplingParams(temperature=0), static_len=64,
                               engine=off)
@@ -745,7 +748,7 @@ def test_regional_compilation_swaps_layers_in_and_back(pair):
     """compile="regional": the decoder layers, the output head, the final norm and the rotary
     embedding are the regions; inside ``regions.compiled`` the model runs them compiled with
     the same logits, after it (and after an error) the user's modules are back."""
-    from mmspec import regions
+    from mmspec.engine import regions
 
     target, _ = pair
     layers = target.model.layers
@@ -776,7 +779,7 @@ def test_regional_compilation_swaps_layers_in_and_back(pair):
 def test_regional_compile_failure_names_the_unfused_mode(pair):
     """torch.compile failing on the layers (here a backend that raises) is a RuntimeError
     that says what failed and names compile='graphs'; the user's modules are back."""
-    from mmspec import regions
+    from mmspec.engine import regions
 
     target, _ = pair
     modules = list(target.modules())
@@ -849,13 +852,13 @@ def test_regional_layers_compile_once_for_every_cache_length(pair, under_prefix)
     caches of three lengths trace the layers' code once and the output head, the final norm
     and the rotary embedding once each (torch.compile's eager backend: the tracing, without
     code generation); the same logits as uncompiled. Under prefix attention
-    (``mmspec.attention.prefix``, as ``compile="regional"`` runs every pass) the same holds for
+    (``mmspec.engine.attention.prefix``, as ``compile="regional"`` runs every pass) the same holds for
     masks narrower than the cache and as wide as it."""
     from torch._dynamo.utils import counters
     from transformers import StaticCache
 
-    from mmspec import regions
-    from mmspec.attention import module_configs, prefix, sdpa_configs
+    from mmspec.engine import regions
+    from mmspec.engine.attention import module_configs, prefix, sdpa_configs
 
     target, _ = pair
     torch._dynamo.reset()
@@ -895,7 +898,7 @@ def test_regional_prompt_passes_compile_once_for_every_prompt_length(pair):
     from torch._dynamo.utils import counters
     from transformers import StaticCache
 
-    from mmspec import regions
+    from mmspec.engine import regions
 
     target, _ = pair
     torch._dynamo.reset()
@@ -938,7 +941,7 @@ def test_regional_layer_reading_its_index_is_traced_on_its_own(by_index):
     from torch._dynamo.utils import counters
     from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, StaticCache
 
-    from mmspec import regions
+    from mmspec.engine import regions
 
     cfg = GPT2Config(n_embd=32, n_layer=3, n_head=2, vocab_size=64,
                      scale_attn_by_inverse_layer_idx=by_index)
@@ -965,7 +968,7 @@ def test_layer_cache_views_one_layer():
     the viewed layer's slots whatever index is passed; an encoder-decoder cache is left as is."""
     from transformers import DynamicCache, EncoderDecoderCache, LlamaConfig, StaticCache
 
-    from mmspec import regions
+    from mmspec.engine import regions
 
     cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=2, vocab_size=64)
@@ -1172,7 +1175,7 @@ def test_regional_wrappers_keep_no_model_alive():
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from mmspec import regions
+    from mmspec.engine import regions
 
     cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=2, vocab_size=64)
@@ -1191,7 +1194,7 @@ def test_token_span_tables_live_with_the_static_cache():
     is the cache's buffer (one address for every call on that cache), not the session's."""
     import gc
 
-    from mmspec.session import TokenSpanSession
+    from mmspec.sessions import TokenSpanSession
 
     m = tiny_llama(vocab=32)
     ids = torch.tensor([[3, 4, 5]])
@@ -1215,7 +1218,7 @@ def test_which_prompt_passes_are_captured():
     prompt positions capturable, room for its shape among ``captured_prompts``."""
     from dataclasses import replace
 
-    from mmspec.session import CaptureTraits, CausalLMSession
+    from mmspec.sessions import CaptureTraits, CausalLMSession
 
     t = tiny_llama(vocab=32)
     s = CausalLMSession(t, mmspec.SamplingParams(temperature=0), static_len=64)

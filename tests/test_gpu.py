@@ -17,7 +17,7 @@ import torch
 import mmspec
 from conftest import tiny_llama
 from mmspec.engine import Engine, compile_mode
-from mmspec import grouping
+from mmspec.engine import grouping
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -84,7 +84,7 @@ def test_captured_plain_decoding_in_chains_equals_eager(fuse, monkeypatch):
     synchronised, with a budget that ends mid-chain and a row ending on a stop token inside a
     chain; every target step counted."""
     from mmspec.engine import PLAIN_STEPS
-    from mmspec.session import CausalLMSession
+    from mmspec.sessions import CausalLMSession
 
     chains = []
     capture = CausalLMSession._capture_chain
@@ -184,7 +184,7 @@ def test_fused_capture_equals_eager(fuse):
     assert [type(m) for m in t.modules()] == modules         # the user's modules are back
     plain = mmspec.generate(t, None, ids, **fast(fuse), **{**kw, "num_draft_tokens": 0})
     assert torch.equal(eager.sequences, plain.sequences)
-    # compile=True lays each layer's projections out back to back (mmspec.grouping)
+    # compile=True lays each layer's projections out back to back (mmspec.engine.grouping)
     assert grouping.back_to_back(t) == (fuse is True)
 
 
@@ -194,7 +194,7 @@ def test_row_product_kernel_matches_linear(dtype):
     with and without the RMSNorm before it; o and down with a residual, the output head; a
     bias; row and K tails) against ``F.linear`` in float64, within the dtype's rounding; the
     same bits on a second call (no atomics)."""
-    from mmspec import gemv
+    from mmspec.kernels import gemv
 
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
@@ -229,7 +229,7 @@ def test_qkv_rope_kernel_matches_the_unfused_layers(dtype):
     the RMSNorm) and a grouped-query one with a bias (28 heads on 4) against the unfused
     layers in float64, within the dtype's rounding: q rotated, k rotated and v in the cache
     at the slot, the other slots untouched; the same bits on a second call."""
-    from mmspec import qkv_rope
+    from mmspec.kernels import qkv_rope
 
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
@@ -269,7 +269,7 @@ def test_decode_attention_kernel_matches_sdpa(dtype):
     rounding; ``applies`` says yes to them; the same bits on a second call."""
     from conftest import attention_inputs as _inputs
 
-    from mmspec import decode_attention as da
+    from mmspec.kernels import decode_attention as da
 
     for b, h, hkv, n, d, w in [(1, 32, 32, 1, 128, 128), (1, 32, 32, 5, 128, 256),
                                (2, 32, 32, 1, 128, 700), (16, 28, 4, 5, 128, 300)]:
@@ -291,7 +291,7 @@ def test_one_row_steps_run_the_row_kernel_and_give_plain_greedy(k, monkeypatch):
     o and down (with their residual adds) and the output head through ``gemv``'s kernel, and
     attention through ``decode_attention``'s: the tokens are eager plain greedy's (float32),
     speculative or not."""
-    from mmspec import decode_attention, gemv, qkv_rope
+    from mmspec.kernels import decode_attention, gemv, qkv_rope
 
     calls, attention, rope = [], [], []
     launch, attend, rotary = gemv.launch, decode_attention.launch, qkv_rope.launch
@@ -319,7 +319,7 @@ def test_one_row_steps_run_the_row_kernel_and_give_plain_greedy(k, monkeypatch):
 def test_captured_steps_are_reused_by_the_next_call():
     import gc
 
-    from mmspec.session import _STATIC
+    from mmspec.engine.capture import KEPT
 
     dev = torch.device("cuda")
     t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
@@ -330,11 +330,11 @@ def test_captured_steps_are_reused_by_the_next_call():
     mmspec.release_graphs()
     first = mmspec.generate(t, d, a, **fast(), **kw)
     gc.collect()
-    (key, (entry,)), = _STATIC[t].items()
+    (key, (entry,)), = KEPT[t].items()
     graphs = dict(entry.graphs)
     second = mmspec.generate(t, d, b, **fast(), **kw)
     gc.collect()
-    assert _STATIC[t][key] == [entry]
+    assert KEPT[t][key] == [entry]
     # no step captured again; the prompt pass is, once the cache's slots are allocated
     assert {k for k in entry.graphs if k[0] != "prompt"} == graphs.keys()
     assert all(entry.graphs[k] is graphs[k] for k in graphs)
@@ -351,7 +351,7 @@ def test_captured_steps_compute_the_calls_own_distributions():
     own (the next step leaves it as it was)."""
     import gc
 
-    from mmspec.session import _STATIC
+    from mmspec.engine.capture import KEPT
 
     dev = torch.device("cuda")
     t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
@@ -366,7 +366,7 @@ def test_captured_steps_compute_the_calls_own_distributions():
             got.append(p)
             gc.collect()
         torch.testing.assert_close(got[1], got[0], atol=1e-5, rtol=1e-4)
-    (entry,), = (v for k, v in _STATIC[t].items() if k[2] != "static")      # **fast(True)'s
+    (entry,), = (v for k, v in KEPT[t].items() if k[2] != "static")      # **fast(True)'s
     assert len({k[3] for k in entry.graphs if k[0] == "step"}) == 2
     mmspec.release_graphs()
 
@@ -374,7 +374,7 @@ def test_captured_steps_compute_the_calls_own_distributions():
 def _two_steps(t, ids, temperature, compile):
     """A session's first step's distributions after a second step, and a copy taken
     before it."""
-    from mmspec.session import CausalLMSession
+    from mmspec.sessions import CausalLMSession
 
     s = CausalLMSession(t, mmspec.SamplingParams(temperature=temperature), static_len=64,
                         **(fast(compile) if compile else {}))
@@ -419,7 +419,7 @@ def test_prompt_passes_are_captured_on_a_reused_cache(fuse):
     plain greedy, padded rows included."""
     import gc
 
-    from mmspec.session import _STATIC
+    from mmspec.engine.capture import KEPT
 
     dev = torch.device("cuda")
     t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
@@ -430,7 +430,7 @@ def test_prompt_passes_are_captured_on_a_reused_cache(fuse):
 
     def prompt_graphs():
         gc.collect()
-        return {k: v[0] for entries in _STATIC[t].values() for e in entries
+        return {k: v[0] for entries in KEPT[t].values() for e in entries
                 for k, v in e.graphs.items() if k[0] == "prompt"}
 
     mmspec.release_graphs()
@@ -459,7 +459,7 @@ def test_captured_greedy_draft_chains_are_one_graph(fuse):
     sampled drafts are chains too, and step one graph at a time without ``sampled_chains``."""
     import gc
 
-    from mmspec.session import _STATIC
+    from mmspec.engine.capture import KEPT
 
     dev = torch.device("cuda")
     t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
@@ -471,7 +471,7 @@ def test_captured_greedy_draft_chains_are_one_graph(fuse):
 
     def chains():
         gc.collect()
-        return [k for entries in _STATIC.get(d, {}).values() for e in entries
+        return [k for entries in KEPT.get(d, {}).values() for e in entries
                 for k in e.graphs if k[0] == "chain"]
 
     for pipeline in (None, False):
@@ -494,7 +494,7 @@ def test_captured_sampled_draft_chains_draw_what_the_eager_steps_draw():
     (replays); the chain graphs exist."""
     import gc
 
-    from mmspec.session import _STATIC
+    from mmspec.engine.capture import KEPT
 
     dev = torch.device("cuda")
     t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
@@ -509,7 +509,7 @@ def test_captured_sampled_draft_chains_draw_what_the_eager_steps_draw():
         got = mmspec.generate(t, d, ids, seed=s, **fast(), **kw).sequences
         assert torch.equal(got, stepped[s]), s
     gc.collect()
-    assert any(k[0] == "chain" for entries in _STATIC.get(d, {}).values() for e in entries
+    assert any(k[0] == "chain" for entries in KEPT.get(d, {}).values() for e in entries
                for k in e.graphs)
     mmspec.release_graphs()
 
@@ -518,7 +518,7 @@ def test_captured_speculative_decoding_is_pipelined_by_default():
     """compile=True queues speculative steps ahead (caches sized for K + 1 slots per step);
     pipeline=False, profile=True and "inductor" keep them synchronised."""
     from mmspec.engine import static_length
-    from mmspec.session import _STATIC
+    from mmspec.engine.capture import KEPT
 
     dev = torch.device("cuda")
     t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
@@ -531,7 +531,7 @@ def test_captured_speculative_decoding_is_pipelined_by_default():
                         (dict(profile=True), tight)):
         mmspec.release_graphs()
         mmspec.generate(t, d, ids, **kw, **extra)
-        assert [key[1] for key in _STATIC[t]] == [want], extra
+        assert [key[1] for key in KEPT[t]] == [want], extra
     mmspec.release_graphs()
 
 
@@ -592,7 +592,7 @@ def test_captured_vlm_equals_eager(monkeypatch):
     and draft their K tokens as one captured chain (through the padded draft session)."""
     import gc
 
-    from mmspec.session import _STATIC
+    from mmspec.engine.capture import KEPT
     from modalities.vlm import VisionLanguageGenerator
     from tiny_vlm import images, tiny_llava, tiny_processor, tiny_text_lm
 
@@ -617,7 +617,7 @@ def test_captured_vlm_equals_eager(monkeypatch):
             assert cap.stats.steps == eager.stats.steps, (mode, k)
             assert host_free[-1] == (mode != "ensemble"), (mode, host_free)
         gc.collect()
-        chains = [key for entries in _STATIC.get(draft, {}).values() for e in entries
+        chains = [key for entries in KEPT.get(draft, {}).values() for e in entries
                   for key in e.graphs if key[0] == "chain"]
         assert bool(chains) == (mode != "ensemble"), mode
     mmspec.release_graphs()

@@ -1,10 +1,10 @@
-"""Grouped projections (mmspec.grouping): layout back to back, and the graph pass."""
+"""Grouped projections (mmspec.engine.grouping): layout back to back, and the graph pass."""
 
 import pytest
 import torch
 import transformers
 
-from mmspec import grouping, regions
+from mmspec.engine import grouping, regions
 
 
 def _model(kind="llama", layers=2):
@@ -88,17 +88,18 @@ def test_session_lays_out_the_decoder_layers_and_lets_kept_steps_go():
     a head drafter may share, stays) and drops every kept static cache: their steps were
     captured on the weights' former places."""
     import mmspec
-    from mmspec.session import _STATIC, CausalLMSession
+    from mmspec.engine.capture import KEPT
+    from mmspec.sessions import CausalLMSession
 
     m = _model()
     m.extra = torch.nn.Linear(32, 8, bias=False)      # a sibling of the output head
     ids = torch.tensor([[3, 4, 5]])
     mmspec.generate(m, None, ids, temperature=0, max_new_tokens=2, static_cache=True)
-    assert m in _STATIC                               # a static cache kept for the next call
+    assert m in KEPT                               # a static cache kept for the next call
     head = m.lm_head.weight.untyped_storage().data_ptr()
     s = CausalLMSession(m, mmspec.SamplingParams(temperature=0))
     s._lay_out()
-    assert grouping.back_to_back(m.model.layers) and m not in _STATIC
+    assert grouping.back_to_back(m.model.layers) and m not in KEPT
     assert m.lm_head.weight.untyped_storage().data_ptr() == head
     assert regions._LAID_OUT[m] and not regions.lay_out(m)        # once per model
     mmspec.release_graphs(m)              # after Parameters are replaced: laid out again
@@ -244,7 +245,7 @@ def test_row_product_kernel_matches_linear_under_the_triton_interpreter():
 
     code = (
         "import torch\n"
-        "from mmspec import gemv\n"
+        "from mmspec.kernels import gemv\n"
         "torch.manual_seed(0)\n"
         "for n, k, bias, res, gated, norm in [(40, 300, False, False, False, False),"
         " (40, 256, True, True, False, False), (7, 129, False, True, False, True),"

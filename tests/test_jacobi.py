@@ -115,7 +115,7 @@ def test_guided_jacobi_matches_guided_plain(jac_model):
 
 def test_guided_probabilities_equal_hand_computation(jac_model):
     """The session's guided p equals u + s (c - u) from separate passes, then softmax."""
-    from mmspec.session import CausalLMSession
+    from mmspec.sessions import CausalLMSession
 
     ids, un = torch.tensor([[1, 2, 3, 4]]), torch.tensor([[0, 0, 5, 1]])
     s = CausalLMSession(jac_model, mmspec.SamplingParams(temperature=0.7), guidance_scale=3.0)

@@ -1,5 +1,5 @@
 """The q/k/v product with the rotary embedding and the cache writes in one kernel
-(mmspec.qkv_rope): under Triton's interpreter against the unfused layers in float64, and
+(mmspec.kernels.qkv_rope): under Triton's interpreter against the unfused layers in float64, and
 compiled for Hopper without a GPU."""
 
 import os
@@ -9,11 +9,11 @@ import sys
 import pytest
 import torch
 
-from mmspec import qkv_rope
+from mmspec.kernels import qkv_rope
 
 CHILD = """
 import torch
-from mmspec import qkv_rope
+from mmspec.kernels import qkv_rope
 torch.manual_seed(0)
 for nq, nk, d, k, bias, norm, pos in [(32, 16, 8, 300, False, False, torch.tensor([3])),
                                       (16, 8, 8, 64, True, True, torch.tensor(3)),

@@ -16,7 +16,7 @@ import torch
 import mmspec
 from mmspec.cache import recurrent_layers
 from mmspec.sampling import SamplingParams
-from mmspec.session import CausalLMSession
+from mmspec.sessions import CausalLMSession
 from conftest import qwen35_prompt as _prompt, tiny_qwen35
 
 

@@ -58,6 +58,17 @@ def test_packages_import_one_way():
     assert not wrong, f"imports against mmspec_cli -> eval -> recipes -> modalities -> mmspec: {wrong}"
 
 
+def test_the_engine_and_the_kernels_are_a_wing_of_their_own():
+    """mmspec/kernels imports nothing else of the package; mmspec/engine only the kernels
+    (never a session, a drafter, the loop or a modality): sessions call the engine, not the
+    other way round."""
+    for m, ts in GRAPH.items():
+        if m.startswith("mmspec.kernels"):
+            assert all(t.startswith("mmspec.kernels") for t in ts), (m, ts)
+        if m.startswith("mmspec.engine"):
+            assert all(t.startswith(("mmspec.engine", "mmspec.kernels")) for t in ts), (m, ts)
+
+
 def test_no_import_circles():
     """No module reaches itself through imports (a package's __init__ re-exporting its own
     modules is not a circle: edges into a package from inside it are left out)."""
@@ -105,7 +116,7 @@ def test_loop_drivers_are_short():
     assert all(n < 40 for n in drivers.values()), drivers
 
 
-@pytest.mark.parametrize("module", ["loop", "runner", "engine"])
+@pytest.mark.parametrize("module", ["loop", "runner", "engine/plan"])
 def test_no_capability_probes_in_the_spine(module):
     """Capabilities are declared on Drafter and Session; the spine never asks getattr/hasattr."""
     tree = ast.parse((ROOT / "mmspec" / f"{module}.py").read_text())
@@ -217,7 +228,7 @@ def test_no_speed_switch_is_set_on_a_class_or_module():
 
     from mmspec.engine import Engine
     from mmspec.loop import Loop
-    from mmspec.session import CausalLMSession
+    from mmspec.sessions import CausalLMSession
 
     names = {f.name for f in fields(Engine)} | {"fuse", "PLAIN_STEPS"}
     assert not [n for n in names if hasattr(CausalLMSession, n) or hasattr(Loop, n)]

@@ -364,7 +364,7 @@ def test_a_chain_tree_verifies_as_the_chain_rule():
 
 def _session(model, static: bool, guided: bool = False):
     from mmspec.sampling import SamplingParams
-    from mmspec.session import CausalLMSession
+    from mmspec.sessions import CausalLMSession
 
     return CausalLMSession(model, SamplingParams(), guidance_scale=2.0 if guided else None,
                            static_len=32 if static else None)
@@ -431,7 +431,7 @@ def test_tree_steps_are_refused_where_they_cannot_run(ragged_prompts):
 def _tree_drafter(draft, temperature, static_len=None, **tree):
     from mmspec.drafters import TreeDrafter
     from mmspec.sampling import SamplingParams
-    from mmspec.session import CausalLMSession
+    from mmspec.sessions import CausalLMSession
 
     sess = CausalLMSession(draft, SamplingParams(temperature=temperature), static_len=static_len)
     return TreeDrafter(sess, **tree)
@@ -500,7 +500,7 @@ def test_tree_methods_by_name_and_bad_input(pair, ragged_prompts):
     from mmspec.acceptance import Grouped
     from mmspec.registry import MethodContext, build_method
     from mmspec.sampling import SamplingParams
-    from mmspec.session import CausalLMSession
+    from mmspec.sessions import CausalLMSession
 
     _, draft = pair
     ctx = MethodContext(draft_session=lambda: CausalLMSession(draft, SamplingParams()))
@@ -553,7 +553,7 @@ def test_more_children_than_the_draft_has_ids_are_refused_before_any_work(pair):
     from mmspec.drafters import FeatureDrafter, TreeDrafter
     from mmspec.drafters.eagle3 import Eagle3Head
     from mmspec.sampling import SamplingParams
-    from mmspec.session import CausalLMSession
+    from mmspec.sessions import CausalLMSession
 
     target, draft = pair
     v = target.config.vocab_size

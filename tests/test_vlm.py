@@ -85,7 +85,7 @@ def test_a_padded_draft_chains_through_its_own_session(monkeypatch):
     """A padded draft's K steps are its own session's ``chain`` (one captured graph on the
     GPU), with the draws and the zero-padded distributions of K single steps; ids past the
     draft's vocabulary reach it as the fallback id."""
-    from mmspec.session import CausalLMSession, PaddedSession, Session
+    from mmspec.sessions import CausalLMSession, PaddedSession, Session
     from mmspec.sampling import SamplingParams
 
     draft = tiny_text_lm(vocab=40)

@@ -379,7 +379,8 @@ class Eagle3Head(DraftHead):
         as wide as the target's, or 3H where its config names none, as ``speculators``), the
         field's default layers (``layouts.default_feature_layers``) unless given, and the
         target's M-RoPE sections where its rotary embedding is M-RoPE over whole heads."""
-        from ..session import _decoder_config, output_vocab_size
+        from ..sessions.causal_lm import _decoder_config
+        from ..sessions import output_vocab_size
 
         cfg = _decoder_config(target)
         v = output_vocab_size(target)
@@ -412,7 +413,8 @@ class Eagle3Head(DraftHead):
     def attach(self, target) -> "Eagle3Head":
         """Share ``target``'s input embeddings (checked against the config: its hidden size
         and vocabulary named when they differ, the feature layers against its layer count)."""
-        from ..session import _decoder_config, output_vocab_size
+        from ..sessions.causal_lm import _decoder_config
+        from ..sessions import output_vocab_size
 
         c, cfg = self.config, _decoder_config(target)
         emb = target.get_input_embeddings()
@@ -609,7 +611,7 @@ class Eagle3Head(DraftHead):
 
 
 def _target_layers(target) -> int:
-    from ..session import _decoder_config
+    from ..sessions.causal_lm import _decoder_config
 
     return _decoder_config(target).num_hidden_layers
 

@@ -148,7 +148,8 @@ class DraftHead(nn.Module):
     @classmethod
     def for_target(cls, target, feature_layers=None, **kw) -> "DraftHead":
         """A fresh head for a transformers causal LM or VLM (its text decoder's sizes)."""
-        from ..session import _decoder_config, output_vocab_size
+        from ..sessions.causal_lm import _decoder_config
+        from ..sessions import output_vocab_size
 
         cfg = _decoder_config(target)
         layers = feature_layers_of(cfg.num_hidden_layers, feature_layers)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..session import CausalLMSession
+from ..sessions import CausalLMSession
 from .head import DraftHead
 
 

@@ -305,7 +305,7 @@ class FlatLayout(Layout):
         return head.attach(target).load_checked(tensors, str(folder / WEIGHTS))
 
     def head_config(self, config, target):
-        from ..session import _decoder_config
+        from ..sessions.causal_lm import _decoder_config
 
         if config.get("target_hidden_size") not in (None, config["hidden_size"]):
             raise ValueError(f"target_hidden_size {config['target_hidden_size']} != hidden_size "

@@ -84,7 +84,9 @@ class MtpHead(DraftHead):
         nn.Module.__init__(self)
         from transformers import AutoModelForCausalLM
 
-        from ..session import _decoder_config, output_vocab_size
+        from ..sessions.causal_lm import _decoder_config
+
+        from ..sessions import output_vocab_size
 
         text = _decoder_config(target)
         one = copy.deepcopy(text)
@@ -155,7 +157,9 @@ class DeepSeekMtpHead(DraftHead):
         nn.Module.__init__(self)
         from transformers import AutoModelForCausalLM
 
-        from ..session import _decoder_config, output_vocab_size
+        from ..sessions.causal_lm import _decoder_config
+
+        from ..sessions import output_vocab_size
 
         text = _decoder_config(target)
         one = target.config.get_mtp_config()       # transformers': one block of the MTP kind

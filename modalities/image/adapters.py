@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from mmspec.sampling import SamplingParams
-from mmspec.session import CausalLMSession, TokenSpanSession
+from mmspec.sessions import CausalLMSession, TokenSpanSession
 from modalities.padding import left_pad  # noqa: F401  (re-exported)
 from modalities.registry import register_adapter
 

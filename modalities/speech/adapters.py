@@ -28,7 +28,7 @@ import torch
 from mmspec.acceptance import Frame
 from mmspec.distributed import whole
 from mmspec.loop import Stops
-from mmspec.session import TokenSpanSession, max_positions
+from mmspec.sessions import TokenSpanSession, max_positions
 from modalities.registry import register_adapter
 
 from .delay import (DecoderWithTextEncoder, DelayPatternSession, apply_delay, event_width,

@@ -21,7 +21,7 @@ from mmspec.distributed import whole
 from mmspec.distributions import Distribution
 from mmspec.loop import Stops
 from mmspec.sampling import SamplingParams, sample
-from mmspec.session import CaptureTraits, CausalLMSession
+from mmspec.sessions import CaptureTraits, CausalLMSession
 from modalities.registry import register_adapter
 
 from .adapters import CodecAdapter

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from mmspec.cache import cache_argument, crop
 from mmspec.sampling import SamplingParams, guide
-from mmspec.session import Session
+from mmspec.sessions import Session
 
 
 def apply_delay(frames: torch.Tensor, pad: int) -> torch.Tensor:

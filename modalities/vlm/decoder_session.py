@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from mmspec.session import CausalLMSession
+from mmspec.sessions import CausalLMSession
 
 
 def decodes_alone(model) -> bool:

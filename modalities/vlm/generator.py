@@ -51,12 +51,7 @@ from mmspec.loop import Stops
 from mmspec.registry import MethodContext, parse_method
 from mmspec.runner import prepare
 from mmspec.sampling import sampling_params
-from mmspec.session import (
-    CausalLMSession,
-    PaddedSession,
-    max_positions,
-    output_vocab_size,
-)
+from mmspec.sessions import CausalLMSession, PaddedSession, max_positions, output_vocab_size
 from mmspec.types import StepStats
 from modalities.registry import adapters, load_pretrained, register_adapter, serialized
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from mmspec.session import CaptureTraits, CausalLMSession
+from mmspec.sessions import CaptureTraits, CausalLMSession
 
 # Model types whose decoder takes M-RoPE positions, and their position function's extra inputs.
 MROPE_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from mmspec.sampling import SamplingParams
-from mmspec.session import CaptureTraits, CausalLMSession
+from mmspec.sessions import CaptureTraits, CausalLMSession
 
 from .model import MixtureHead
 

@@ -12,7 +12,7 @@ additive mask, built once per step (SDPA turns a bool mask into one in every lay
 another dtype than the queries is cast.
 
 Captured steps on CUDA run ``"mmspec_decode"`` instead (``prefix(..., kernel=True)``): steps
-of a few queries go to ``mmspec.decode_attention``'s kernel, which reads the W slots once
+of a few queries go to ``mmspec.kernels.decode_attention``'s kernel, which reads the W slots once
 for every query of a kv head; the others (prompt passes, wide trees, options the kernel does
 not implement) to the prefix SDPA above.
 """
@@ -23,7 +23,7 @@ import contextlib
 
 import torch
 
-from . import decode_attention
+from ..kernels import decode_attention
 
 NAME = "mmspec_sdpa"
 DECODE = "mmspec_decode"
@@ -83,7 +83,7 @@ def sdpa_configs(configs) -> list:
 @contextlib.contextmanager
 def prefix(configs: list, kernel: bool = False):
     """Run the modules of ``configs`` with prefix attention, restoring SDPA after;
-    ``kernel``: steps of a few queries through ``mmspec.decode_attention``.
+    ``kernel``: steps of a few queries through ``mmspec.kernels.decode_attention``.
 
     The configs' private ``_attn_implementation_internal`` is written directly: the public
     ``set_attn_implementation`` is model-wide, validates on every call and would leave the

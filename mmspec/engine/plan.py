@@ -10,7 +10,7 @@ Modes:
               (``compile="graphs"``; CUDA only).
     regional  as graphs, each decoder layer fused by torch.compile (traced once per width for
               all layers and every cache length) before the step is captured
-              (``compile=True``, or ``"regional"``; mmspec.regions).
+              (``compile=True``, or ``"regional"``; mmspec.engine.regions).
     inductor  as graphs, each step fused whole by torch.compile before it is captured
               (``compile="inductor"``; about a minute of compilation per width for a 7B model).
 
@@ -91,16 +91,16 @@ class Engine:
     Speed switches of the captured modes (each on by default; docs/engine.md):
     group_projections: under "regional", each layer's sibling projections laid out back to
               back (same Parameters and values) and those reading one input (q/k/v, gate/up)
-              run as one product at more than one row (``mmspec.grouping``).
+              run as one product at more than one row (``mmspec.engine.grouping``).
     row_kernels: under "regional" with grouped projections, one-row products (q/k/v, gate/up
               with silu(gate) * up, o and down with their residual adds, output heads) in
-              ``mmspec.gemv``'s kernel instead of inductor's reductions; ``row_norms``: the
+              ``mmspec.kernels.gemv``'s kernel instead of inductor's reductions; ``row_norms``: the
               RMSNorm before q/k/v and gate/up inside it; ``row_rope``: q/k/v with its rotary
-              embedding and cache writes as one kernel (``mmspec.qkv_rope``).
+              embedding and cache writes as one kernel (``mmspec.kernels.qkv_rope``).
     shared_pointer: static caches' full-attention layers share one write pointer, moved once
               per step (``mmspec.cache.SharedPointerLayer``).
     decode_kernel: attention of a few queries over the slots in use through
-              ``mmspec.decode_attention``'s kernel (models whose attention is SDPA).
+              ``mmspec.kernels.decode_attention``'s kernel (models whose attention is SDPA).
     compiled_tail: under "regional", a step's work outside the layers (the sequence mask's
               update, the distributions) compiled rather than captured op by op.
     sampled_chains: sampled chains (temperature > 0) captured as one graph too, the call's
@@ -272,9 +272,7 @@ class Plan:
         ``Engine.plain_steps`` under captured engines where the drafter drafts nothing (``NoDraft``)
         and the target draws greedily in one captured chain (``Session.chains``), as vLLM's
         multi-step decoding; else 1."""
-        from .drafters.base import NoDraft
-
-        chained = (self.engine.captures and isinstance(drafter, NoDraft) and target.greedy
+        chained = (self.engine.captures and drafter.num_tokens == 0 and target.greedy
                    and target.chains)
         return self.engine.plain_steps if chained else 1
 

@@ -24,12 +24,12 @@ writes its output; when W needs more than one split (``SPLIT`` slots each), each
 l and acc, and a second kernel combines them (flash-decoding). No atomics: the same bits on
 every call. On GPUs with programmatic dependent launch (Hopper and later) both kernels are
 launched with it and let the next kernel launch as soon as they start (the decode step's
-next kernel, the output projection in ``mmspec.gemv``, then loads its first weight tiles
+next kernel, the output projection in ``mmspec.kernels.gemv``, then loads its first weight tiles
 while the attention runs on a few of the GPU's multiprocessors).
 
 ``attend(q, k, v, mask, scale)`` is the custom op ``torch.ops.mmspec.decode_attention`` (a
 fake implementation for tracing, the kernels on CUDA, the reference elsewhere);
-``mmspec.attention`` calls it for the steps it ``applies`` to.
+``mmspec.engine.attention`` calls it for the steps it ``applies`` to.
 """
 
 from __future__ import annotations

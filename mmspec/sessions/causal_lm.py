@@ -1,16 +1,4 @@
-"""A model with its cache: what the loop verifies on and what a model drafter drafts with.
-
-``Session`` is the small protocol the loop and the drafters use:
-
-    step(tokens [B, n], valid [B, n] | None) -> probs [B, n, V]   processed distributions
-    commit(keep: int, valid [B, keep])                             roll back since last commit
-
-``step`` appends n slots per row (``valid`` marks padding among them); ``commit`` keeps the
-first ``keep`` slots appended since the previous commit, marks which of them hold real tokens
-(holes for rows that accepted less), and crops the rest. A tree step (``step(..., tree=)``,
-sessions that declare ``trees``) feeds a draft tree's nodes, each seeing its ancestors only;
-its commit names the slots kept per row (``path``: the accepted path, moved to the front).
-``CausalLMSession`` implements it for any transformers causal LM (``model(input_ids |
+"""``CausalLMSession`` implements it for any transformers causal LM (``model(input_ids |
 inputs_embeds, attention_mask, position_ids, cache)``), with optional classifier-free guidance as a doubled batch: rows [0, B) are
 conditional, rows [B, 2B) unconditional, both fed the same tokens and rolled back together;
 the returned distributions are of the guided logits u + s (c - u).
@@ -25,100 +13,23 @@ probabilities by default, densities for continuous tokens, frame distributions f
 from __future__ import annotations
 
 import contextlib
-import functools
 import weakref
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
-from . import distributions, grouping, regions
-from .attention import bucket, module_configs, prefix, sdpa_configs
-from .cache import (Blocks, DynamicCache, SequenceMask, StateSnapshot, StaticSequenceMask,
+from .. import distributions
+from ..cache import (Blocks, DynamicCache, SequenceMask, StateSnapshot, StaticSequenceMask,
                     TreeMask, Window, additive_masks, advance, cache_argument, crop, dynamic_cache,
                     gather_tail, recurrent_layers, repeated_rows, reset, static_cache)
-from .distributed import split_group
-from .engine import Engine, compile_mode
-from .sampling import SamplingParams, guide
-
-
-class Session:
-    """Base class of sessions: the protocol and the capabilities' defaults.
-
-    vocab_size: the width V of the distributions a step returns.
-    batch_size: B, rows of the prompt (set by ``prefill``).
-    params:     the SamplingParams its distributions are processed with.
-    ragged:     rows may keep holes after a commit (positions come from the sequence mask).
-                False where positions follow the cache length (the loop then commits every
-                row to the shortest accepted length, which is still exact).
-    greedy:     its distributions are one-hot (temperature 0).
-    recurrent:  its cache holds recurrent states (linear attention): a slot fed is consumed
-                for good, so rollback replays (``commit``) and no step may feed a hole before
-                a real token (drafts are not queued ahead with holes).
-    trees:      ``step`` takes a draft tree (``tree=``) and ``commit`` a path (not with
-                recurrent or sliding-window layers).
-    tree_verify: ``step`` takes a draft tree as a target's verification: one tree step after
-                a commit, then ``commit`` a path. Every session with ``trees``; recurrent
-                ones on dynamic caches too (the tree fed as its root-to-leaf paths).
-    chains:     ``chain`` may run its steps as one captured graph (see CausalLMSession).
-    split_group: the processes a tensor-parallel plan split its model over, whose random
-                draws must agree (``mmspec.distributed``); None for a model held whole.
-    """
-
-    vocab_size: int = 0
-    batch_size: int = 0
-    params: SamplingParams = SamplingParams()
-    ragged: bool = True
-    recurrent: bool = False
-    trees: bool = False
-    chains: bool = False
-
-    @property
-    def tree_verify(self) -> bool:
-        """``step`` takes one tree after a commit, as a target's verification (class
-        docstring); here: when it takes trees at all."""
-        return self.trees
-
-    @property
-    def greedy(self) -> bool:
-        """Its distributions are one-hot (its params are greedy)."""
-        return self.params.greedy
-
-    @property
-    def split_group(self):
-        """The process group its model is split over (class docstring); here: None."""
-        return None
-
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **prompt) -> None:
-        """Run the prompt ([B, P] ids, left-padded with its mask) and keep the cache; sets
-        ``batch_size``."""
-        raise NotImplementedError
-
-    def step(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, tree=None):
-        """Append ``tokens`` [B, n] (``valid`` [B, n] marks padding) and return the processed
-        distributions [B, n, V] at those n positions. ``tree``: a ``mmspec.tree.Tree`` over
-        the n slots (sessions with ``trees``)."""
-        raise NotImplementedError
-
-    def commit(self, keep: int, valid: torch.Tensor | None,
-               path: torch.Tensor | None = None) -> None:
-        """Keep the first ``keep`` slots appended since the last commit (``valid`` [B, keep] marks
-        the real tokens; holes for rows that accepted less; None: the kept slots are real where
-        they were fed as real) and roll back the rest. ``path`` [B, keep]: after a tree step,
-        the slots kept per row (indices among those appended)."""
-        raise NotImplementedError
-
-    def chain(self, tokens: torch.Tensor, valid: torch.Tensor, k: int, follow: torch.Tensor,
-              generator: torch.Generator | None = None):
-        """``k`` steps drawing one event each: ``tokens`` [B, n] (``valid`` [B, n]) first, then
-        each step's draw fed back with validity ``follow`` [B]. Returns the draws [B, k, ...]
-        and the distributions the rule reads for them (``distributions.draw``)."""
-        draws, dists = [], []
-        for _ in range(k):
-            x, q = distributions.draw(self.step(tokens, valid)[:, -1], generator, self.greedy)
-            draws.append(x)
-            dists.append(q)
-            tokens, valid = x[:, None], follow[:, None]
-        return torch.stack(draws, 1), distributions.stack(dists)
+from ..distributed import split_group
+from ..engine import grouping, regions
+from ..engine.attention import bucket, module_configs, prefix, sdpa_configs
+from ..engine.capture import (Captured, capture_graph, compile_fixed, compiled, give_back, release,
+                              take)
+from ..engine.plan import Engine, compile_mode
+from ..sampling import SamplingParams, guide
+from .base import Session, _take
 
 
 def output_vocab_size(model) -> int:
@@ -138,23 +49,6 @@ def _decoder_config(model):
 def max_positions(model) -> int | None:
     return getattr(_decoder_config(model), "max_position_embeddings", None)
 
-
-@dataclass
-class _Static:
-    """A static cache with the steps captured on it (graphs keyed by input shapes)."""
-
-    cache: object
-    graphs: dict = field(default_factory=dict)
-    pool: object = None
-    fused: object = None
-    seq: object = None       # its StaticSequenceMask (buffers the captured steps read)
-    buffers: dict = field(default_factory=dict)   # a session's per-call constants steps read
-    generator: object = None  # the generator sampled chains are captured with (``chain``)
-
-
-# Static caches (and their captured steps) outlive one generate call: kept per module (weakly)
-# and per shape, handed to one session at a time, given back when that session is collected.
-_STATIC: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -190,33 +84,6 @@ def _window(cfg) -> Window:
     return Window(cfg.sliding_window, alone=kinds <= {"sliding_attention"})
 
 
-def compile_fixed(fn, **options):
-    """``torch.compile(fn)`` for fixed shapes, traced once per shape and guard, with room for
-    the entries captured steps make (past dynamo's default limit calls would run op by op)."""
-    from torch import _dynamo
-
-    _dynamo.config.cache_size_limit = max(_dynamo.config.cache_size_limit, 64)
-    return torch.compile(fn, dynamic=False, **options)
-
-
-@functools.cache
-def compiled(fn):
-    """``fn`` compiled once per process (``compile_fixed``) for captured regional steps."""
-    return compile_fixed(fn)
-
-
-def _take_static(net, key, make) -> _Static:
-    free = _STATIC.setdefault(net, {}).setdefault(key, [])
-    entry = free.pop() if free else make()
-    reset(entry.cache)           # zero in place: captured graphs keep their addresses
-    return entry
-
-
-def _give_back(net_ref, key, entry) -> None:
-    net = net_ref()
-    if net is not None:
-        _STATIC.setdefault(net, {}).setdefault(key, []).append(entry)
-
 
 def release_graphs(model=None) -> None:
     """Free the static caches and captured steps kept for ``model`` (all models if None).
@@ -227,13 +94,15 @@ def release_graphs(model=None) -> None:
     Parameters (``param.data = ...``): captured steps read the weights where they were, and
     ``compile=True`` lays the model's projections out again at its next call."""
     if model is None:
-        _STATIC.clear()
+        release()
         _FACTS.clear()
     else:
-        for module in model.modules():     # the network a session runs may be a part of it
-            _STATIC.pop(module, None)
+        modules = list(model.modules())    # the network a session runs may be a part of it
+        release(modules)
+        for module in modules:
             _FACTS.pop(module, None)
     regions.forget_layout(model)
+
 
 
 @dataclass(frozen=True)
@@ -273,7 +142,7 @@ class CausalLMSession(Session):
                     step is one copy of its inputs and one replay.
     compile:        capture each step width once as a CUDA graph and replay it (needs a
                     static cache and a CUDA device): ``"regional"`` (or True) with each
-                    decoder layer fused by torch.compile first (``mmspec.regions``),
+                    decoder layer fused by torch.compile first (``mmspec.engine.regions``),
                     ``"graphs"`` without compiling, ``"inductor"`` with the step fused whole
                     by torch.compile. The prompt pass: eager, or under ``"regional"`` on a
                     reused cache through the compiled layers; a short one on a reused cache
@@ -304,7 +173,7 @@ class CausalLMSession(Session):
         self.static_len = static_len
         self.engine = engine            # its speed switches (``Engine``), read by captured steps
         self.compile = compile
-        self._static: _Static | None = None   # the static cache and the steps captured on it
+        self._static: Captured | None = None   # the static cache and the steps captured on it
         self.model = model
         # The module that is called: the model, or a part of it an adapter names (Janus's
         # language model, CSM's backbone); its cache, attention and positions are the ones used.
@@ -324,7 +193,7 @@ class CausalLMSession(Session):
         self._paths = self.recurrent and not sliding and guidance_scale is None
         self._uncaptured = False        # a step fed eagerly on a static cache (its paths)
         self._cache_arg = facts.cache_arg
-        # Prefix attention (mmspec.attention) for SDPA models on a static cache; not under
+        # Prefix attention (mmspec.engine.attention) for SDPA models on a static cache; not under
         # "inductor" (its fused steps would be compiled again for every width). Under
         # "regional" every pass runs the prefix function (full width included), so the
         # layers' one trace serves every width (the mask's width is a dynamic size).
@@ -472,14 +341,15 @@ class CausalLMSession(Session):
                                  f"({need} tokens)")
 
             def make():
-                return _Static(static_cache(self.net.config, self.static_len,
+                return Captured(static_cache(self.net.config, self.static_len,
                                             self.engine.shared_pointer))
             # Reuse a cache of this shape (and the steps captured on it) from an earlier call.
             w = next(self.net.parameters())
             key = (input_ids.shape[0], self.static_len, self.engine.mode, self.engine.speed,
                    str(w.device), w.dtype)
-            self._static = _take_static(self.net, key, make)
-            weakref.finalize(self, _give_back, weakref.ref(self.net), key, self._static)
+            self._static = take(self.net, key, make)
+            reset(self._static.cache)     # zero in place: captured graphs keep their addresses
+            weakref.finalize(self, give_back, weakref.ref(self.net), key, self._static)
             self.cache = self._static.cache
             if self._static.seq is None:
                 self._static.seq = StaticSequenceMask.allocate(input_ids.shape[0], self.static_len,
@@ -711,7 +581,7 @@ class CausalLMSession(Session):
         model. Steps kept captured on the weights' former places are let go, every model's
         (a draft may share the target's layers)."""
         if self.engine.group_projections and regions.lay_out(self.net):
-            _STATIC.clear()
+            release()
 
     def _row_kernels(self) -> grouping.RowKernels | None:
         return (grouping.RowKernels(norms=self.engine.row_norms, rope=self.engine.row_rope)
@@ -753,30 +623,8 @@ class CausalLMSession(Session):
                 return out, pos
             return self._tail(CausalLMSession._distributions)(self, self.logits(out), pos), pos
 
-        graph, out = self._graph(run, undo)
+        graph, out = capture_graph(run, undo, self._static)
         return graph, static, out
-
-    def _graph(self, run, undo, generator: torch.Generator | None = None):
-        """Warm ``run`` up twice on a side stream, ``undo`` its writes after each, then
-        capture it in the static cache's memory pool: (graph, its outputs). ``generator``:
-        one that ``run`` draws from, registered with the graph (its seed and offset are read
-        at each replay, and the offset advanced by what the graph consumed)."""
-        st = self._static
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                run()
-                undo()
-        torch.cuda.current_stream().wait_stream(side)
-        if st.pool is None:
-            st.pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        if generator is not None:
-            graph.register_generator_state(generator)
-        with torch.cuda.graph(graph, pool=st.pool):
-            out = run()
-        return graph, out
 
     def step(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, tree=None):
         """tokens [B, n, *event] -> ``distributions`` of the outputs (default: processed,
@@ -931,8 +779,8 @@ class CausalLMSession(Session):
                 self.seq.undo(self._rows(static["follow"][:, None]))
             self.seq.undo(self._rows(static["valid"]))
 
-        graph, out = self._graph(lambda: self._chain_steps(fn, static, widths, generator), undo,
-                                 generator)
+        graph, out = capture_graph(lambda: self._chain_steps(fn, static, widths, generator),
+                                   undo, self._static, generator)
         return graph, static, out
 
     def _tree_mask(self, tree, n: int) -> TreeMask:
@@ -1038,112 +886,3 @@ class CausalLMSession(Session):
         self._first = first
 
 
-def _take(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """t [R, n, *event] at ``index`` [R, m] along the slots -> [R, m, *event]."""
-    index = index.view(*index.shape, *[1] * (t.dim() - 2))
-    return t.gather(1, index.expand(*index.shape[:2], *t.shape[2:]))
-
-
-class PaddedSession(Session):
-    """A draft session whose vocabulary is a prefix of the target's (padded target
-    vocabularies, e.g. llava-1.5-hf's 32064 over a 32000-id draft): probabilities are padded
-    with zeros up to the target's size, so the draft never proposes the extra ids; if the
-    target emits one, the draft reads ``fallback_id`` in its place (drafts are proposals, so
-    this costs acceptance, never correctness)."""
-
-    @classmethod
-    def around(cls, session: Session, vocab_size: int) -> Session:
-        """``session`` itself when its vocabulary is the target's (nothing to pad: no copy of
-        each step's distributions), else wrapped."""
-        return session if session.vocab_size == vocab_size else cls(session, vocab_size)
-
-    def __init__(self, session: Session, vocab_size: int, fallback_id: int = 0):
-        if session.vocab_size > vocab_size:
-            raise ValueError(f"draft vocabulary ({session.vocab_size}) is larger than the "
-                             f"target's ({vocab_size}): accepted a prefix of the target's")
-        self.inner = session
-        self.vocab_size = vocab_size
-        self.fallback_id = fallback_id
-        self.params = session.params
-
-    @property
-    def batch_size(self) -> int:
-        return self.inner.batch_size
-
-    @property
-    def recurrent(self) -> bool:
-        return self.inner.recurrent
-
-    @property
-    def trees(self) -> bool:
-        return self.inner.trees
-
-    @property
-    def tree_verify(self) -> bool:
-        """The wrapped session's."""
-        return self.inner.tree_verify
-
-    @property
-    def chains(self) -> bool:
-        """The wrapped session's: its ``chain`` runs as one captured graph."""
-        return self.inner.chains
-
-    def prefill(self, *args, **kwargs):
-        return self.inner.prefill(*args, **kwargs)
-
-    def step(self, tokens, valid=None, tree=None):
-        return self._pad(self.inner.step(self._known(tokens), valid, tree))
-
-    def chain(self, tokens, valid, k, follow, generator=None):
-        """The wrapped session's chain (one captured graph where it has ``chains``): its draws
-        are ids of its own vocabulary, their distributions padded."""
-        draws, dists = self.inner.chain(self._known(tokens), valid, k, follow, generator)
-        return draws, self._pad(dists)
-
-    def commit(self, keep, valid, path=None):
-        return self.inner.commit(keep, valid, path)
-
-    def _known(self, tokens: torch.Tensor) -> torch.Tensor:
-        return torch.where(tokens < self.inner.vocab_size, tokens, self.fallback_id)
-
-    def _pad(self, p: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.pad(p, (0, self.vocab_size - p.shape[-1]))
-
-
-class TokenSpanSession(CausalLMSession):
-    """A causal LM whose generated ids are a subset of its vocabulary (image or codec tokens):
-    the rules see compact ids 0..n-1 (``to_vocab[i]`` is the vocabulary id of compact id i);
-    with ``eol_every`` the last compact id is an end-of-row token forced at every row end
-    (Emu3) and banned elsewhere."""
-
-    def __init__(self, model, params, guidance_scale, to_vocab: torch.Tensor,
-                 eol_every: int | None = None, **engine):
-        super().__init__(model, params, guidance_scale, **engine)
-        self.to_vocab = to_vocab.to(next(model.parameters()).device)
-        self.vocab_size = int(to_vocab.numel())
-        self.eol_every = eol_every       # row width including the EOL column
-
-    def processing_key(self) -> tuple:
-        return super().processing_key() + (self.eol_every,)
-
-    def prefill(self, *args, **kwargs):
-        super().prefill(*args, **kwargs)
-        # Read inside captured chains: kept with the static cache, not with the session object.
-        self.to_vocab = self.persistent("to_vocab", self.to_vocab)
-
-    def embed(self, tokens, first_step=False):
-        f = int(first_step)              # the prompt's last token is already a vocabulary id
-        ids = self.to_vocab[tokens[:, f:].clamp(min=0)]
-        return {"input_ids": torch.cat([tokens[:, :f], ids], 1)}
-
-    def logits(self, out):
-        return out.logits.index_select(-1, self.to_vocab)
-
-    def mask_logits(self, logits, gen_index):
-        if self.eol_every is None:
-            return logits
-        eol_pos = (gen_index % self.eol_every) == self.eol_every - 1            # [B, n]
-        is_eol = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
-        is_eol[-1] = True
-        allowed = torch.where(eol_pos[..., None], is_eol, ~is_eol)
-        return logits.masked_fill(~allowed, float("-inf"))

@@ -25,7 +25,7 @@ are left to inductor's reductions, or with ``rows`` (``RowKernels``; CUDA) go to
 ``silu(gate) * up``), any other call alone with the residual add after it; an RMSNorm whose
 output only such a call reads goes into the call (``RowKernels.norms``). A trace is shared
 by every layer that runs the same code, so the pass is only for models whose groups are all
-back to back (``back_to_back``; ``mmspec.regions`` checks it).
+back to back (``back_to_back``; ``mmspec.engine.regions`` checks it).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import torch
 from torch import fx, nn
 
-from . import gemv  # noqa: F401  (registers torch.ops.mmspec.row_product)
-from . import qkv_rope  # noqa: F401  (registers torch.ops.mmspec.qkv_rope)
+from ..kernels import gemv  # noqa: F401  (registers torch.ops.mmspec.row_product)
+from ..kernels import qkv_rope  # noqa: F401  (registers torch.ops.mmspec.qkv_rope)
 
 LINEAR = (torch._C._nn.linear, nn.functional.linear)
 

@@ -25,7 +25,7 @@ Terms:
               end. The normed x is not rounded to its dtype before the product, as the
               unfused RMSNorm rounds it: in bf16 the last bits differ from the unfused
               layers' (as inductor's fusions make them differ). The step has no norm kernel.
-    ROPE      (``mmspec.qkv_rope``) w a q/k/v span; N pairs of rows (j, j + D/2) of each
+    ROPE      (``mmspec.kernels.qkv_rope``) w a q/k/v span; N pairs of rows (j, j + D/2) of each
               head, reduced together as gate and up are; the epilogue rotates the q and k
               pairs by cos/sin and stores q to y, k and v into the cache's slot ``pos``.
 
@@ -109,7 +109,7 @@ def launch(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
 
 
 def _kernel():
-    """The autotuned kernel (``mmspec.row_kernel``: importing it imports Triton)."""
+    """The autotuned kernel (``mmspec.kernels.row_kernel``: importing it imports Triton)."""
     from .row_kernel import row_product_kernel
 
     return row_product_kernel

@@ -1,5 +1,5 @@
-"""``mmspec.gemv``'s Triton kernel (imported on its first launch: importing this imports
-Triton). Terms as in ``mmspec.gemv``."""
+"""``mmspec.kernels.gemv``'s Triton kernel (imported on its first launch: importing this imports
+Triton). Terms as in ``mmspec.kernels.gemv``."""
 
 from __future__ import annotations
 
