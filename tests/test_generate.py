@@ -818,7 +818,7 @@ def test_compile_true_is_the_regional_mode():
 
 
 def test_plain_decoding_chains_its_steps_where_a_captured_target_draws_greedily():
-    """``Plan.steps_per_launch``: ``PLAIN_STEPS`` target steps per launch for plain decoding under
+    """``Plan.steps_per_launch``: ``Engine.plain_steps`` target steps a launch for plain decoding under
     captured engines of a target that chains its greedy steps in one graph; one otherwise
     (eager engines, drafts, sampling, targets that do not chain); other counts refused by
     the loop before any work."""
@@ -829,7 +829,7 @@ def test_plain_decoding_chains_its_steps_where_a_captured_target_draws_greedily(
     from mmspec.engine import PLAIN_STEPS
     from mmspec.loop import check_plain_steps
 
-    chains, plain, drafts = SimpleNamespace(greedy=True, chains=True), NoDraft(), object()
+    chains, plain, drafts = SimpleNamespace(greedy=True, chains=True), NoDraft(), SimpleNamespace(num_tokens=3)
     cases = [("regional", plain, chains, PLAIN_STEPS), ("graphs", plain, chains, PLAIN_STEPS),
              ("static", plain, chains, 1), ("regional", drafts, chains, 1),
              ("regional", plain, SimpleNamespace(greedy=False, chains=True), 1),
@@ -1213,34 +1213,36 @@ def test_token_span_tables_live_with_the_static_cache():
 
 
 def test_which_prompt_passes_are_captured():
-    """``_captures_prompt``: a pass of 2 to ``capture_prompts_up_to`` tokens in all (rows x
+    """``CapturedSteps.captures_prompt``: a pass of 2 to ``capture_prompts_up_to`` tokens in all (rows x
     length) on a cache whose slots a first pass allocated, its ids alone, the session's
     prompt positions capturable, room for its shape among ``captured_prompts``."""
     from dataclasses import replace
 
     from mmspec.sessions import CaptureTraits, CausalLMSession
+    from mmspec.sessions.captured import CapturedSteps
 
     t = tiny_llama(vocab=32)
     s = CausalLMSession(t, mmspec.SamplingParams(temperature=0), static_len=64)
+    steps = CapturedSteps(s)                  # what a captured session asks
     ids = torch.randint(1, 32, (2, 5))
     ones = torch.ones_like(ids)
     inputs, valid = {"input_ids": ids[:, :4]}, ones[:, :4]
     s.prefill(ids[:, :1], ones[:, :1])        # a one-token prompt: the slots stay unallocated
-    assert not s._captures_prompt(inputs, valid, 64, {})
+    assert not steps.captures_prompt(inputs, valid, 64, {})
     s.prefill(ids, ones)                      # allocates them
-    assert s._captures_prompt(inputs, valid, 64, {})
-    assert not s._captures_prompt({"input_ids": ids[:, :1]}, valid[:, :1], 64, {})
-    assert not s._captures_prompt(inputs, valid, 64, {"pixel_values": ids})
+    assert steps.captures_prompt(inputs, valid, 64, {})
+    assert not steps.captures_prompt({"input_ids": ids[:, :1]}, valid[:, :1], 64, {})
+    assert not steps.captures_prompt(inputs, valid, 64, {"pixel_values": ids})
     s.engine = replace(s.engine, capture_prompts_up_to=7)                   # 2 rows x 4 > 7
-    assert not s._captures_prompt(inputs, valid, 64, {})
+    assert not steps.captures_prompt(inputs, valid, 64, {})
     s.engine = replace(s.engine, capture_prompts_up_to=8)
-    assert s._captures_prompt(inputs, valid, 64, {})
-    s._static.graphs[s._graph_key({**inputs, "valid": valid}, 64, True)] = None
+    assert steps.captures_prompt(inputs, valid, 64, {})
+    s._static.graphs[steps.graph_key({**inputs, "valid": valid}, 64, True)] = None
     s.engine = replace(s.engine, captured_prompts=1)
-    assert s._captures_prompt(inputs, valid, 64, {})                       # its own shape
-    assert not s._captures_prompt({"input_ids": ids[:, :3]}, valid[:, :3], 64, {})
+    assert steps.captures_prompt(inputs, valid, 64, {})                       # its own shape
+    assert not steps.captures_prompt({"input_ids": ids[:, :3]}, valid[:, :3], 64, {})
     s.capture = CaptureTraits(prompt_graphs=False)
-    assert not s._captures_prompt(inputs, valid, 64, {})
+    assert not steps.captures_prompt(inputs, valid, 64, {})
 
 
 @pytest.mark.parametrize("pipeline", [True, False])

@@ -84,16 +84,16 @@ def test_captured_plain_decoding_in_chains_equals_eager(fuse, monkeypatch):
     synchronised, with a budget that ends mid-chain and a row ending on a stop token inside a
     chain; every target step counted."""
     from mmspec.engine import PLAIN_STEPS
-    from mmspec.sessions import CausalLMSession
+    from mmspec.sessions.captured import CapturedSteps
 
     chains = []
-    capture = CausalLMSession._capture_chain
+    capture = CapturedSteps.capture_chain
 
     def spy(self, fn, static, widths, *args):
         chains.append(len(widths))
         return capture(self, fn, static, widths, *args)
 
-    monkeypatch.setattr(CausalLMSession, "_capture_chain", spy)
+    monkeypatch.setattr(CapturedSteps, "capture_chain", spy)
     dev = torch.device("cuda")
     t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
     ids = torch.tensor([[0, 0, 3, 4, 5], [2, 1, 2, 3, 4], [0, 0, 0, 7, 8]], device=dev)

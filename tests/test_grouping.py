@@ -90,6 +90,7 @@ def test_session_lays_out_the_decoder_layers_and_lets_kept_steps_go():
     import mmspec
     from mmspec.engine.capture import KEPT
     from mmspec.sessions import CausalLMSession
+    from mmspec.sessions.captured import CapturedSteps
 
     m = _model()
     m.extra = torch.nn.Linear(32, 8, bias=False)      # a sibling of the output head
@@ -97,8 +98,7 @@ def test_session_lays_out_the_decoder_layers_and_lets_kept_steps_go():
     mmspec.generate(m, None, ids, temperature=0, max_new_tokens=2, static_cache=True)
     assert m in KEPT                               # a static cache kept for the next call
     head = m.lm_head.weight.untyped_storage().data_ptr()
-    s = CausalLMSession(m, mmspec.SamplingParams(temperature=0))
-    s._lay_out()
+    CapturedSteps(CausalLMSession(m, mmspec.SamplingParams(temperature=0))).lay_out()
     assert grouping.back_to_back(m.model.layers) and m not in KEPT
     assert m.lm_head.weight.untyped_storage().data_ptr() == head
     assert regions._LAID_OUT[m] and not regions.lay_out(m)        # once per model

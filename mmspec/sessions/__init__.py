@@ -2,8 +2,10 @@
 
     base.py        the ``Session`` protocol and ``PaddedSession``
     causal_lm.py   ``CausalLMSession``: any transformers causal LM with its cache (dynamic or
-                   static), guidance, trees and recurrent layers; its captured steps go
-                   through ``mmspec.engine.capture``
+                   static), guidance, trees and recurrent layers
+    captured.py    ``CapturedSteps``: a session's captured steps, prompt passes and chains
+                   (``mmspec.engine.capture``)
+    recurrent.py   ``RecurrentSteps``: rollback of recurrent (linear-attention) states
     token_span.py  ``TokenSpanSession``: generated ids a subset of the vocabulary
 """
 

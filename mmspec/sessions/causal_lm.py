@@ -19,17 +19,18 @@ from dataclasses import dataclass, replace
 import torch
 
 from .. import distributions
-from ..cache import (Blocks, DynamicCache, SequenceMask, StateSnapshot, StaticSequenceMask,
+from ..cache import (Blocks, DynamicCache, SequenceMask, StaticSequenceMask,
                     TreeMask, Window, additive_masks, advance, cache_argument, crop, dynamic_cache,
-                    gather_tail, recurrent_layers, repeated_rows, reset, static_cache)
+                    gather_tail, recurrent_layers, reset, static_cache)
 from ..distributed import split_group
-from ..engine import grouping, regions
+from ..engine import regions
 from ..engine.attention import bucket, module_configs, prefix, sdpa_configs
-from ..engine.capture import (Captured, capture_graph, compile_fixed, compiled, give_back, release,
-                              take)
+from ..engine.capture import Captured, compiled, give_back, release, take
 from ..engine.plan import Engine, compile_mode
 from ..sampling import SamplingParams, guide
-from .base import Session, _take
+from .base import Session
+from .captured import CapturedSteps
+from .recurrent import RecurrentSteps
 
 
 def output_vocab_size(model) -> int:
@@ -105,6 +106,38 @@ def release_graphs(model=None) -> None:
 
 
 
+def _engine_of(model, static_len: int | None, compile, engine: Engine | None) -> Engine:
+    """A session's engine: ``engine``, or the one ``compile=`` (and ``static_len``) names;
+    captured modes refused without a static cache or a CUDA device."""
+    if engine is not None and compile is not False:
+        raise ValueError("engine: accepted an Engine, given instead of compile= (not with it)")
+    if engine is None:
+        engine = Engine(compile_mode(compile) or ("static" if static_len is not None else "eager"))
+    if engine.compile and static_len is None:
+        raise ValueError("compile=True needs a static cache (static_len)")
+    if engine.compile and next(model.parameters()).device.type != "cuda":
+        raise ValueError("compile=True captures CUDA graphs: accepted a model on a CUDA device")
+    return engine
+
+
+def _kept_static(session, rows: int, device) -> Captured:
+    """A static cache of the session's shape and engine for ``rows`` rows, with the steps
+    captured on it, from an earlier call where one is kept (``engine.capture``), zeroed in
+    place (captured graphs keep their addresses); given back when the session is collected."""
+    net, engine = session.net, session.engine
+
+    def make():
+        return Captured(static_cache(net.config, session.static_len, engine.shared_pointer))
+    w = next(net.parameters())
+    key = (rows, session.static_len, engine.mode, engine.speed, str(w.device), w.dtype)
+    entry = take(net, key, make)
+    reset(entry.cache)
+    if entry.seq is None:
+        entry.seq = StaticSequenceMask.allocate(rows, session.static_len, device)
+    weakref.finalize(session, give_back, weakref.ref(net), key, entry)
+    return entry
+
+
 @dataclass(frozen=True)
 class CaptureTraits:
     """What an adapter's hooks allow a captured step to do (a captured graph keeps the
@@ -118,7 +151,7 @@ class CaptureTraits:
                    prompt pass can be captured (False: prompt positions are per call).
     row_buffers:   per-row tensors the hooks read during a forward (``position_ids``' rope
                    deltas), repeated with the cache's rows while a tree is fed as its paths
-                   (``_paths_step``).
+                   (``RecurrentSteps.paths_step``).
     """
 
     chain_hooks: bool = True
@@ -160,20 +193,13 @@ class CausalLMSession(Session):
     def __init__(self, model, params: SamplingParams, guidance_scale: float | None = None,
                  static_len: int | None = None, compile: bool | str = False, net=None,
                  engine: Engine | None = None):
-        if engine is not None and compile is not False:
-            raise ValueError("engine: accepted an Engine, given instead of compile= (not with it)")
-        if engine is None:
-            mode = compile_mode(compile) or ("static" if static_len is not None else "eager")
-            engine = Engine(mode)
+        engine = _engine_of(model, static_len, compile, engine)
         compile = engine.compile
-        if compile and static_len is None:
-            raise ValueError("compile=True needs a static cache (static_len)")
-        if compile and next(model.parameters()).device.type != "cuda":
-            raise ValueError("compile=True captures CUDA graphs: accepted a model on a CUDA device")
         self.static_len = static_len
         self.engine = engine            # its speed switches (``Engine``), read by captured steps
         self.compile = compile
         self._static: Captured | None = None   # the static cache and the steps captured on it
+        self._captured = CapturedSteps(self) if compile else None
         self.model = model
         # The module that is called: the model, or a part of it an adapter names (Janus's
         # language model, CSM's backbone); its cache, attention and positions are the ones used.
@@ -189,7 +215,7 @@ class CausalLMSession(Session):
         # Tree steps need every layer to attend through the step's mask: linear attention
         # reads every slot fed before it, sliding windows keep their own slots.
         self.trees = not self.recurrent and not sliding
-        # A recurrent model verifies a tree as its paths (``_paths_step``).
+        # A recurrent model verifies a tree as its paths (``RecurrentSteps.paths_step``).
         self._paths = self.recurrent and not sliding and guidance_scale is None
         self._uncaptured = False        # a step fed eagerly on a static cache (its paths)
         self._cache_arg = facts.cache_arg
@@ -224,7 +250,7 @@ class CausalLMSession(Session):
     @property
     def tree_verify(self) -> bool:
         """``Session.tree_verify``: with ``trees``, or recurrent layers (the tree fed as its
-        paths, ``_paths_step``)."""
+        paths, ``RecurrentSteps.paths_step``)."""
         return self.trees or self._paths
 
     @property
@@ -324,36 +350,14 @@ class CausalLMSession(Session):
         b = input_ids.shape[0]
         self.batch_size = b
         if self.guided:
-            if uncond_ids is None:
-                raise ValueError("guidance_scale is set: uncond_ids (the unconditional prompts) "
-                                 "are required")
-            if uncond_ids.shape != input_ids.shape:
-                raise ValueError(f"uncond_ids must have the prompt's shape {tuple(input_ids.shape)}"
-                                 f" (left-pad both to one width), got {tuple(uncond_ids.shape)}")
-            # The first step feeds each branch its own last prompt token.
-            self._uncond_last = uncond_ids[:, -1]
-            input_ids = torch.cat([input_ids, uncond_ids], 0)
-            attention_mask = torch.cat([attention_mask, uncond_mask], 0)
+            input_ids, attention_mask = self._with_uncond(input_ids, attention_mask, uncond_ids,
+                                                          uncond_mask)
         if self.static_len is not None:
-            need = input_ids.shape[1]
-            if need > self.static_len:
+            if input_ids.shape[1] > self.static_len:
                 raise ValueError(f"static_len={self.static_len} is shorter than the prompt "
-                                 f"({need} tokens)")
-
-            def make():
-                return Captured(static_cache(self.net.config, self.static_len,
-                                            self.engine.shared_pointer))
-            # Reuse a cache of this shape (and the steps captured on it) from an earlier call.
-            w = next(self.net.parameters())
-            key = (input_ids.shape[0], self.static_len, self.engine.mode, self.engine.speed,
-                   str(w.device), w.dtype)
-            self._static = take(self.net, key, make)
-            reset(self._static.cache)     # zero in place: captured graphs keep their addresses
-            weakref.finalize(self, give_back, weakref.ref(self.net), key, self._static)
+                                 f"({input_ids.shape[1]} tokens)")
+            self._static = _kept_static(self, input_ids.shape[0], input_ids.device)
             self.cache = self._static.cache
-            if self._static.seq is None:
-                self._static.seq = StaticSequenceMask.allocate(input_ids.shape[0], self.static_len,
-                                                               input_ids.device)
             self.seq = self._static.seq.reset()
         else:
             self.cache = dynamic_cache(self.net.config)
@@ -369,12 +373,23 @@ class CausalLMSession(Session):
             self._forward(input_ids[:, :-1], attention_mask[:, :-1], prompt=True, **model_kwargs)
         # Recurrent layers (linear attention) roll back by snapshot and replay (``commit``).
         self._recurrent = recurrent_layers(self.cache)
-        self._fed: list = []
-        self._tree_fed = False             # the step since the commit fed a tree's paths
+        self._rollback = RecurrentSteps(self) if self._recurrent else None
         self._since_commit = 0
         # The position of the last prompt token (a captured chain reads it).
         self._base = self.persistent("base", self.seq.next_pos[: self.batch_size].clone())
         self._first = True
+
+    def _with_uncond(self, input_ids, attention_mask, uncond_ids, uncond_mask):
+        """The prompt's rows followed by the unconditional prompts' (guidance)."""
+        if uncond_ids is None:
+            raise ValueError("guidance_scale is set: uncond_ids (the unconditional prompts) "
+                             "are required")
+        if uncond_ids.shape != input_ids.shape:
+            raise ValueError(f"uncond_ids must have the prompt's shape {tuple(input_ids.shape)}"
+                             f" (left-pad both to one width), got {tuple(uncond_ids.shape)}")
+        self._uncond_last = uncond_ids[:, -1]    # each branch's own last token, fed first
+        return (torch.cat([input_ids, uncond_ids], 0),
+                torch.cat([attention_mask, uncond_mask], 0))
 
     def _blocks_pass(self, input_ids, attention_mask, blocks, model_kwargs) -> None:
         """The prompt pass over every column with ``blocks`` open (``prefill``), then its last
@@ -451,12 +466,14 @@ class CausalLMSession(Session):
             width = (bucket(self.seq.length + n, self.static_len) if self._bucketed
                      else self.static_len)
             tensors = all(isinstance(v, torch.Tensor) for v in inputs.values())
-            if self.compile and not self._uncaptured and blocks is None and tensors and (
-                    not prompt or self._captures_prompt(inputs, valid, width, model_kwargs)):
+            steps = self._captured
+            if steps and not self._uncaptured and blocks is None and tensors and (
+                    not prompt or steps.captures_prompt(inputs, valid, width, model_kwargs)):
                 processed = process and not prompt and self.captures_processing
-                out, pos = self._replay(inputs, valid, width, tree, prompt, processed)
+                out, pos = steps.replay(inputs, valid, width, tree, prompt, processed)
             else:
-                with self._prompt_regions(n if prompt else 0):
+                regional = steps.prompt_regions(n) if steps and prompt else contextlib.nullcontext()
+                with regional:
                     out, pos = self._static_step(self.net, inputs, valid, width, prompt, tree,
                                                  blocks, **model_kwargs)
             self.seq.appended(n)
@@ -514,179 +531,22 @@ class CausalLMSession(Session):
         """``fn`` as a step calls it: ``compiled`` under "regional" (``compiled_tail``)."""
         return compiled(fn) if self.compile == "regional" and self.engine.compiled_tail else fn
 
-    def _graph_key(self, tensors: dict, width: int, prompt: bool = False,
-                   processed: bool = False) -> tuple:
-        return (("prompt" if prompt else "step", width, tuple(self._extra),
-                 self.processing_key() if processed else None)
-                + tuple((k, tuple(v.shape), v.dtype) for k, v in sorted(tensors.items())))
-
-    def _captures_prompt(self, inputs: dict, valid: torch.Tensor, width: int,
-                         model_kwargs: dict) -> bool:
-        """Is this prompt pass replayed from a graph (``capture_prompts_up_to``): its inputs
-        the ids or embeddings alone, no recurrent layers, a cache whose slots are allocated,
-        and its shape captured already or room for one more prompt graph."""
-        rows, n = valid.shape
-        if (not self.capture.prompt_graphs or model_kwargs or self.recurrent or n < 2
-                or rows * n > self.engine.capture_prompts_up_to or not self._cache_ready()):
-            return False
-        graphs = self._static.graphs
-        return (self._graph_key({**inputs, "valid": valid}, width, True) in graphs
-                or sum(k[0] == "prompt" for k in graphs) < self.engine.captured_prompts)
-
-    def _replay(self, inputs: dict, valid: torch.Tensor, width: int, tree: TreeMask | None,
-                prompt: bool = False, processed: bool = False):
-        """Run one decoding step (or a prompt pass) through a CUDA graph captured for this
-        input shape and attention width (a tree's tables are inputs: one graph per node
-        count); ``processed``: the step's distributions computed in the graph, copied out."""
-        tensors = {**inputs, "valid": valid}
-        if tree is not None:
-            tensors.update(tree_ancestors=tree.ancestors, tree_offsets=tree.offsets)
-        key = self._graph_key(tensors, width, prompt, processed)
-        st = self._static
-        if key not in st.graphs:
-            static = {k: v.clone() for k, v in tensors.items()}
-            static_inputs = {k: static[k] for k in inputs}
-            static_tree = (None if tree is None else
-                           TreeMask(static["tree_ancestors"], static["tree_offsets"]))
-            n = valid.shape[1]
-            fn, fusing = (self.net, self._prompt_regions(n)) if prompt else self._fused()
-            with fusing:
-                st.graphs[key] = self._capture(fn, static, static_inputs, static_tree, width,
-                                               n, prompt, processed)
-        graph, static, out = st.graphs[key]
-        for k, v in tensors.items():
-            static[k].copy_(v)
-        graph.replay()
-        return (out[0].clone(), out[1]) if processed else out
-
-    def _prompt_regions(self, n: int):
-        """The context of a prompt pass of ``n`` tokens: under ``"regional"``, on a static
-        cache used before (its layers hold their slots, whose length is then dynamic too),
-        the layers compiled with the prompt's length dynamic: one trace for every prompt and
-        cache length. A new cache's first pass (it allocates the slots) and a pass of one
-        token run eager."""
-        if self.compile != "regional" or n < 2 or not self._cache_ready():
-            return contextlib.nullcontext()
-        self._lay_out()
-        return regions.compiled(self.net, dict(self.engine.prompt_inductor_options), prompt=True,
-                                group=self.engine.group_projections)
-
-    def _cache_ready(self) -> bool:
-        """The static cache's layers hold their slots (allocated by its first pass)."""
-        layers = getattr(self.cache, "layers", ())
-        return bool(layers) and all(getattr(x, "is_initialized", False) for x in layers)
-
-    def _lay_out(self) -> None:
-        """Each decoder layer's projections back to back (``regions.lay_out``), once per
-        model. Steps kept captured on the weights' former places are let go, every model's
-        (a draft may share the target's layers)."""
-        if self.engine.group_projections and regions.lay_out(self.net):
-            release()
-
-    def _row_kernels(self) -> grouping.RowKernels | None:
-        return (grouping.RowKernels(norms=self.engine.row_norms, rope=self.engine.row_rope)
-                if self.engine.row_kernels else None)
-
-    def _fused(self):
-        """(the module a captured step calls, the context it is captured in): the network
-        under ``"graphs"``, the network fused whole under ``"inductor"`` (made once per
-        static cache), the network with its layers compiled while capturing under
-        ``"regional"``."""
-        if self.compile == "regional":
-            self._lay_out()
-            return self.net, regions.compiled(self.net, dict(self.engine.inductor_options),
-                                              group=self.engine.group_projections,
-                                              rows=self._row_kernels())
-        if self.compile != "inductor":
-            return self.net, contextlib.nullcontext()
-        st = self._static
-        if st.fused is None:
-            st.fused = compile_fixed(self.net, options=dict(self.engine.inductor_options))
-        return st.fused, contextlib.nullcontext()
-
-    def _capture(self, fn, static: dict, static_inputs: dict, static_tree, width: int, n: int,
-                 prompt: bool = False, processed: bool = False):
-        """One step (or prompt pass) captured: (graph, static, out); ``processed``: out is
-        (the step's distributions, positions)."""
-        states = StateSnapshot.take(self._recurrent) if self._recurrent else None
-
-        def undo():
-            crop(self.cache, n)
-            self.seq.undo(static["valid"])
-            if states is not None:             # recurrent states: from the snapshot
-                states.restore()
-
-        def run():
-            out, pos = self._static_step(fn, static_inputs, static["valid"], width, prompt,
-                                         static_tree)
-            if not processed:
-                return out, pos
-            return self._tail(CausalLMSession._distributions)(self, self.logits(out), pos), pos
-
-        graph, out = capture_graph(run, undo, self._static)
-        return graph, static, out
-
     def step(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, tree=None):
         """tokens [B, n, *event] -> ``distributions`` of the outputs (default: processed,
         guided probabilities [B, n, V]). ``tree``: the n slots are a draft tree's nodes."""
         if valid is None:
             valid = torch.ones(tokens.shape[:2], dtype=torch.long, device=tokens.device)
         if tree is not None and self._paths and not isinstance(tree, TreeMask):
-            return self._paths_step(tokens, valid, tree)
+            return self._rollback.paths_step(tokens, valid, tree)
         if tree is not None:
             tree = self._tree_mask(tree, tokens.shape[1])
-        if self._recurrent and self._since_commit == 0:
-            self._snapshot = StateSnapshot.take(self._recurrent)
-            self._fed, self._fed_first = [], self._first
         rows, rows_valid = self._input_rows(tokens), self._rows(valid)
         if self._recurrent:
-            self._fed.append((rows, rows_valid))
+            self._rollback.record(rows, rows_valid)
         dists, _ = self._forward(rows, rows_valid, tree=tree, process=True)
         self._first = False
         self._since_commit += tokens.shape[1]
         return dists
-
-    def _paths_step(self, tokens: torch.Tensor, valid: torch.Tensor, tree):
-        """A recurrent model's tree step (``tree_verify``): each row's root-to-leaf paths fed
-        as rows of their own, each a chain from the committed state, on the cache's rows
-        repeated (``repeated_rows``); node i's outputs are those of the first path through it,
-        at its depth. The cache is left as it was: ``commit`` feeds the kept path. On a
-        static cache the step runs uncaptured (its rows and the repeated cache's tensors are
-        its own); the commit's forward is captured as any step."""
-        if self._since_commit:
-            raise ValueError("a recurrent session takes one tree step after a commit (a "
-                             "target's verification): accepted a chain")
-        b, n = tokens.shape[:2]
-        if tree.num_nodes != n or tree.parents.shape[0] != b:
-            raise ValueError(f"tree of {tree.num_nodes} nodes x {tree.parents.shape[0]} rows for "
-                             f"a step of {n} slots x {b} rows: accepted equal sizes")
-        nodes, first = tree.paths()                                   # [B, L, D+1], [B, n]
-        paths, depth = nodes.shape[1], nodes.shape[2]
-        at = nodes.clamp(min=0).view(b, -1)
-        fed = _take(tokens, at).reshape(b * paths, depth, *tokens.shape[2:])
-        fed_valid = (_take(valid, at).view(b, paths, depth) * (nodes >= 0)).view(-1, depth)
-        self._snapshot = StateSnapshot.take(self._recurrent)
-        self._fed, self._fed_first, self._tree_fed = [(tokens, valid)], self._first, True
-        seq = self.seq
-        saved = {k: getattr(self, k) for k in (*self.capture.row_buffers, "_prompt_embeds")
-                 if getattr(self, k) is not None}
-        self.seq, self._uncaptured = seq.repeat_rows(paths), True
-        for k, v in saved.items():
-            setattr(self, k, v.repeat_interleave(paths, 0))
-        try:
-            with repeated_rows(self.cache, b, paths):
-                out, pos = self._forward(fed, fed_valid)
-        finally:
-            self.seq, self._uncaptured = seq, False
-            for k, v in saved.items():
-                setattr(self, k, v)
-        row = torch.arange(b, device=tokens.device)[:, None] * paths + first
-        col = tree.depths()
-        if self.features is not None and self._feature_layers:
-            self.features = self.features[row, col]
-        self._first = False
-        self._since_commit = n
-        return self.distributions(out[row, col], pos[row, col] - self._base[:, None])
 
     # -- captured chains ----------------------------------------------------------------------
     @property
@@ -700,88 +560,17 @@ class CausalLMSession(Session):
     def chain(self, tokens: torch.Tensor, valid: torch.Tensor, k: int, follow: torch.Tensor,
               generator: torch.Generator | None = None):
         """``Session.chain``; with ``chains`` (after the first step) the k steps, their
-        processing and their draws are one CUDA graph per first width, replayed: one launch
-        instead of k steps' worth of small kernels and host work. A sampled chain drawing
-        from ``generator`` is captured with the static cache's own generator, registered with
-        the graph: before a replay it takes ``generator``'s seed and offset, after it gives
-        ``generator`` the advanced offset, so the draws are the ones the eager steps would
-        make (without ``generator``, the device's default generator, which graphs follow)."""
+        processing and their draws one CUDA graph per first width (``CapturedSteps.chain``)."""
         if not self.chains or self._first or k < 2 or (
                 generator is not None and generator.device.type != "cuda"):
             return super().chain(tokens, valid, k, follow, generator)
-        sizes = [tokens.shape[1]] + [1] * (k - 1)
-        self.seq.check_room(sum(sizes))
-        ends = [sum(sizes[: i + 1]) for i in range(k)]
-        widths = tuple(bucket(self.seq.length + e, self.static_len) if self._bucketed
-                       else self.static_len for e in ends)
-        tensors = dict(tokens=tokens, valid=valid.to(torch.long), follow=follow.to(torch.long))
-        st = self._static
-        own = (None if self.greedy or generator is None
-               else self._chain_generator(generator.device))
-        key = ("chain", widths, tuple(self._extra), self.processing_key(),
-               own is not None) + tuple(
-            (name, tuple(v.shape), v.dtype) for name, v in tensors.items())
-        if key not in st.graphs:
-            static = {name: v.clone() for name, v in tensors.items()}
-            fn, fusing = self._fused()
-            with fusing:
-                st.graphs[key] = self._capture_chain(fn, static, widths, sum(sizes), own)
-        graph, static, (draws, dists) = st.graphs[key]
-        for name, v in tensors.items():
-            static[name].copy_(v)
-        if own is not None:
-            own.set_state(generator.get_state())
-        graph.replay()
-        if own is not None:
-            generator.set_state(own.get_state())
-        self.seq.appended(sum(sizes))
-        self._since_commit += sum(sizes)
-        return draws.clone(), dists.clone()
-
-    def _chain_generator(self, device: torch.device) -> torch.Generator:
-        """The static cache's generator for sampled chains (made once, on the cache's
-        device: the graphs captured with it hold its state)."""
-        st = self._static
-        if st.generator is None:
-            st.generator = torch.Generator(device=device)
-        return st.generator
-
-    def _chain_steps(self, fn, static: dict, widths: tuple[int, ...],
-                     generator: torch.Generator | None = None):
-        """A chain's steps on the device alone (what its graph replays)."""
-        tokens, valid, follow = static["tokens"], static["valid"], static["follow"]
-        draws, dists = [], []
-        for width in widths:
-            out, pos = self._static_step(fn, self.embed(self._rows(tokens)), self._rows(valid),
-                                         width)
-            if self.greedy:
-                x, q = self._tail(CausalLMSession._greedy_draw)(self, self.logits(out), pos)
-            else:
-                q = self._tail(CausalLMSession._distributions)(self, self.logits(out), pos)
-                x, q = distributions.draw(q[:, -1], generator)
-            draws.append(x)
-            dists.append(q)
-            tokens, valid = x[:, None], follow[:, None]
-        return torch.stack(draws, 1), distributions.stack(dists)
+        return self._captured.chain(tokens, valid, k, follow, generator)
 
     def _greedy_draw(self, logits: torch.Tensor, pos: torch.Tensor):
         """A greedy chain step's draw (``distributions.draw``): its last slot's distributions
         and their argmax, compiled with them (``compiled_tail``) rather than captured as
         PyTorch's single-block reduction over the vocabulary."""
         return distributions.draw(self._distributions(logits, pos)[:, -1], greedy=True)
-
-    def _capture_chain(self, fn, static: dict, widths: tuple[int, ...], n: int,
-                       generator: torch.Generator | None = None):
-        """A chain captured: (graph, static, out); ``generator``: what its draws use."""
-        def undo():
-            crop(self.cache, n)
-            for _ in widths[1:]:
-                self.seq.undo(self._rows(static["follow"][:, None]))
-            self.seq.undo(self._rows(static["valid"]))
-
-        graph, out = capture_graph(lambda: self._chain_steps(fn, static, widths, generator),
-                                   undo, self._static, generator)
-        return graph, static, out
 
     def _tree_mask(self, tree, n: int) -> TreeMask:
         """A ``Tree`` over the n slots fed (or a ``TreeMask`` as is) for every row."""
@@ -813,8 +602,8 @@ class CausalLMSession(Session):
         if not 0 <= keep <= n:
             raise ValueError(f"keep={keep}: accepted 0..{n} (slots appended since last commit)")
         if self._recurrent:
-            return self._commit_recurrent(n, keep, None if valid is None else self._rows(valid),
-                                          path)
+            return self._rollback.commit(n, keep, None if valid is None else self._rows(valid),
+                                         path)
         if path is not None and keep:
             gather_tail(self.cache, n, self._rows(path[:, :keep]),
                         None if self.static_len is None else self.seq.length)
@@ -827,62 +616,3 @@ class CausalLMSession(Session):
         if self.static_len is None and self.cache.get_seq_length() != expected:
             raise RuntimeError(f"cache length {self.cache.get_seq_length()} != committed "
                                f"length {expected}")
-
-    def _commit_recurrent(self, n: int, keep: int, valid: torch.Tensor | None,
-                          path: torch.Tensor | None = None) -> None:
-        """Commit on a cache with recurrent layers, which cannot drop slots.
-
-        Each row r keeps m_r tokens of the step (``valid`` [R, keep]: a prefix of ones). Its
-        recurrent states must be those after exactly m_r of the fed tokens: for every
-        m_r < n that occurs, the step is undone (attention slots cropped, states restored
-        from the snapshot taken before it) and its first m_r tokens fed again, at the same
-        positions, and those rows' states kept; then the ``keep`` kept slots are fed once more
-        for every row (holes marked as on any cache) and each row gets its own states back.
-        Plain decoding of the kept tokens reaches the same states. One host read (the
-        m_r) and one extra forward per distinct m_r < keep, plus one when keep < n.
-
-        After a tree fed as its paths (``_paths_step``) nothing of the step is in the cache:
-        the kept ``path`` [R, keep] (node indices) is fed."""
-        tokens, fed_valid = (torch.cat(t, 1) for t in zip(*self._fed))
-        if valid is None:                  # as fed (after a tree: along the kept path)
-            tree = self._tree_fed and path is not None
-            valid = _take(fed_valid, path[:, :keep]) if tree else fed_valid[:, :keep]
-        kept = valid.sum(1).tolist()
-        fed = n                            # this step's slots in the cache now
-        if self._tree_fed:
-            if path is None:
-                raise ValueError("commit after a tree step: accepted the kept path (path=)")
-            self._tree_fed, fed = False, 0
-            tokens, fed_valid = _take(tokens, path[:, :keep]), _take(fed_valid, path[:, :keep])
-        elif all(m == n for m in kept):
-            self._since_commit = 0
-            return
-        own = {}
-        for m in sorted(set(kept) - {keep}):
-            self._undo_step(fed)
-            if m:
-                self._refeed(tokens[:, :m], fed_valid[:, :m])
-            own[m], fed = StateSnapshot.take(self._recurrent), m
-        self._undo_step(fed)
-        if keep:
-            self._refeed(tokens[:, :keep], fed_valid[:, :keep])
-            self.seq.invalidate_tail(keep, valid)
-        for m, states in own.items():
-            states.restore(torch.tensor([r for r, k in enumerate(kept) if k == m],
-                                        device=valid.device))
-        self._since_commit = 0
-
-    def _undo_step(self, fed: int) -> None:
-        """Back to the state before this step's tokens: ``fed`` slots off every attention
-        layer and the sequence mask, the recurrent states from the snapshot."""
-        if fed:
-            crop(self.cache, fed)
-            self.seq.rollback(fed)
-        self._snapshot.restore()
-
-    def _refeed(self, tokens: torch.Tensor, valid: torch.Tensor) -> None:
-        first, self._first = self._first, self._fed_first
-        self._forward(tokens, valid)
-        self._first = first
-
-
