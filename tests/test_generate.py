@@ -211,6 +211,41 @@ def test_static_caches_are_reused_across_calls_and_released(pair, ragged_prompts
     assert len(KEPT) == 0
 
 
+def test_a_static_cache_goes_back_as_soon_as_the_call_drops_its_session(pair):
+    """No reference cycle keeps a session alive: its static cache is back in the pool when
+    the call returns, without the cycle collector (else the next call makes a new cache and
+    captures every step again), with its captured-steps and recurrent helpers too."""
+    import gc
+
+    from conftest import tiny_qwen35
+    from mmspec.engine.capture import KEPT
+    from mmspec.sessions import CausalLMSession
+    from mmspec.sessions.captured import CapturedSteps
+
+    target, draft = pair
+    ids = torch.tensor([[3, 4, 5, 6]])
+    mmspec.release_graphs()
+    gc.collect()
+    gc.disable()
+    try:
+        mmspec.generate(target, draft, ids, static_cache=True, temperature=0, max_new_tokens=4,
+                        num_draft_tokens=2)
+        assert sum(len(v) for v in KEPT[target].values()) == 1
+        for model in (target, tiny_qwen35()):
+            s = CausalLMSession(model, mmspec.SamplingParams(temperature=0), static_len=64)
+            with torch.inference_mode():                # as generate runs sessions
+                s.prefill(ids, torch.ones_like(ids))
+                s.step(ids[:, -1:])
+            s._captured = CapturedSteps(s)              # as a captured session holds it
+            assert (s._rollback is not None) == (model is not target)
+            ref = __import__("weakref").ref(s)
+            del s
+            assert ref() is None, model.config.model_type
+    finally:
+        gc.enable()
+    mmspec.release_graphs()
+
+
 def test_a_networks_structure_is_read_once_and_forgotten_with_its_graphs(pair):
     """Sessions read a network's module configs, cache layers and cache argument once
     (``net_facts``); SDPA is chosen from the configs at each session, so a model switched to

@@ -524,13 +524,13 @@ def test_captured_speculative_decoding_is_pipelined_by_default():
     t = tiny_llama(vocab=64, hidden=64, layers=2).to(dev)
     d = tiny_llama(vocab=64, hidden=32, layers=1, seed=1).to(dev)
     ids = torch.tensor([[1, 2, 3, 4, 5]], device=dev)
-    kw = dict(temperature=0, max_new_tokens=100, num_draft_tokens=4, **fast(True))
+    kw = dict(temperature=0, max_new_tokens=100, num_draft_tokens=4)
     holes, tight = (static_length(5, 1, 100, 4, h) for h in (True, False))
     assert holes > tight
     for extra, want in ((dict(), holes), (dict(pipeline=False), tight),
                         (dict(profile=True), tight)):
         mmspec.release_graphs()
-        mmspec.generate(t, d, ids, **kw, **extra)
+        mmspec.generate(t, d, ids, **kw, **fast(True, **extra))
         assert [key[1] for key in KEPT[t]] == [want], extra
     mmspec.release_graphs()
 

@@ -12,6 +12,7 @@ graphs replay.
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import torch
 
@@ -27,7 +28,13 @@ class CapturedSteps:
     on it, reused by the next session on the cache)."""
 
     def __init__(self, session):
-        self.s = session
+        self._session = weakref.ref(session)   # no cycle: a session given back at once
+
+    @property
+    def s(self):
+        """The session (held weakly: its static cache goes back to the pool as soon as the
+        call drops it, ``engine.capture.give_back``)."""
+        return self._session()
 
     def graph_key(self, tensors: dict, width: int, prompt: bool = False,
                    processed: bool = False) -> tuple:

@@ -10,6 +10,8 @@ from ``step`` and ``commit``.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ..cache import StateSnapshot, crop, repeated_rows
@@ -20,11 +22,16 @@ class RecurrentSteps:
     """The rollback of one ``CausalLMSession`` with recurrent layers (``session._recurrent``)."""
 
     def __init__(self, session):
-        self.s = session
+        self._session = weakref.ref(session)   # no cycle: a session given back at once
         self.snapshot: StateSnapshot | None = None
         self.fed: list = []                  # (rows, valid) fed since the commit
         self.fed_first = False               # the session's ``_first`` before them
         self.tree_fed = False                # the step since the commit fed a tree's paths
+
+    @property
+    def s(self):
+        """The session (held weakly, as ``CapturedSteps`` holds it)."""
+        return self._session()
 
     def record(self, rows: torch.Tensor, valid: torch.Tensor) -> None:
         """Before a chain step's forward: the states at the commit (first step after it), and
