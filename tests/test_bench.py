@@ -132,9 +132,9 @@ def test_loop_overhead_benchmark_runs_the_three_loops_on_stub_networks():
 
 def test_call_overhead_benchmark_times_whole_calls_of_one_token(monkeypatch):
     """bench_overhead --call: 21 whole calls on one stub network, whose structure (its
-    modules' configs) the sessions read once, not per call (``session.net_facts``)."""
+    modules' configs) the sessions read once, not per call (``causal_lm.net_facts``)."""
     from eval.bench_overhead import main
-    from mmspec import session
+    from mmspec.sessions import causal_lm as session
 
     walks = []
     walk = session.module_configs
