@@ -54,7 +54,8 @@ class Case:
         if arch == "eagle3":
             kw["feature_layers"] = tuple(range(min(3, _decoder_config(self.model)
                                                    .num_hidden_layers)))
-        self.front.head = load_head(head_for_target(self.model, arch=arch, **kw), self.model)
+        self.front.head = load_head(head_for_target(self.model, arch=arch,
+                                                    kind=self.front.head_kind, **kw), self.model)
 
 
 def _image(name: str) -> Case:
@@ -374,7 +375,7 @@ def test_draft_heads_give_plain_greedy(case, request, arch):
             DraftHead.for_target(case.model)
         if arch == "eagle3":
             with pytest.raises(ValueError, match="multi-codebook"):
-                head_for_target(case.model, arch=arch)
+                head_for_target(case.model, arch=arch, kind=case.front.head_kind)
             return
     case.give_head(arch)
     plain = case.run("plain", [0, 1], False)

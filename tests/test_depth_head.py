@@ -152,7 +152,7 @@ def test_the_recipe_fits_measures_and_describes_a_depth_head(tmp_path):
     target = tiny_csm(scale=3.0)
     tts = _tts(target, None, frames=6)
     items = [[(i + j) % 16 + 4 for j in range(2 + i % 3)] for i in range(8)]
-    source = recipe.Source("tts", tts, target, items, TEXTS, 6)
+    source = recipe.Source("tts", tts, target, items, TEXTS, 6, tts.head_kind)
     assert source.depth and not source.frames
     args = argparse.Namespace(draft_vocab=None, feature_layers=None, target="tiny-csm",
                               out=str(tmp_path), resume=False, collect_batch=4, seed=0,

@@ -104,6 +104,24 @@ def test_frame_head_refusals():
         FrameDrafter(object())
 
 
+def test_the_head_kind_is_the_adapters_declaration():
+    """A delay-pattern front door declares frame heads (its adapter's ``head_kind``) and
+    ``head_for_target`` makes the kind it is told, probing nothing: a token head on it, an
+    EAGLE-3 head and an unknown kind are refused by name."""
+    from mmspec.drafters import HEAD_KINDS, head_for_target
+
+    target = tiny_musicgen()
+    tts = TextToSpeech.from_pretrained(target)
+    assert tts.head_kind == "frame" and set(HEAD_KINDS) == {"token", "frame", "depth"}
+    assert type(head_for_target(target, kind=tts.head_kind)) is FrameHead
+    with pytest.raises(ValueError, match="multi-codebook"):
+        head_for_target(target)                      # told "token": its tables refuse it
+    with pytest.raises(ValueError, match="arch='eagle3'.*multi-codebook"):
+        head_for_target(target, arch="eagle3", kind="frame")
+    with pytest.raises(ValueError, match="kind='codec': accepted one of token, frame, depth"):
+        head_for_target(target, kind="codec")
+
+
 def test_training_a_frame_head_raises_its_frames_per_step():
     """A tiny sharp delay-pattern target, its greedy generations recorded by the recipe's
     FrameRecorder, 150 steps of the recipe's training: the trained head's chain emits more
@@ -154,7 +172,7 @@ def test_the_recipe_measures_a_frame_head_chain():
     torch.manual_seed(0)
     head = FrameHead.for_target(target)
     tts = TextToSpeech.from_pretrained(target, draft=target, head=head)
-    source = recipe.Source("tts", tts, target, [], TEXTS, 6)
+    source = recipe.Source("tts", tts, target, [], TEXTS, 6, tts.head_kind)
     assert source.frames and not source.depth
     args = argparse.Namespace(seed=0, temperature=1.0, draft="the-target")
     rows = recipe.measure(source, head, args)

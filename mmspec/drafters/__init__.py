@@ -5,7 +5,7 @@ from .depth import DepthDrafter
 from .eagle3 import Eagle3Config, Eagle3Head
 from .feature import FeatureDrafter
 from .frame import FrameDrafter
-from .architectures import ARCHITECTURES, head_for_target
+from .architectures import ARCHITECTURES, HEAD_KINDS, head_for_target
 from .head import DepthHead, DraftHead, FrameHead, HeadConfig
 from .jacobi import Jacobi
 from .model import ModelDrafter
@@ -13,7 +13,7 @@ from .mtp import DeepSeekMtpHead, MtpHead
 from .prefill import Prefilled
 from .tree import TreeDrafter
 
-__all__ = ["Drafter", "NoDraft", "ModelDrafter", "TreeDrafter", "FeatureDrafter", "DraftHead",
+__all__ = ["ARCHITECTURES", "HEAD_KINDS", "Drafter", "NoDraft", "ModelDrafter", "TreeDrafter", "FeatureDrafter", "DraftHead",
            "HeadConfig", "FrameHead", "FrameDrafter", "DepthHead",
            "DepthDrafter", "head_for_target", "MtpHead", "DeepSeekMtpHead", "Eagle3Head",
            "Eagle3Config", "Jacobi", "Prefilled"]

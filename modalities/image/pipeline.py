@@ -97,6 +97,8 @@ class TextToImage:
     """target, draft: ``ImageAdapter`` objects (``from_pretrained`` builds them); head: a
     ``mmspec.DraftHead`` trained for the target (method ``"head"``)."""
 
+    head_kind = "token"             # the kind of draft head its targets take
+
     def __init__(self, target: ImageAdapter, draft: ImageAdapter | None = None, defaults=None,
                  head=None):
         for name, a in (("target", target), ("draft", draft)):

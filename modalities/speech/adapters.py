@@ -46,6 +46,7 @@ class CodecAdapter:
     suffix: tuple = ()
     eos: int | None = None
     frame_rule = Frame             # verifies events of several ids
+    head_kind = "token"            # the draft heads its target takes (mmspec.drafters.HEAD_KINDS)
 
     def text_ids(self, t) -> list[int]:
         """A text (through ``tokenizer``) or a list of ids -> ids, refusing empty input."""
@@ -149,7 +150,8 @@ class CodecAdapter:
 
 class DelayPatternAdapter(CodecAdapter):
     """A MusicGen-layout model: ``model.text_encoder``, ``model.decoder`` with C codebooks,
-    a codec with ``decode(frames [B, N, C]) -> [B, samples]`` and ``sample_rate``.
+    a codec with ``decode(frames [B, N, C]) -> [B, samples]`` and ``sample_rate``; its draft
+    heads are frame heads (``FrameHead``).
 
     model:     ``MusicgenForConditionalGeneration``, or ``MusicgenForCausalLM`` (the decoder
                alone) with ``text_encoder=`` (and ``enc_to_dec_proj=`` when its hidden size
@@ -160,6 +162,7 @@ class DelayPatternAdapter(CodecAdapter):
     """
 
     text_padding = "right"         # the text encoder's input
+    head_kind = "frame"
 
     def text_vocab_size(self) -> int:
         return int(self.model.text_encoder.get_input_embeddings().weight.shape[0])

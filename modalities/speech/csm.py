@@ -150,6 +150,7 @@ class CsmAdapter(CodecAdapter):
     """
 
     frame_rule = DepthFrame
+    head_kind = "depth"
 
     def __init__(self, model, codec=None, tokenizer=None, max_frames: int = 128):
         cfg = model.config

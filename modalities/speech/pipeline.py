@@ -46,6 +46,11 @@ class TextToSpeech:
         self.head = load_head(head, target.model)
         self.defaults = dict(defaults or {})
 
+    @property
+    def head_kind(self) -> str:
+        """The kind of draft head the target takes (its adapter's: token, frame or depth)."""
+        return self.target.head_kind
+
     @classmethod
     @serialized
     def from_pretrained(cls, target, draft=None, device=None, head=None, **load_kwargs):

@@ -146,6 +146,8 @@ class VisionLanguageGenerator:
     (image / ensemble draft; another family needs ``draft_processor``); head: a
     ``mmspec.DraftHead`` trained for the target (method ``"head"``)."""
 
+    head_kind = "token"             # the kind of draft head its targets take
+
     def __init__(self, target, processor, draft=None, draft_mode: str | None = None,
                  draft_processor=None, assistant_model=None, head=None):
         if assistant_model is not None:          # transformers' name for the draft

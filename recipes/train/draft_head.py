@@ -161,20 +161,17 @@ class Source:
     items: list
     held_out: list
     max_new_tokens: int | None       # None: the target's own limit (tts: its frame limit)
+    head_kind: str = "token"         # the kind its adapter declares (HEAD_KINDS)
 
     @property
     def frames(self) -> bool:
         """The target decodes delay-pattern frames (a ``FrameHead`` drafts for it)."""
-        from mmspec.drafters.head import find_delay_decoder
-
-        return find_delay_decoder(self.model) is not None
+        return self.head_kind == "frame"
 
     @property
     def depth(self) -> bool:
         """The target decodes depth-decoder frames (CSM: a ``DepthHead`` drafts for it)."""
-        from mmspec.drafters.head import is_depth_model
-
-        return self.modality == "tts" and is_depth_model(self.model)
+        return self.head_kind == "depth"
 
     def recorder(self, config):
         """The recording drafter for a head of ``config`` (its features)."""
@@ -304,7 +301,8 @@ def load_source(args, items: tuple[list, list] | None = None) -> Source:
     limit = args.max_new_tokens
     if limit is None and args.modality != "tts":
         limit = 32
-    return Source(args.modality, front, model, items, held, limit)
+    kind = front.head_kind if args.modality == "tts" else "token"
+    return Source(args.modality, front, model, items, held, limit, kind)
 
 
 def _text_front(target: str, draft: str | None, dev: str) -> tuple:
@@ -1083,7 +1081,8 @@ def fit(source: Source, args, accelerator, clock: Clock | None = None):
         kw["mrope_section"] = None          # trained on 1-D positions (the card says so)
     else:
         kw["uncond_features"] = args.uncond_features
-    head = head_for_target(source.model, args.feature_layers, arch=args.arch, **kw)
+    head = head_for_target(source.model, args.feature_layers, arch=args.arch,
+                           kind=source.head_kind, **kw)
     head.config.target = args.target
     if args.export is not None:           # a frame or depth head: refused before any work
         layouts.layout_named(args.export[0]).check_head(head)
