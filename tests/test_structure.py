@@ -102,10 +102,39 @@ def _functions(pkgs=("mmspec", "modalities")):
                     yield p.relative_to(ROOT), node
 
 
+def _code_lines(fn) -> int:
+    """A function's lines, its docstring apart (front doors document every parameter)."""
+    first = fn.body[0]
+    doc = (first.end_lineno - first.lineno + 1 if isinstance(first, ast.Expr)
+           and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str) else 0)
+    return fn.end_lineno - fn.lineno + 1 - doc
+
+
+def _triton_kernel(fn) -> bool:
+    """A ``@triton.jit`` kernel: one launch, its body kept whole."""
+    return any("jit" in ast.unparse(d) for d in fn.decorator_list)
+
+
 def test_functions_fit_on_a_screen():
-    long = [f"{p}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
-            for p, n in _functions() if n.end_lineno - n.lineno + 1 > 80]
+    """No function of mmspec/ or modalities/ over 60 lines of code (Triton kernels, and the
+    functions that define one, apart: a kernel is one launch)."""
+    long = []
+    for p, n in _functions():
+        kernels = [k for k in ast.walk(n) if isinstance(k, ast.FunctionDef) and _triton_kernel(k)]
+        lines = _code_lines(n) - sum(k.end_lineno - k.lineno + 1 for k in kernels)
+        if lines > 60:
+            long.append(f"{p}:{n.lineno} {n.name} ({lines} lines)")
     assert not long, long
+
+
+def test_classes_are_small():
+    """No class of mmspec/ or modalities/ over 400 lines: a session is a model with its cache
+    (its captured steps, recurrent rollback and prompt parts live beside it)."""
+    big = [f"{p}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
+           for pkg in ("mmspec", "modalities") for p in sorted((ROOT / pkg).rglob("*.py"))
+           for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.ClassDef)
+           and n.end_lineno - n.lineno + 1 > 400]
+    assert not big, big
 
 
 def test_loop_drivers_are_short():

@@ -5,6 +5,7 @@
                    static), guidance, trees and recurrent layers
     captured.py    ``CapturedSteps``: a session's captured steps, prompt passes and chains
                    (``mmspec.engine.capture``)
+    prompt.py      a prompt pass's guidance rows and bidirectional blocks
     recurrent.py   ``RecurrentSteps``: rollback of recurrent (linear-attention) states
     token_span.py  ``TokenSpanSession``: generated ids a subset of the vocabulary
 """

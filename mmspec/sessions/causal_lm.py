@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -30,6 +30,8 @@ from ..engine.plan import Engine, compile_mode
 from ..sampling import SamplingParams, guide
 from .base import Session
 from .captured import CapturedSteps
+from .prompt import prompt_blocks as _prompt_blocks
+from .prompt import refeed_blocks, step_blocks, with_uncond
 from .recurrent import RecurrentSteps
 
 
@@ -120,6 +122,24 @@ def _engine_of(model, static_len: int | None, compile, engine: Engine | None) ->
     return engine
 
 
+def _attention_plan(net, facts: NetFacts, static_len: int | None, compile) -> tuple:
+    """(the configs whose attention runs over a bucket of a static cache's slots, whether the
+    decoder's is one of them, whether steps are bucketed).
+
+    Prefix attention (``mmspec.engine.attention``) for SDPA models on a static cache; not
+    under "inductor" (its fused steps would be compiled again for every width). Under
+    "regional" every pass runs the prefix function (full width included), so the layers' one
+    trace serves every width (the mask's width is a dynamic size). The decoder's attention
+    decides (a VLM's vision tower may differ; it gets no 4-D mask). 4-D masks are additive,
+    in the model's dtype: eager attention adds them to its scores; SDPA would turn a bool
+    mask into one in every layer (a kernel per layer and step), so under prefix attention
+    (which casts a mask of another dtype) the step builds it once. SDPA over the whole cache
+    keeps bool masks (it checks the dtype)."""
+    configs = sdpa_configs(facts.configs) if static_len is not None else []
+    text_sdpa = any(c is _decoder_config(net) for c in configs)
+    return configs, text_sdpa, text_sdpa and compile in (False, "graphs", "regional")
+
+
 def _kept_static(session, rows: int, device) -> Captured:
     """A static cache of the session's shape and engine for ``rows`` rows, with the steps
     captured on it, from an earlier call where one is kept (``engine.capture``), zeroed in
@@ -136,6 +156,22 @@ def _kept_static(session, rows: int, device) -> Captured:
         entry.seq = StaticSequenceMask.allocate(rows, session.static_len, device)
     weakref.finalize(session, give_back, weakref.ref(net), key, entry)
     return entry
+
+
+def _tree_mask(session, tree, n: int) -> TreeMask:
+    """A ``Tree`` over the n slots a session is fed (or a ``TreeMask`` as is), for every row
+    (the unconditional rows too)."""
+    if not session.trees:
+        raise ValueError("tree steps need a cache whose layers all attend over every slot "
+                         "(this model has recurrent or sliding-window layers): accepted a "
+                         "chain (tree=None)")
+    rows = session._rows
+    if isinstance(tree, TreeMask):
+        return TreeMask(rows(tree.ancestors), rows(tree.offsets))
+    if tree.num_nodes != n or tree.parents.shape[0] != session.batch_size:
+        raise ValueError(f"tree of {tree.num_nodes} nodes x {tree.parents.shape[0]} rows for "
+                         f"a step of {n} slots x {session.batch_size} rows: accepted equal sizes")
+    return TreeMask(rows(tree.ancestors()), rows(tree.depths()))
 
 
 @dataclass(frozen=True)
@@ -173,17 +209,12 @@ class CausalLMSession(Session):
                     sequence mask lives in fixed device buffers (``StaticSequenceMask``) and
                     the mask and positions are built from them inside the step, so a captured
                     step is one copy of its inputs and one replay.
-    compile:        capture each step width once as a CUDA graph and replay it (needs a
-                    static cache and a CUDA device): ``"regional"`` (or True) with each
-                    decoder layer fused by torch.compile first (``mmspec.engine.regions``),
-                    ``"graphs"`` without compiling, ``"inductor"`` with the step fused whole
-                    by torch.compile. The prompt pass: eager, or under ``"regional"`` on a
-                    reused cache through the compiled layers; a short one on a reused cache
-                    is captured too (``Engine.capture_prompts_up_to``).
+    compile:        capture each step width once as a CUDA graph and replay it (a static
+                    cache and a CUDA device): a captured mode of ``mmspec.engine.plan``
+                    (``CapturedSteps``).
     net:            the module called for each step, when it is a part of ``model`` (default:
                     ``model``).
-    engine:         the call's ``Engine``, given instead of ``compile``: its mode and speed
-                    switches (a plan's ``cache()`` gives it with ``static_len``).
+    engine:         the call's ``Engine`` instead of ``compile`` (``Plan.cache`` gives both).
     capture:        the class's ``CaptureTraits`` (adapters declare theirs).
     """
 
@@ -213,26 +244,16 @@ class CausalLMSession(Session):
         # step's masks carry the window (``cache.shaped``), counted in positions.
         self.window = _window(_decoder_config(self.net)) if sliding else None
         # Tree steps need every layer to attend through the step's mask: linear attention
-        # reads every slot fed before it, sliding windows keep their own slots.
+        # reads every slot fed before it, sliding windows keep their own slots. A recurrent
+        # model verifies a tree as its paths (``RecurrentSteps.paths_step``).
         self.trees = not self.recurrent and not sliding
-        # A recurrent model verifies a tree as its paths (``RecurrentSteps.paths_step``).
         self._paths = self.recurrent and not sliding and guidance_scale is None
         self._uncaptured = False        # a step fed eagerly on a static cache (its paths)
         self._cache_arg = facts.cache_arg
-        # Prefix attention (mmspec.engine.attention) for SDPA models on a static cache; not under
-        # "inductor" (its fused steps would be compiled again for every width). Under
-        # "regional" every pass runs the prefix function (full width included), so the
-        # layers' one trace serves every width (the mask's width is a dynamic size).
-        # The decoder's attention decides (a VLM's vision tower may differ; it gets no 4-D mask).
-        self._sdpa_configs = sdpa_configs(facts.configs) if static_len is not None else []
-        text_sdpa = any(c is _decoder_config(self.net) for c in self._sdpa_configs)
-        self._bucketed = text_sdpa and compile in (False, "graphs", "regional")
-        # 4-D masks are additive, in the model's dtype: eager attention adds them to its
-        # scores; SDPA would turn a bool mask into one in every layer (a kernel per layer and
-        # step), so under prefix attention (which casts a mask of another dtype) the step
-        # builds it once. SDPA over the whole cache keeps bool masks (it checks the dtype).
+        self._sdpa_configs, self._text_sdpa, self._bucketed = _attention_plan(
+            self.net, facts, static_len, compile)
+        # 4-D masks are additive, in the model's dtype (``_attention_plan``).
         self._additive = next(model.parameters()).dtype
-        self._text_sdpa = text_sdpa
         self.cache = None
         self.seq: SequenceMask | StaticSequenceMask | None = None
         self._prompt_embeds: torch.Tensor | None = None   # ``prefill(inputs_embeds=)``
@@ -347,11 +368,11 @@ class CausalLMSession(Session):
             raise ValueError(f"inputs_embeds: accepted [B, P, d] of the prompt's shape "
                              f"{tuple(input_ids.shape)}, without guidance")
         self._prompt_embeds = inputs_embeds
-        b = input_ids.shape[0]
-        self.batch_size = b
+        self.batch_size = input_ids.shape[0]
         if self.guided:
-            input_ids, attention_mask = self._with_uncond(input_ids, attention_mask, uncond_ids,
-                                                          uncond_mask)
+            input_ids, attention_mask = with_uncond(input_ids, attention_mask, uncond_ids,
+                                                    uncond_mask)
+            self._uncond_last = uncond_ids[:, -1]    # each branch's own last token, fed first
         if self.static_len is not None:
             if input_ids.shape[1] > self.static_len:
                 raise ValueError(f"static_len={self.static_len} is shorter than the prompt "
@@ -362,10 +383,8 @@ class CausalLMSession(Session):
         else:
             self.cache = dynamic_cache(self.net.config)
             self.seq = SequenceMask.from_prompt(attention_mask)
-        if isinstance(prompt_blocks, torch.Tensor):
-            prompt_blocks = Blocks(prompt_blocks)
-        if prompt_blocks is not None and prompt_blocks.sliding_only and self.window is None:
-            prompt_blocks = None              # no sliding-window layer to open them on
+        prompt_blocks = _prompt_blocks(prompt_blocks, input_ids, self.window, self.guided,
+                                       self.recurrent)
         self._first_blocks = None
         if prompt_blocks is not None:
             self._blocks_pass(input_ids, attention_mask, prompt_blocks, model_kwargs)
@@ -379,42 +398,15 @@ class CausalLMSession(Session):
         self._base = self.persistent("base", self.seq.next_pos[: self.batch_size].clone())
         self._first = True
 
-    def _with_uncond(self, input_ids, attention_mask, uncond_ids, uncond_mask):
-        """The prompt's rows followed by the unconditional prompts' (guidance)."""
-        if uncond_ids is None:
-            raise ValueError("guidance_scale is set: uncond_ids (the unconditional prompts) "
-                             "are required")
-        if uncond_ids.shape != input_ids.shape:
-            raise ValueError(f"uncond_ids must have the prompt's shape {tuple(input_ids.shape)}"
-                             f" (left-pad both to one width), got {tuple(uncond_ids.shape)}")
-        self._uncond_last = uncond_ids[:, -1]    # each branch's own last token, fed first
-        return (torch.cat([input_ids, uncond_ids], 0),
-                torch.cat([attention_mask, uncond_mask], 0))
-
     def _blocks_pass(self, input_ids, attention_mask, blocks, model_kwargs) -> None:
         """The prompt pass over every column with ``blocks`` open (``prefill``), then its last
         slot taken back (and its features: the first step computes them again)."""
-        if blocks.ids.shape != input_ids.shape or self.guided or self.recurrent:
-            raise ValueError(f"prompt_blocks: accepted [B, P] of the prompt's shape "
-                             f"{tuple(input_ids.shape)}, without guidance or recurrent layers")
         self._forward(input_ids, attention_mask, prompt=True, blocks=blocks, **model_kwargs)
         crop(self.cache, 1)
         self.seq.rollback(1)
         if self._feature_layers:
             self.features = self.features[:, :-1]
-        # A last token inside a block saw the whole block past its window (PaliGemma 2's
-        # prefix): so does its refeed.
-        if (self.window is not None and blocks.past_window
-                and bool((blocks.ids[:, -1] >= 0).any())):
-            self._first_blocks = Blocks(blocks.ids[:, -1:], blocks.sliding_only, blocks.ids,
-                                        past_window=True)
-
-    def _step_blocks(self, n: int) -> Blocks | None:
-        """The blocks of the first step's ``n`` slots: the refed prompt token's, if any."""
-        b = self._first_blocks
-        if b is None or not self._first:
-            return None
-        return replace(b, ids=torch.nn.functional.pad(b.ids, (0, n - 1), value=-1))
+        self._first_blocks = refeed_blocks(blocks, self.window)
 
     # -- the protocol -------------------------------------------------------------------------
     def _rows(self, t: torch.Tensor) -> torch.Tensor:
@@ -448,7 +440,7 @@ class CausalLMSession(Session):
         its distributions inside its graph (``captures_processing``)."""
         processed = False
         if not prompt:
-            blocks = self._step_blocks(tokens.shape[1])
+            blocks = step_blocks(self._first_blocks if self._first else None, tokens.shape[1])
         inputs = self.prompt_inputs(tokens) if prompt else self.embed(tokens, self._first)
         valid = valid.to(torch.long)
         if self.static_len is None:
@@ -539,7 +531,7 @@ class CausalLMSession(Session):
         if tree is not None and self._paths and not isinstance(tree, TreeMask):
             return self._rollback.paths_step(tokens, valid, tree)
         if tree is not None:
-            tree = self._tree_mask(tree, tokens.shape[1])
+            tree = _tree_mask(self, tree, tokens.shape[1])
         rows, rows_valid = self._input_rows(tokens), self._rows(valid)
         if self._recurrent:
             self._rollback.record(rows, rows_valid)
@@ -571,19 +563,6 @@ class CausalLMSession(Session):
         and their argmax, compiled with them (``compiled_tail``) rather than captured as
         PyTorch's single-block reduction over the vocabulary."""
         return distributions.draw(self._distributions(logits, pos)[:, -1], greedy=True)
-
-    def _tree_mask(self, tree, n: int) -> TreeMask:
-        """A ``Tree`` over the n slots fed (or a ``TreeMask`` as is) for every row."""
-        if not self.trees:
-            raise ValueError("tree steps need a cache whose layers all attend over every slot "
-                             "(this model has recurrent or sliding-window layers): accepted a "
-                             "chain (tree=None)")
-        if isinstance(tree, TreeMask):
-            return TreeMask(self._rows(tree.ancestors), self._rows(tree.offsets))
-        if tree.num_nodes != n or tree.parents.shape[0] != self.batch_size:
-            raise ValueError(f"tree of {tree.num_nodes} nodes x {tree.parents.shape[0]} rows for "
-                             f"a step of {n} slots x {self.batch_size} rows: accepted equal sizes")
-        return TreeMask(self._rows(tree.ancestors()), self._rows(tree.depths()))
 
     def distributions(self, logits: torch.Tensor, gen_index: torch.Tensor):
         """What a step returns for the rows' outputs [R, n, ...] (``logits`` hook's result; R

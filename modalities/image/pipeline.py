@@ -180,6 +180,20 @@ class TextToImage:
         return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
 
     @torch.inference_mode()
+    def _tokens(self, run, batch: dict, dbatch: dict | None, progress: str | None,
+                callback_on_step_end) -> list[list[int]]:
+        """Prefill, then every row's tokens from the loop's events (``callback_on_step_end``
+        after each step)."""
+        run.prefill(batch, dbatch)
+        tokens = [[] for _ in range(batch["input_ids"].shape[0])]
+        events = run.stream(batch["input_ids"][:, -1], progress=progress)
+        for step, ev in enumerate(events):
+            for row, new in zip(tokens, ev.new_tokens):
+                row.extend(new)
+            if callback_on_step_end is not None:
+                callback_on_step_end(self, step, None, {"tokens": tokens})
+        return tokens
+
     def __call__(self, prompt=None, *, class_labels=None, num_images_per_prompt: int = 1,
                  guidance_scale: float | None = None, negative_prompt=None,
                  method: str = "plain", temperature: float = 1.0, top_k: int | None = None,
@@ -243,14 +257,8 @@ class TextToImage:
 
         # 3. Prefill and the loop (a progress bar over the slowest row's tokens).
         t0 = time.perf_counter()
-        run.prefill(batch, dbatch)
-        tokens = [[] for _ in rows]
-        events = run.stream(batch["input_ids"][:, -1], progress=method if progress else None)
-        for step, ev in enumerate(events):
-            for row, new in zip(tokens, ev.new_tokens):
-                row.extend(new)
-            if callback_on_step_end is not None:
-                callback_on_step_end(self, step, None, {"tokens": tokens})
+        tokens = self._tokens(run, batch, dbatch, method if progress else None,
+                              callback_on_step_end)
 
         # 4. Decode.
         ids = torch.tensor(tokens, dtype=torch.long, device=tgt.device)
