@@ -98,7 +98,8 @@ def test_session_lays_out_the_decoder_layers_and_lets_kept_steps_go():
     mmspec.generate(m, None, ids, temperature=0, max_new_tokens=2, static_cache=True)
     assert m in KEPT                               # a static cache kept for the next call
     head = m.lm_head.weight.untyped_storage().data_ptr()
-    CapturedSteps(CausalLMSession(m, mmspec.SamplingParams(temperature=0))).lay_out()
+    session = CausalLMSession(m, mmspec.SamplingParams(temperature=0))
+    CapturedSteps(session).lay_out()
     assert grouping.back_to_back(m.model.layers) and m not in KEPT
     assert m.lm_head.weight.untyped_storage().data_ptr() == head
     assert regions._LAID_OUT[m] and not regions.lay_out(m)        # once per model
