@@ -1,5 +1,5 @@
 """The adapters mmspec ships, by name: which model classes each serves, and what the adapter
-conformance suite (tests/test_adapter_conformance.py) runs over. Each adapter module
+conformance suite (tests/suites/test_adapter_conformance.py) runs over. Each adapter module
 registers its adapters where they are defined; a newly registered adapter fails the suite
 until it has a tiny-model case there, so registering an adapter puts it under test."""
 

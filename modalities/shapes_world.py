@@ -9,7 +9,7 @@ than near-deterministic. Everything is seeded and deterministic: ``sample_scene(
 ``caption(scene)`` -> "a large red circle at the top left and a small blue star at the bottom"
 ``questions(scene, rng)`` -> question-answer pairs for vision-language models.
 ``parse(image)`` -> the objects it sees (shape, colour, size, cell); on rendered scenes it is
-right at least 98% of the time (tests/test_shapes_world.py), so it scores generated images:
+right at least 98% of the time (tests/modalities/test_shapes_world.py), so it scores generated images:
 ``compositional_accuracy`` = fraction of images whose parse matches their caption.
 """
 

@@ -251,7 +251,7 @@ def describe(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Every flag's help ends with its accepted range (``Number``, choices) and default.
 
     A default of None says nothing, so such a flag's help must say what it means itself
-    (``(default: the model's)``); tests/test_recipes_cli.py checks every command's flags."""
+    (``(default: the model's)``); tests/frontdoors/test_recipes_cli.py checks every command's flags."""
     for action in ap._actions:  # argparse has no public iterator over its actions
         if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
             continue

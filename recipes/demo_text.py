@@ -75,7 +75,7 @@ def main(argv=None) -> None:
     print(f"prompt: {prompt!r} -> greedy: {example!r}\n")
     print_table(rows)
     print("\nspeedup = plain wall-clock / method wall-clock, same batch, same run; exact "
-          "sampling is lossless\n(distribution tests in tests/test_generate.py), greedy is "
+          "sampling is lossless\n(distribution tests in tests/engine/test_generate.py), greedy is "
           "token-identical.")
 
 

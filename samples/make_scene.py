@@ -4,7 +4,7 @@ ask about: shapes-world seed 31_000_089, rendered by ``modalities.shapes_world``
 
     python samples/make_scene.py          # or: make scene
 
-The same seed always renders the same pixels (tests/test_examples.py checks the file).
+The same seed always renders the same pixels (tests/frontdoors/test_examples.py checks the file).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ Greedy: walk while some child's token equals the argmax of the current node's p 
 such child in node order), then emit that argmax: the target's greedy chain for any tree.
 
 Both walk all rows at once, ``max_depth x max_children`` rounds of a few kernels each, with
-no host synchronisation; ``tests/test_tree.py`` checks exact in float64 by enumeration over
+no host synchronisation; ``tests/core/test_tree.py`` checks exact in float64 by enumeration over
 tree shapes and by Monte Carlo end to end.
 """
 

@@ -38,7 +38,7 @@ token follows p(. | the stale drafts before it), not p(. | the emitted tokens be
 Bound (hybrid argument over positions): TV(first m emitted, target) <= sum over forced tokens
 of E[TV(p(. | stale context), p(. | emitted context))] <= (m - 1) delta_c, where delta_c is the
 largest TV between the target's next-token distributions for two contexts that differ in at
-most c of the window's tokens; ``tests/test_sjd_pac.py`` enumerates it in float64 and gives a
+most c of the window's tokens; ``tests/drafters/test_sjd_pac.py`` enumerates it in float64 and gives a
 counterexample (docs/METHODS.md, section 3). ``continuation=0`` is the maximal coupling:
 lossless, and the adaptive continuation of SJD-PAC's released code, which commits only up to
 the first rejection and keeps the stale-tested tail as the next drafts.

@@ -1,5 +1,5 @@
 """Runs in vLLM's environment (.venv-vllm): vLLM's ``speculators`` package on folders mmspec
-wrote, for tests/test_vllm.py.
+wrote, for tests/drafters/test_vllm.py.
 
     python speculators_check.py JOB.json
 

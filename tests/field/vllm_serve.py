@@ -1,5 +1,5 @@
 """Runs in vLLM's environment (.venv-vllm): greedy generation in vLLM, with and without an
-EAGLE-3 head, for tests/test_vllm.py.
+EAGLE-3 head, for tests/drafters/test_vllm.py.
 
     python vllm_serve.py JOB.json OUT.json
 

@@ -185,7 +185,7 @@ def test_obscure_pipeline_inputs_are_clear_errors(tmp_path):
         VisionLanguageGenerator.from_pretrained(str(broken))
     with pytest.raises(ValueError, match=r"theta='high': accepted a cosine threshold"):
         CoarseGrained(torch.randn(4, 2), theta="high")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     t2i = TextToImage.from_pretrained(os.path.join(root, "samples", "models", "shapes-t2i"))
     with pytest.raises(ValueError, match=r"class_labels: accepted by class-conditional models only"):
         t2i(class_labels=[1], progress=False)
@@ -206,7 +206,7 @@ def test_truncated_weights_name_their_path(tmp_path):
 
     from modalities.image import TextToImage
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     src = os.path.join(root, "samples", "models", "shapes-t2i-draft")
     dst = tmp_path / "cut"
     shutil.copytree(src, dst)

@@ -13,7 +13,7 @@ import pytest
 
 from recipes import demo
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 
 
 def test_wilson_interval_against_hand_computed_values():

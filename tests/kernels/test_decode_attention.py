@@ -24,7 +24,7 @@ def test_reference_is_sdpa_over_the_masks_slots():
 
 def test_the_kernel_applies_on_cuda_only():
     """Off CUDA (the CPU, the meta device) ``applies`` says no and SDPA computes (on CUDA
-    the decode shapes say yes: tests/test_gpu.py)."""
+    the decode shapes say yes: tests/engine/test_gpu.py)."""
     q, k, v, mask = _inputs(1, 4, 2, 1, 8, 20, 12, False)
     assert not decode_attention.applies(q, k, v, mask, {})           # the CPU
     meta = [t.to("meta") for t in (q, k, v, mask)]

@@ -95,7 +95,7 @@ def _worker(rank: int, port: int, folder: str) -> None:
 
     from modalities.vlm import VisionLanguageGenerator
 
-    sys.path.insert(0, os.path.dirname(__file__))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # tests/: helpers
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)

@@ -9,7 +9,7 @@ import pathlib
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 PACKAGES = ("mmspec", "modalities", "recipes", "eval", "mmspec_cli")
 ORDER = {"mmspec": 0, "modalities": 1, "recipes": 2, "eval": 3, "mmspec_cli": 4}
 
@@ -239,8 +239,8 @@ def test_no_test_module_imports_another():
     rule_checks), not in another test file (importing one runs its module again under another
     name and ties two suites together)."""
     tests = ROOT / "tests"
-    names = {p.stem for p in tests.glob("test_*.py")}
-    for p in tests.glob("*.py"):
+    names = {p.stem for p in tests.rglob("test_*.py")}
+    for p in tests.rglob("*.py"):
         for node in ast.walk(ast.parse(p.read_text())):
             mods = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
@@ -261,7 +261,7 @@ def test_no_speed_switch_is_set_on_a_class_or_module():
 
     names = {f.name for f in fields(Engine)} | {"fuse", "PLAIN_STEPS"}
     assert not [n for n in names if hasattr(CausalLMSession, n) or hasattr(Loop, n)]
-    for p in [*(ROOT / "tests").glob("*.py"), *(ROOT / d for d in PACKAGES)]:
+    for p in [*(ROOT / "tests").rglob("*.py"), *(ROOT / d for d in PACKAGES)]:
         for f in ([p] if p.is_file() else p.rglob("*.py")):
             for node in ast.walk(ast.parse(f.read_text())):
                 hit = (isinstance(node, ast.Assign) and any(
@@ -272,3 +272,13 @@ def test_no_speed_switch_is_set_on_a_class_or_module():
                     and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
                     and node.args[1].value in names)
                 assert not hit, (f.relative_to(ROOT), node.lineno)
+
+
+def test_tests_are_organised_like_the_code():
+    """Test files live in folders named as the code's parts (no test at the top of tests/,
+    where the shared helpers are)."""
+    tests = ROOT / "tests"
+    assert not list(tests.glob("test_*.py"))
+    folders = {p.parent.name for p in tests.rglob("test_*.py")}
+    assert folders == {"core", "engine", "kernels", "drafters", "modalities", "frontdoors",
+                       "suites", "project"}, folders

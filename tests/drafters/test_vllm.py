@@ -32,7 +32,7 @@ from mmspec.drafters import FeatureDrafter, layouts
 from mmspec.drafters.eagle3 import Eagle3Head, default_feature_layers
 from tiny_heads import VARIANTS, eagle3_head as _head, eagle3_pairs as _pairs, forward
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FIELD = ROOT / ".venv-vllm" / "bin" / "python"
 
 

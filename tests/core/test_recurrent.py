@@ -223,7 +223,7 @@ def test_sampling_through_trees_on_a_recurrent_target_keeps_its_distribution(mon
     sequences follow the target's exact distribution; when every node reads the first path's
     outputs at its depth (``Tree.paths`` broken), 4,000 rows show they do not. (transformers'
     reference linear attention pads every multi-token step to 64 positions, so rows cost;
-    tree sampling itself is checked on 20,000 rows in tests/test_tree.py.)"""
+    tree sampling itself is checked on 20,000 rows in tests/core/test_tree.py.)"""
     import numpy as np
     from stats_util import tv, tv_threshold
     from stats_util import chi_square_pvalue, continuation_distribution as _continuation_distribution

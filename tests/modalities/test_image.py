@@ -309,7 +309,7 @@ def test_prompts_that_are_not_text_or_ids_of_the_vocabulary_are_refused(prompt, 
 
     from modalities.image import TextToImage
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     pipe = TextToImage.from_pretrained(os.path.join(root, "samples", "models", "shapes-t2i"))
     with pytest.raises(ValueError, match=match):
         pipe(prompt, progress=False, decode=False)

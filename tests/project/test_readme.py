@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = open(os.path.join(ROOT, "README.md")).read()
 BLOCKS = re.findall(r"```python\n(.*?)```", README, re.S)
 

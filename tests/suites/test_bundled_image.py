@@ -13,7 +13,7 @@ import torch
 from modalities import shapes_world as sw
 from modalities.image import TextToImage
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS = os.path.join(ROOT, "samples", "models")
 
 

@@ -125,7 +125,7 @@ def test_two_processes_collect_shares_and_train_one_head(tmp_path):
 
     from safetensors import safe_open
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = tmp_path / "head"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
            "2", "-m", "recipes.train.draft_head", "--modality", "tts", "--target",

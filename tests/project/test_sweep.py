@@ -15,7 +15,7 @@ from eval import metrics
 from eval.sweep import main as sweep_main, read_rows
 from tiny_image import save_tiny_bundled_pair
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -237,7 +237,7 @@ def test_multigpu_sweep_runs_both_sweeps_deterministic_unless_told(tmp_path, mon
 def test_methods_on_the_command_line_drop_the_configs_settings_of_other_methods():
     from eval.sweep import resolve
 
-    cfg = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "eval",
+    cfg = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "eval",
                        "configs", "image.yaml")
     assert resolve(["--config", cfg]).param == ["lantern.delta=0.05,0.1,0.2"]
     assert resolve(["--config", cfg, "--methods", "plain,exact"]).param == []

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 API = sorted((ROOT / "docs" / "api").glob("*.md"))
 ENTRIES = [line[4:].strip() for page in API for line in page.read_text().splitlines()
            if line.startswith("::: ")]

@@ -150,7 +150,7 @@ def test_every_writable_layout_round_trips(tmp_path, name):
 def test_every_registered_layout_is_named_in_the_docs():
     import pathlib
 
-    doc = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "drafters.md").read_text()
+    doc = (pathlib.Path(__file__).resolve().parent.parent.parent / "docs" / "drafters.md").read_text()
     for layout in layouts.LAYOUTS:
         assert f"`{layout.name}`" in doc, layout.name
 

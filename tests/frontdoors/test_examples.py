@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # `mmspec vlm IMAGE "QUESTION"` and `python -m recipes.vlm IMAGE "QUESTION"`
 COMMAND = re.compile(r'(?:mmspec vlm|python -m recipes\.vlm) +(\S+) +"([^"]+)"')

@@ -14,7 +14,7 @@ import torch
 
 from recipes.cli import Device, run
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VQA = os.path.join(ROOT, "samples", "prompts", "shapes_vqa.tsv")
 
 

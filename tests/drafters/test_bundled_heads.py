@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-MODELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "samples",
+MODELS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "samples",
                       "models")
 
 

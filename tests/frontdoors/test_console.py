@@ -15,7 +15,7 @@ import pytest
 from mmspec_cli import BENCHES, COMMANDS, main, resolve
 from recipes.cli import Names, Number, Numbers
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EVERY = [("mmspec " + n, c) for n, c in COMMANDS.items()] + \
         [("mmspec bench " + n, c) for n, c in BENCHES.items()]
 

@@ -11,7 +11,7 @@ import pytest
 
 from modalities import shapes_world as sw
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS = os.path.join(ROOT, "samples", "models")
 DATA = os.path.join(ROOT, "tests", "data")
 

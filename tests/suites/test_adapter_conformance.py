@@ -409,7 +409,7 @@ def test_prompts_that_end_with_the_image_give_the_models_own_tokens(name):
     plain, draft-model and Jacobi decoding give each row the model's own greedy tokens,
     dynamic and static caches, whatever the processor makes of the end (an image
     placeholder, or its closing token). LLaVA, LLaVA-NeXT and the Qwen-VL kinds:
-    tests/test_vlm.py."""
+    tests/modalities/test_vlm.py."""
     from tiny_vlm import images
 
     gen = CASES[name]().front
@@ -443,7 +443,7 @@ def test_plain_greedy_equals_the_models_own_generate(name):
 def test_readme_lists_every_supported_model_class():
     import pathlib
 
-    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (pathlib.Path(__file__).resolve().parent.parent.parent / "README.md").read_text()
     table = readme[readme.index("## Supported models"):
                    readme.index("## Command line and web demo")]
     for info in adapters():

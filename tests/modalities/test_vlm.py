@@ -316,7 +316,7 @@ def test_chat_messages_the_template_would_drop_are_refused_before_any_work(case)
 
     from modalities.vlm.generator import chat_prompt
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = AutoProcessor.from_pretrained(os.path.join(root, "samples", "models", "shapes-vlm"))
     messages, message = CHAT_REFUSALS[case]
     with pytest.raises(ValueError, match=message):
