@@ -46,11 +46,17 @@ def parse_setting(text: str) -> dict:
     from .bench_gpu import inductor_option
 
     setting = dict(inductor_option(part) for part in text.split(",") if part)
-    names = [f.name for f in fields(Engine)[3:]]
-    for name in split_setting(setting)[1]:
+    names = [f.name for f in fields(Engine)[3:] if not f.name.endswith("inductor_options")]
+    attributes = split_setting(setting)[1]
+    for name in attributes:
         if name not in names:
             raise argparse.ArgumentTypeError(f"'engine.{name}': accepted an Engine speed "
-                                             f"field ({', '.join(names)})")
+                                             f"field ({', '.join(names)}; inductor options "
+                                             "as KEY=VALUE)")
+    try:
+        Engine(**attributes)                           # values checked before any work
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
     return setting
 
 

@@ -47,7 +47,7 @@ import torch
 from .acceptance.base import Rule
 from .checks import check_count
 from .distributions import nonfinite
-from .drafters.base import Drafter, NoDraft
+from .drafters.base import Drafter
 from .engine.capture import compile_fixed
 from .sessions import Session
 from .types import PAD, StepStats, VerifyOutput
@@ -213,7 +213,7 @@ def check_pipeline(drafter: Drafter, pipeline: bool | None) -> None:
 
 def check_plain_steps(target: Session, drafter: Drafter, plain_steps: int) -> None:
     check_count("plain_steps", plain_steps)
-    if plain_steps > 1 and not (isinstance(drafter, NoDraft) and target.greedy):
+    if plain_steps > 1 and not (drafter.plain and target.greedy):
         raise ValueError(f"plain_steps={plain_steps}: accepted 1 unless plain decoding of a "
                          f"greedy target (got {type(drafter).__name__}, temperature "
                          f"{target.params.temperature})")

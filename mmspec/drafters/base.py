@@ -16,6 +16,8 @@ or, for Jacobi drafters, keep the target's samples as its next drafts.
 Capabilities (class attributes, read by the engine and the runner, never probed):
 
 - ``num_tokens``: K, drafts per step (0: plain decoding).
+- ``plain``: drafts nothing and does nothing between target steps (``NoDraft``), so plain
+  decoding may run several target steps per launch (``mmspec.engine.Plan.steps_per_launch``).
 - ``host_free``: no step needs a host value of the previous one, so the loop may queue step
   t + 1 before reading step t (``mmspec.engine``).
 - ``needs_model``: drafts with a draft model (a method builds it from the draft's session).
@@ -47,6 +49,7 @@ class Drafter:
     """Base class of drafters: the interface and the capabilities' defaults."""
 
     num_tokens: int = 0
+    plain: bool = False
     host_free: bool = False
     needs_model: bool = False
     needs_head: bool = False
@@ -101,6 +104,7 @@ class Drafter:
 class NoDraft(Drafter):
     """Plain decoding: no draft tokens, one target token per step (the baseline)."""
 
+    plain = True
     host_free = True     # no step needs a host value of the previous one: the loop pipelines
 
     @classmethod

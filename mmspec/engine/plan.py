@@ -15,7 +15,7 @@ Modes:
               (``compile="inductor"``; about a minute of compilation per width for a 7B model).
 
 Speed switches: every one a field of the ``Engine`` a call is given (docs/engine.md measures
-each), on by default; they only act under the captured modes. ``Engine(mode="regional",
+each), on by default; they act on static caches (``shared_pointer``) and captured steps. ``Engine(mode="regional",
 row_kernels=False)`` turns one off for one call; nothing in the process changes.
 
 Pipelining: the loop queues step t + 1 on the device before the host reads step t, so the
@@ -74,9 +74,10 @@ def _options(value, name: str) -> tuple:
         value = value.items()
     try:
         pairs = tuple(sorted((str(k), v) for k, v in value))
+        hash(pairs)
     except (TypeError, ValueError):
         raise ValueError(f"{name}={value!r}: accepted a mapping of torch.compile option "
-                         "names to values") from None
+                         "names to hashable values (numbers, strings, booleans, tuples)") from None
     return pairs
 
 
@@ -272,8 +273,7 @@ class Plan:
         ``Engine.plain_steps`` under captured engines where the drafter drafts nothing (``NoDraft``)
         and the target draws greedily in one captured chain (``Session.chains``), as vLLM's
         multi-step decoding; else 1."""
-        chained = (self.engine.captures and drafter.num_tokens == 0 and target.greedy
-                   and target.chains)
+        chained = self.engine.captures and drafter.plain and target.greedy and target.chains
         return self.engine.plain_steps if chained else 1
 
     def pipelines(self, drafter) -> bool:

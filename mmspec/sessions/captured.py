@@ -34,7 +34,11 @@ class CapturedSteps:
     def s(self):
         """The session (held weakly: its static cache goes back to the pool as soon as the
         call drops it, ``engine.capture.give_back``)."""
-        return self._session()
+        session = self._session()
+        if session is None:
+            raise ReferenceError("CapturedSteps: its session was collected (keep the session, "
+                                 "which holds its helpers)")
+        return session
 
     def graph_key(self, tensors: dict, width: int, prompt: bool = False,
                    processed: bool = False) -> tuple:

@@ -31,7 +31,11 @@ class RecurrentSteps:
     @property
     def s(self):
         """The session (held weakly, as ``CapturedSteps`` holds it)."""
-        return self._session()
+        session = self._session()
+        if session is None:
+            raise ReferenceError("RecurrentSteps: its session was collected (keep the session, "
+                                 "which holds its helpers)")
+        return session
 
     def record(self, rows: torch.Tensor, valid: torch.Tensor) -> None:
         """Before a chain step's forward: the states at the commit (first step after it), and

@@ -179,7 +179,6 @@ class TextToImage:
                              f"{self.target.vocab_size}")
         return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
 
-    @torch.inference_mode()
     def _tokens(self, run, batch: dict, dbatch: dict | None, progress: str | None,
                 callback_on_step_end) -> list[list[int]]:
         """Prefill, then every row's tokens from the loop's events (``callback_on_step_end``
@@ -194,6 +193,7 @@ class TextToImage:
                 callback_on_step_end(self, step, None, {"tokens": tokens})
         return tokens
 
+    @torch.inference_mode()
     def __call__(self, prompt=None, *, class_labels=None, num_images_per_prompt: int = 1,
                  guidance_scale: float | None = None, negative_prompt=None,
                  method: str = "plain", temperature: float = 1.0, top_k: int | None = None,

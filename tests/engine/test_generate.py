@@ -238,9 +238,11 @@ def test_a_static_cache_goes_back_as_soon_as_the_call_drops_its_session(pair):
                 s.step(ids[:, -1:])
             s._captured = CapturedSteps(s)              # as a captured session holds it
             assert (s._rollback is not None) == (model is not target)
-            ref = __import__("weakref").ref(s)
+            ref, steps = __import__("weakref").ref(s), s._captured
             del s
             assert ref() is None, model.config.model_type
+            with pytest.raises(ReferenceError, match="CapturedSteps: its session was collected"):
+                steps.cache_ready()
     finally:
         gc.enable()
     mmspec.release_graphs()
@@ -709,7 +711,9 @@ def test_speed_switches_are_per_call_fields_of_the_engine(pair, ragged_prompts):
     for bad, match in ((dict(row_kernels=1), "row_kernels=1: accepted True or False"),
                        (dict(captured_prompts=-1), "captured_prompts=-1: accepted an integer >= 0"),
                        (dict(plain_steps=0), "plain_steps=0: accepted an integer >= 1"),
-                       (dict(inductor_options=3), "inductor_options=3: accepted a mapping")):
+                       (dict(inductor_options=3), "inductor_options=3: accepted a mapping"),
+                       (dict(inductor_options={"post_grad_fusion_options": {}}),
+                        "accepted a mapping of torch.compile option names to hashable")):
         with pytest.raises(ValueError, match=match):
             Engine(**bad)
     with pytest.raises(ValueError, match="engine: accepted an Engine, given instead of compile="):
@@ -864,7 +868,7 @@ def test_plain_decoding_chains_its_steps_where_a_captured_target_draws_greedily(
     from mmspec.engine import PLAIN_STEPS
     from mmspec.loop import check_plain_steps
 
-    chains, plain, drafts = SimpleNamespace(greedy=True, chains=True), NoDraft(), SimpleNamespace(num_tokens=3)
+    chains, plain, drafts = SimpleNamespace(greedy=True, chains=True), NoDraft(), SimpleNamespace(plain=False)
     cases = [("regional", plain, chains, PLAIN_STEPS), ("graphs", plain, chains, PLAIN_STEPS),
              ("static", plain, chains, 1), ("regional", drafts, chains, 1),
              ("regional", plain, SimpleNamespace(greedy=False, chains=True), 1),
@@ -878,6 +882,13 @@ def test_plain_decoding_chains_its_steps_where_a_captured_target_draws_greedily(
         check_plain_steps(sampled, NoDraft(), 4)
     with pytest.raises(ValueError, match="plain_steps=0: accepted an integer >= 1"):
         check_plain_steps(chains, NoDraft(), 0)
+    from mmspec.drafters import Prefilled            # drafts nothing, but feeds its prefill
+    prefilled = Prefilled(NoDraft(), 2)
+    assert not prefilled.plain and Engine("regional").plan(
+        max_new_tokens=8).steps_per_launch(chains, prefilled) == 1
+    with pytest.raises(ValueError, match="plain_steps=4: accepted 1 unless plain decoding"):
+        check_plain_steps(SimpleNamespace(greedy=True, params=SimpleNamespace(temperature=0)),
+                          prefilled, 4)
 
 
 @pytest.mark.parametrize("under_prefix", [False, True])

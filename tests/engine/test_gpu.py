@@ -4,7 +4,7 @@ torch.compile first) gives the eager path's tokens under greedy decoding in floa
 text, and for images with guidance, a draft model and Jacobi, trees and heads, Qwen-VL, VLMs
 and speech.
 
-Inductor's coordinate-descent tuning is off here (``CausalLMSession.inductor_options``): it
+Inductor's coordinate-descent tuning is off here (``Engine.inductor_options``, ``fast``): it
 picks among kernel configurations of the same fused graph by timing them, which takes most of
 the compilation time of these many small models; eval.bench_gpu and eval.first_call run
 with it."""
@@ -488,7 +488,7 @@ def test_captured_greedy_draft_chains_are_one_graph(fuse):
 
 
 def test_captured_sampled_draft_chains_draw_what_the_eager_steps_draw():
-    """Sampled chains as graphs (``CausalLMSession.sampled_chains``): the call's generator is
+    """Sampled chains as graphs (``Engine.sampled_chains``): the call's generator is
     followed through the graph's own, so at temperature 1 with a seed a call draws exactly
     what stepping one graph at a time draws, on the call that captures and on the next
     (replays); the chain graphs exist."""
@@ -538,7 +538,7 @@ def test_captured_speculative_decoding_is_pipelined_by_default():
 def test_greedy_steps_settle_in_one_compiled_function():
     """Under captured steps a greedy call's acceptance, stops, budgets and transfer run as
     one compiled function (``loop.settler``), made once per process; same tokens as eager,
-    rows ending on a stop token included, and as with ``Loop.fuse`` off."""
+    rows ending on a stop token included, and as with ``Engine.fused_settle`` off."""
     from mmspec.acceptance import Greedy
     from mmspec.loop import _SETTLERS
 

@@ -42,6 +42,17 @@ def test_decoded_images_have_the_configured_size(vq):
         assert all(im.size == size and im.mode == "RGB" for im in out.images)
 
 
+def test_a_call_runs_under_inference_mode_as_the_other_front_doors(vq):
+    """The whole call (prompts, rule, loop, decoding) runs under inference mode: an adapter's
+    decoder builds no autograd graph, and the tokens are inference tensors."""
+    pipe, prompts = PIPES["janus"](vq)
+    seen = []
+    decode = pipe.target.decode
+    pipe.target.decode = lambda ids: (seen.append(torch.is_inference_mode_enabled()), decode(ids))[1]
+    out = pipe(prompts, progress=False, seed=1)
+    assert seen == [True] and out.tokens.is_inference()
+
+
 def test_emu3_rows_end_with_eol():
     pipe, prompts = emu3_pipe()
     out = pipe(prompts, method="sjd", progress=False, seed=3)

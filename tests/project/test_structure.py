@@ -265,8 +265,8 @@ def test_no_speed_switch_is_set_on_a_class_or_module():
         for f in ([p] if p.is_file() else p.rglob("*.py")):
             for node in ast.walk(ast.parse(f.read_text())):
                 hit = (isinstance(node, ast.Assign) and any(
-                    isinstance(t, ast.Attribute) and t.attr in names and isinstance(t.value, ast.Name)
-                    and t.value.id[:1].isupper() or t.value.id == "engine" for t in node.targets
+                    t.attr in names and (t.value.id[:1].isupper() or t.value.id == "engine")
+                    for t in node.targets
                     if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name))
                     or isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "setattr"
                     and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
