@@ -892,7 +892,7 @@ def test_plain_decoding_chains_its_steps_where_a_captured_target_draws_greedily(
 
 
 @pytest.mark.parametrize("under_prefix", [False, True])
-def test_regional_layers_compile_once_for_every_cache_length(pair, under_prefix):
+def test_regional_layers_compile_once_for_every_cache_length(under_prefix):
     """With the cache length and the mask width marked dynamic (``regions.dynamic_length``)
     and each layer given its own view of the cache (``regions.layer_cache``), steps on static
     caches of three lengths trace the layers' code once and the output head, the final norm
@@ -906,7 +906,7 @@ def test_regional_layers_compile_once_for_every_cache_length(pair, under_prefix)
     from mmspec.engine import regions
     from mmspec.engine.attention import module_configs, prefix, sdpa_configs
 
-    target, _ = pair
+    target = tiny_llama(seed=0)   # its own: traces are counted on it
     torch._dynamo.reset()
     counters.clear()
     ids = torch.tensor([[3, 4, 5, 6, 7]])
@@ -935,7 +935,7 @@ def test_regional_layers_compile_once_for_every_cache_length(pair, under_prefix)
     torch._dynamo.reset()
 
 
-def test_regional_prompt_passes_compile_once_for_every_prompt_length(pair):
+def test_regional_prompt_passes_compile_once_for_every_prompt_length():
     """Prompt passes (``regions.compiled(..., prompt=True)``) of three lengths on caches of
     three lengths (their slots allocated, as a session's reused cache) trace the layers, the
     output head, the final norm and the rotary embedding once each, with the prompt's and the
@@ -946,7 +946,7 @@ def test_regional_prompt_passes_compile_once_for_every_prompt_length(pair):
 
     from mmspec.engine import regions
 
-    target, _ = pair
+    target = tiny_llama(seed=0)   # its own: traces are counted on it
     torch._dynamo.reset()
     counters.clear()
     cfg = target.config
