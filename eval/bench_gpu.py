@@ -374,7 +374,7 @@ class Costs:
 def switches(args) -> dict:
     """The Engine speed fields the flags name (every call of the run is given them)."""
     return dict(inductor_options={**dict(INDUCTOR_OPTIONS), **dict(args.inductor_option)},
-                capture_prompts_up_to=0 if args.no_prompt_graphs else 512,
+                capture_prompts_up_to=0 if args.no_prompt_graphs else Engine.capture_prompts_up_to,
                 fused_settle=not args.no_fused_settle, plain_steps=args.plain_steps,
                 row_kernels=not args.no_row_kernels, row_norms=not args.no_row_norms,
                 row_rope=not args.no_row_rope)

@@ -113,13 +113,11 @@ def _engine_of(model, static_len: int | None, compile, engine: Engine | None) ->
     captured modes refused without a static cache or a CUDA device."""
     if engine is not None and compile is not False:
         raise ValueError("engine: accepted an Engine, given instead of compile= (not with it)")
-    if engine is None:
-        engine = Engine(compile_mode(compile) or ("static" if static_len is not None else "eager"))
-    if engine.compile and static_len is None:
+    if (engine.compile if engine is not None else compile_mode(compile)) and static_len is None:
         raise ValueError("compile=True needs a static cache (static_len)")
-    if engine.compile and next(model.parameters()).device.type != "cuda":
-        raise ValueError("compile=True captures CUDA graphs: accepted a model on a CUDA device")
-    return engine
+    if engine is None:
+        engine = Engine.from_switches(compile, static_cache=static_len is not None)
+    return engine.check(model)
 
 
 def _attention_plan(net, facts: NetFacts, static_len: int | None, compile) -> tuple:
