@@ -11,6 +11,12 @@ torch.compile, and its own trace: correct either way). The output head and the o
 projections outside the layers are compiled the same way, and so are the decoder's final norm
 and rotary embedding (``BESIDE``), each a few small kernels per step otherwise.
 
+A region compiles its module's ``forward``; the module's own forward hooks (transformers'
+``output_hidden_states`` recorders, which feature drafters ask for, a user's) run around the
+compiled call as ``nn.Module.__call__`` runs them, outside the graph, and transformers'
+recorders inside a layer are off while the regions run (``_hooked``, ``_take_recorders``):
+traced, their context variable breaks every layer's graph.
+
 Under inductor, on a model whose decoder layers' sibling projections all lie back to back
 (``lay_out``, which the sessions call first: ``grouping.contiguous_projections``), the layers'
 linear calls on one input (q/k/v, gate/up) run as one product (``grouping.grouped``); with
@@ -139,9 +145,47 @@ def layer_cache(cache, index: int):
     return view
 
 
-def _call(module: nn.Module, *args, **kwargs):
+def _call(forward, *args, **kwargs):
     """A prompt region's call (its own code object: its traces are not the steps')."""
-    return module(*args, **kwargs)
+    return forward(*args, **kwargs)
+
+
+def _hooked(module: nn.Module, run, args: tuple, kwargs: dict):
+    """``run(*args, **kwargs)`` (``module``'s compiled forward) with ``module``'s own forward
+    pre-hooks and hooks around it, called as ``nn.Module.__call__`` calls them, outside the
+    compiled graph: a hook (mmspec's ``FeatureTap``, transformers' output recorders) is plain
+    Python each call, not code traced into, and guarded in, the graph the layers share."""
+    for i, hook in module._forward_pre_hooks.items():
+        if i in module._forward_pre_hooks_with_kwargs:
+            res = hook(module, args, kwargs)
+            args, kwargs = (args, kwargs) if res is None else res
+        else:
+            res = hook(module, args)
+            args = args if res is None else res if isinstance(res, tuple) else (res,)
+    out = run(*args, **kwargs)
+    for i, hook in module._forward_hooks.items():
+        res = (hook(module, args, kwargs, out) if i in module._forward_hooks_with_kwargs
+               else hook(module, args, out))
+        out = out if res is None else res
+    return out
+
+
+# The module of transformers' output-recording hooks (``output_hidden_states`` and the like):
+# installed on a model's first call that asks for an output, kept for good, and untraceable
+# by torch.compile (they read a context variable).
+_RECORDERS = "transformers.utils.output_capturing"
+
+
+def _take_recorders(modules: list[nn.Module], held: list) -> None:
+    """transformers' output recorders taken off ``modules`` (the modules inside a compiled
+    region) into ``held``, put back when the regions are (``compiled``). Inside a layer they
+    record attentions or router logits, which no session asks for; traced, each would break
+    the layer's graph in two (the region's own hooks run outside its graph: ``_hooked``)."""
+    for m in modules:
+        for i, hook in list(m._forward_hooks.items()):
+            if getattr(hook, "__module__", None) == _RECORDERS:
+                held.append((m, i, hook))
+                del m._forward_hooks[i]
 
 
 class _Region(nn.Module):
@@ -152,14 +196,20 @@ class _Region(nn.Module):
                  prompt: bool = False, group: bool = False,
                  rows: grouping.RowKernels | None = None):
         super().__init__()
-        self.index, self.prompt = index, prompt
+        self.index, self.prompt, self.layer = index, prompt, layer
+        # The modules inside, whose recorders are taken off while the regions run (``held``:
+        # where, set by ``compiled``; a model's first ask installs them during a call).
+        self.inside = [m for m in layer.modules() if m is not layer]
+        self.held: list | None = None
         kw = dict(options=dict(options)) if backend == "inductor" and not group else {}
         if backend == "inductor" and group:   # linear layers reading one input: one product
             backend = grouping.grouped(options, rows)
-        fn = functools.partial(_call, layer) if prompt else layer
+        fn = functools.partial(_call, layer.forward) if prompt else layer.forward
         self.compiled = torch.compile(fn, dynamic=False, backend=backend, **kw)
 
     def forward(self, *args, **kwargs):
+        if self.held is not None:
+            _take_recorders(self.inside, self.held)
         if self.index is not None:
             args = [layer_cache(v, self.index) if _is_cache(v) else v for v in args]
             kwargs = {k: layer_cache(v, self.index) if _is_cache(v) else v
@@ -167,7 +217,7 @@ class _Region(nn.Module):
         first = args[0] if args else kwargs.get("hidden_states", kwargs.get("input"))
         if self.prompt and isinstance(first, torch.Tensor) and first.dim() > 1:
             mark_prompt([*args, *kwargs.values()], first.shape[1])
-        return self.compiled(*args, **kwargs)
+        return _hooked(self.layer, self.compiled, tuple(args), kwargs)
 
 
 def _is_cache(value) -> bool:
@@ -269,9 +319,11 @@ def compiled(net: nn.Module, options: dict, backend="inductor", prompt: bool = F
     group = group and backend == "inductor" and _LAID_OUT.get(net, False)
     made = _made(net, options, backend, prompt, group, rows if group else None)
     pairs = made.pairs
+    held: list = []
     try:
         for (parent, name), wrapper in zip(pairs, made.wrappers):
             setattr(parent, name, wrapper)
+            wrapper.held = held
         yield
     except _dynamo.exc.TorchDynamoException as err:
         cause = getattr(err, "inner_exception", None) or err
@@ -280,5 +332,8 @@ def compiled(net: nn.Module, options: dict, backend="inductor", prompt: bool = F
                            f"layers ({type(cause).__name__}: {first}); compile='graphs' "
                            "captures the steps without compiling") from err
     finally:
-        for (parent, name), module in zip(pairs, made.originals):
+        for (parent, name), module, wrapper in zip(pairs, made.originals, made.wrappers):
             setattr(parent, name, module)
+            wrapper.held = None
+        for m, i, hook in held:
+            m._forward_hooks[i] = hook

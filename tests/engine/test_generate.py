@@ -802,8 +802,8 @@ def test_regional_compilation_swaps_layers_in_and_back(pair):
     with torch.no_grad():
         ref = target(ids).logits
         with regions.compiled(target, {}, backend="eager"):
-            assert all(isinstance(m.compiled, torch._dynamo.eval_frame.OptimizedModule)
-                       and m.compiled._orig_mod is o for m, o in zip(layers, originals))
+            assert all(isinstance(m, regions._Region) and m.layer is o
+                       for m, o in zip(layers, originals))
             got = target(ids).logits
         with pytest.raises(RuntimeError, match="inside"):
             with regions.compiled(target, {}, backend="eager"):
@@ -1008,6 +1008,48 @@ def test_regional_layer_reading_its_index_is_traced_on_its_own(by_index):
                     outs.append(m(input_ids=ids[:, 3:], cache=cache, use_cache=True).logits)
         torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0)
         assert counters["stats"]["unique_graphs"] == (3 if by_index else 1) + 1
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("prompt", [False, True])
+def test_regions_run_hooks_outside_their_graphs(prompt):
+    """transformers records ``output_hidden_states`` by forward hooks it installs on a model's
+    first call that asks (and keeps): compiled regions run each region's own hooks outside
+    its graph and take the recorders inside it off, so a model once asked traces as many
+    graphs as one never asked, with no graph break; hidden states asked for under the regions
+    (a model's very first ask included) equal uncompiled ones; a user's hook that replaces a
+    layer's output still does."""
+    from torch._dynamo.utils import counters
+
+    from mmspec.engine import regions
+
+    ids = torch.tensor([[3, 4, 5, 6, 7]])
+    graphs = {}
+    for asks in ("never", "before", "inside"):
+        target = tiny_llama(seed=0)   # its own: traces are counted on it
+        with torch.no_grad():
+            if asks == "before":      # transformers installs its recorders now
+                target(input_ids=ids, output_hidden_states=True)
+            torch._dynamo.reset()
+            counters.clear()
+            for n in (5, 3, 4):
+                with regions.compiled(target, {}, backend="eager", prompt=prompt):
+                    out = target(input_ids=ids[:, :n], output_hidden_states=asks != "never")
+                reference = target(input_ids=ids[:, :n], output_hidden_states=True)
+                torch.testing.assert_close(out.logits, reference.logits)
+                if asks != "never":
+                    assert len(out.hidden_states) == len(target.model.layers) + 1
+                    for got, want in zip(out.hidden_states, reference.hidden_states):
+                        torch.testing.assert_close(got, want)
+        assert sum(counters["graph_break"].values()) == 0
+        graphs[asks] = counters["stats"]["unique_graphs"]
+    assert graphs["before"] == graphs["inside"] == graphs["never"] == (4 if prompt else
+                                                                       graphs["never"])
+    handle = target.model.layers[1].register_forward_hook(lambda m, a, out: out * 0)
+    with torch.no_grad(), regions.compiled(target, {}, backend="eager", prompt=prompt):
+        zeroed = target(input_ids=ids, output_hidden_states=True).hidden_states[2]
+    handle.remove()
+    assert not zeroed.any()
     torch._dynamo.reset()
 
 
