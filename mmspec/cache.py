@@ -566,3 +566,9 @@ class StaticSequenceMask:
         dropped = torch.where(keep_valid.to(torch.bool), 0, tail)
         self.next_pos.sub_(dropped.sum(1))
         tail.sub_(dropped)
+
+
+def take_slots(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """t [R, n, *event] at ``index`` [R, m] along the slots -> [R, m, *event]."""
+    index = index.view(*index.shape, *[1] * (t.dim() - 2))
+    return t.gather(1, index.expand(*index.shape[:2], *t.shape[2:]))

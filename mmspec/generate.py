@@ -11,12 +11,13 @@ from .checks import check_count, check_guidance_scale
 from .distributed import whole
 from .drafters.base import Drafter, NoDraft
 from .drafters.model import ModelDrafter
-from .engine import Engine
+from .engine.plan import Engine
 from .loop import Stops
 from .registry import MethodContext, make_rule, rule_class
 from .runner import Run, prepare
+from .model_facts import max_positions, output_vocab_size
 from .sampling import SamplingParams, sampling_params
-from .sessions import CausalLMSession, max_positions, output_vocab_size
+from .sessions.causal_lm import CausalLMSession
 from .types import GenerateOutput
 
 

@@ -49,7 +49,7 @@ from .checks import check_count
 from .distributions import nonfinite
 from .drafters.base import Drafter
 from .engine.capture import compile_fixed
-from .sessions import Session
+from .sessions.base import Session
 from .types import PAD, StepStats, VerifyOutput
 
 

@@ -28,7 +28,7 @@ from .acceptance.base import Rule
 from .drafters.base import Drafter
 from .engine import Plan
 from .sampling import make_generator
-from .sessions import Session
+from .sessions.base import Session
 from .types import StepStats
 
 

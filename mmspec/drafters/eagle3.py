@@ -380,7 +380,7 @@ class Eagle3Head(DraftHead):
         field's default layers (``layouts.default_feature_layers``) unless given, and the
         target's M-RoPE sections where its rotary embedding is M-RoPE over whole heads."""
         from ..sessions.causal_lm import _decoder_config
-        from ..sessions import output_vocab_size
+        from ..model_facts import output_vocab_size
 
         cfg = _decoder_config(target)
         v = output_vocab_size(target)
@@ -414,7 +414,7 @@ class Eagle3Head(DraftHead):
         """Share ``target``'s input embeddings (checked against the config: its hidden size
         and vocabulary named when they differ, the feature layers against its layer count)."""
         from ..sessions.causal_lm import _decoder_config
-        from ..sessions import output_vocab_size
+        from ..model_facts import output_vocab_size
 
         c, cfg = self.config, _decoder_config(target)
         emb = target.get_input_embeddings()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from ..sessions import Session
+from ..sessions.base import Session
 from ..types import Draft
 from .depth import DepthDrafter
 from .frame import FrameDrafter

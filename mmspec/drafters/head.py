@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..model_facts import decoder_config, output_vocab_size
 from .files import CONFIG, WEIGHTS, read_config, read_tensors, write
 
 
@@ -148,10 +149,7 @@ class DraftHead(nn.Module):
     @classmethod
     def for_target(cls, target, feature_layers=None, **kw) -> "DraftHead":
         """A fresh head for a transformers causal LM or VLM (its text decoder's sizes)."""
-        from ..sessions.causal_lm import _decoder_config
-        from ..sessions import output_vocab_size
-
-        cfg = _decoder_config(target)
+        cfg = decoder_config(target)
         layers = feature_layers_of(cfg.num_hidden_layers, feature_layers)
         head = cls(HeadConfig(hidden_size=cfg.hidden_size, feature_layers=layers,
                               target=getattr(target, "name_or_path", "") or "",

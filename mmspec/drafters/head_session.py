@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..sessions import CausalLMSession
+from ..sessions.causal_lm import CausalLMSession
 from .head import DraftHead
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..checks import check_count
-from ..sessions import Session
+from ..sessions.base import Session
 from ..types import Draft
 from .base import Drafter
 

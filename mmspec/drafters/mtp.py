@@ -86,7 +86,7 @@ class MtpHead(DraftHead):
 
         from ..sessions.causal_lm import _decoder_config
 
-        from ..sessions import output_vocab_size
+        from ..model_facts import output_vocab_size
 
         text = _decoder_config(target)
         one = copy.deepcopy(text)
@@ -159,7 +159,7 @@ class DeepSeekMtpHead(DraftHead):
 
         from ..sessions.causal_lm import _decoder_config
 
-        from ..sessions import output_vocab_size
+        from ..model_facts import output_vocab_size
 
         text = _decoder_config(target)
         one = target.config.get_mtp_config()       # transformers': one block of the MTP kind

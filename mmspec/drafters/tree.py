@@ -31,7 +31,7 @@ import torch
 
 from ..cache import TreeMask
 from ..checks import check_count
-from ..sessions import Session
+from ..sessions.base import Session
 from ..tree import Tree
 from ..types import Draft
 from .base import Drafter

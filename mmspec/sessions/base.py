@@ -102,13 +102,6 @@ class Session:
 
 
 
-def _take(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """t [R, n, *event] at ``index`` [R, m] along the slots -> [R, m, *event]."""
-    index = index.view(*index.shape, *[1] * (t.dim() - 2))
-    return t.gather(1, index.expand(*index.shape[:2], *t.shape[2:]))
-
-
-
 class PaddedSession(Session):
     """A draft session whose vocabulary is a prefix of the target's (padded target
     vocabularies, e.g. llava-1.5-hf's 32064 over a 32000-id draft): probabilities are padded

@@ -27,31 +27,14 @@ from ..engine import regions
 from ..engine.attention import bucket, module_configs, prefix, sdpa_configs
 from ..engine.capture import Captured, compiled, give_back, release, take
 from ..engine.plan import Engine, compile_mode
+from ..model_facts import decoder_config as _decoder_config
+from ..model_facts import max_positions, output_vocab_size  # noqa: F401  (sessions' names)
 from ..sampling import SamplingParams, guide
 from .base import Session
 from .captured import CapturedSteps
 from .prompt import prompt_blocks as _prompt_blocks
 from .prompt import refeed_blocks, step_blocks, with_uncond
 from .recurrent import RecurrentSteps
-
-
-def output_vocab_size(model) -> int:
-    """Rows of the output head (the width of the logits), falling back to the config."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is not None and getattr(head, "weight", None) is not None:
-        return int(head.weight.shape[0])
-    return int(_decoder_config(model).vocab_size)
-
-
-def _decoder_config(model):
-    """The config of the model's text decoder (a VLM's language model; the model's own)."""
-    cfg = model.config
-    return cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
-
-
-def max_positions(model) -> int | None:
-    return getattr(_decoder_config(model), "max_position_embeddings", None)
-
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import weakref
 import torch
 
 from ..cache import StateSnapshot, crop, repeated_rows
-from .base import _take
+from ..cache import take_slots as _take
 
 
 class RecurrentSteps:
