@@ -160,6 +160,9 @@ class Eagle3Config:
                         width) of M-RoPE heads (Qwen2.5-VL, Qwen3-VL targets).
     mrope_interleaved:  the sections interleaved (Qwen3-VL) rather than contiguous.
     target:             the target's name or path (informational; written as the verifier).
+    merged_embeds:      the prompt's token embeddings are the target's merged input embeddings
+                        (``HeadConfig.merged_embeds``; written as ``mmspec_merged_embeds``
+                        where true).
     """
 
     hidden_size: int
@@ -185,6 +188,7 @@ class Eagle3Config:
     mrope_section: tuple[int, ...] | None = None
     mrope_interleaved: bool = False
     target: str = ""
+    merged_embeds: bool = False
     # mmspec's head protocol (a token head over the conditional features)
     uncond_features: bool = field(default=False, init=False)
     codebooks: None = field(default=None, init=False)
@@ -544,6 +548,7 @@ class Eagle3Head(DraftHead):
         the target as the verifier)."""
         c = self.config
         name = target or c.target
+        merged = {"mmspec_merged_embeds": True} if c.merged_embeds else {}
         return {
             "architectures": ["Eagle3DraftModel"],
             "speculators_model_type": "eagle3",
@@ -563,6 +568,7 @@ class Eagle3Head(DraftHead):
             "norm_before_residual": c.norm_before_residual, "norm_before_fc": c.norm_before_fc,
             "fc_norm": c.fc_norm, "norm_output": c.norm_output,
             "embed_requires_grad": False, "dtype": str(self.fc.weight.dtype).removeprefix("torch."),
+            **merged,
         }
 
     def save_pretrained(self, path, target: str | None = None, speculative_tokens: int = 3) -> None:
@@ -649,6 +655,7 @@ def config_from_speculators(config: dict, target) -> Eagle3Config:
             norm_before_residual=bool(config.get("norm_before_residual", False)),
             norm_before_fc=bool(config.get("norm_before_fc", False)),
             fc_norm=bool(config.get("fc_norm", False)),
-            norm_output=bool(config.get("norm_output", False)))
+            norm_output=bool(config.get("norm_output", False)),
+            merged_embeds=bool(config.get("mmspec_merged_embeds", False)))
     except KeyError as e:
         raise ValueError(f"the speculators config lacks {e.args[0]!r}") from None

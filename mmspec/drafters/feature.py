@@ -9,16 +9,19 @@ all rows at once:
    last accepted slot). Fed to the head; its output at the root gives q for the first level.
 2. A tree as ``TreeDrafter`` (a chain is ``branch = width = 1``): each frontier node is fed
    with its parent's head output as its feature (the head's own stand-in for the target's).
-   The prompt's tokens are paired the same way (its first token with a zero feature).
+   The prompt's tokens are paired the same way (its first token with a zero feature); a
+   head with ``merged_embeds`` reads the prompt's embeddings as the target's decoder read
+   them (its ``hidden_states[0]``, kept from the prompt pass: a VLM's merged image features).
 3. After verification the head keeps only the pending pairs' slots (real features); the
    accepted drafts and the new last token become the next pending pairs with the target's
    features of the accepted path (``VerifyOutput.path``), so the head never keeps a slot
    built on its own guesses.
 
-Children as ``TreeDrafter``'s (top-k when greedy, else sampled without replacement), so
-verification is lossless. ``attach`` (called by ``mmspec.runner.prepare``) ties the drafter to the target's
-session: the target keeps the head's feature layers; the head's session gets the target's
-sampling and cache settings.
+Children as ``TreeDrafter``'s (top-k when greedy, ranked by the head's softmax at temperature
+1, ``TreeDrafter.soften``; else sampled without replacement), so verification is lossless.
+``attach`` (called by ``mmspec.runner.prepare``) ties the drafter to the target's session: the
+target keeps the head's feature layers; the head's session gets the target's sampling and
+cache settings.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from ..types import Draft
 from .depth import DepthDrafter
 from .frame import FrameDrafter
 from .head import DepthHead, DraftHead, FrameHead
-from .head_session import HeadSession, next_pairs, prefill_pairs
+from .head_session import HeadSession, next_pairs, prefill_pairs, prompt_layers
 from .tree import TreeDrafter
 
 
@@ -101,10 +104,11 @@ class FeatureDrafter(TreeDrafter):
                              f"session that keeps them ({type(target).__name__} does not)")
         if not target.tree_verify:
             self._as_chain(target)
-        target.keep_features(self.head.config.feature_layers, self.head.config.uncond_features)
+        target.keep_features(prompt_layers(self.head.config), self.head.config.uncond_features)
         self.target = target
         self.session = HeadSession(self.head, target, static_len=target.static_len,
                                    engine=target.engine)
+        self._soft = False                      # a new session: ``begin`` softens it
         self.check_sampling()
 
     def _as_chain(self, target: Session) -> None:
@@ -123,7 +127,10 @@ class FeatureDrafter(TreeDrafter):
     def begin(self, input_ids, attention_mask, vocab_size=None, **prompt) -> None:
         if self.target is None:
             raise RuntimeError("FeatureDrafter.begin before attach(target)")
+        self.soften()
         self._pending = prefill_pairs(self.session, input_ids, attention_mask)
+        c = self.head.config           # the steps' features (the prompt's kept hidden_states[0])
+        self.target.keep_features(c.feature_layers, c.uncond_features)
         self._backlog = self._backlog_valid = None
 
     def _feed_root(self, feed, valid):

@@ -82,6 +82,13 @@ class HeadConfig:
                      distribution is (1 - s) l_u + s l_c in logits: the head sees both
                      branches); such a head drafts only with guidance on.
     num_layers:      the head's decoder layers (EAGLE-3's: one).
+    merged_embeds:   the prompt's token embeddings are the target's decoder inputs
+                     (``hidden_states[0]`` of its prompt pass): at a VLM's image placeholders
+                     the merged image features, as vLLM hands its EAGLE-3 drafter, where the
+                     placeholder id's embedding carries nothing; elsewhere each id's
+                     embedding. False (heads trained before it, and SpecForge's VLM heads):
+                     the placeholder id's embedding. A head drafts as it was trained
+                     (``recipes.train.draft_head --merged-embeds``).
     """
 
     hidden_size: int
@@ -97,6 +104,7 @@ class HeadConfig:
     depth_decoder: bool = False
     uncond_features: bool = False
     num_layers: int = 1
+    merged_embeds: bool = False
 
     def llama(self):
         """The head decoder's ``LlamaConfig`` (``num_layers`` layers)."""
@@ -136,6 +144,9 @@ class DraftHead(nn.Module):
                 or config.num_layers < 1:
             raise ValueError(f"num_layers={config.num_layers!r}: accepted an integer >= 1 (the "
                              "head's decoder layers)")
+        if config.merged_embeds and (config.uncond_features or config.codebooks):
+            raise ValueError("merged_embeds: accepted for token heads over the conditional "
+                             "features (a VLM's), not with uncond_features or codebooks")
         if vd is not None and not (isinstance(vd, int) and 1 <= vd < config.vocab_size):
             raise ValueError(f"draft_vocab_size={vd!r}: accepted None or an integer in [1, "
                              f"{config.vocab_size - 1}] (fewer ids than the target's "

@@ -20,6 +20,33 @@ class _HeadOutput:
     last_hidden_state: torch.Tensor
 
 
+def prompt_layers(config) -> tuple[int, ...]:
+    """The target layers kept for the prompt pass of a head of ``config``: its feature layers,
+    then ``hidden_states[0]`` (the decoder's input embeddings) where it reads the prompt's
+    merged embeddings (``merged_embeds``); ``split_prompt`` takes them apart."""
+    return tuple(config.feature_layers) + ((0,) if config.merged_embeds else ())
+
+
+def split_prompt(config, features: torch.Tensor | None):
+    """The prompt pass's kept ``features`` [B, P - 1, F (+ d)] (``prompt_layers``) -> (the
+    head's features [B, P - 1, F], the target's input embeddings [B, P - 1, d] or None)."""
+    if features is None or not config.merged_embeds:
+        return features, None
+    d = config.hidden_size
+    return features[..., :-d], features[..., -d:]
+
+
+def prompt_embeds(target, input_ids: torch.Tensor, merged: torch.Tensor | None) -> torch.Tensor:
+    """The prompt's token embeddings [B, P, d] as a head reads them: those of the target
+    session's prompt inputs (``token_embeds``), with ``merged`` [B, P - 1, d] (the target's
+    ``hidden_states[0]`` of its prompt pass: a VLM's merged image features at its image
+    placeholders) in place of the columns the pass fed; the last column is the first step's."""
+    e = token_embeds(target, target.prompt_inputs(target._rows(input_ids)), input_ids.shape[0])
+    if merged is None:
+        return e
+    return torch.cat([merged.to(e.dtype), e[:, merged.shape[1]:]], 1)
+
+
 def token_embeds(session, inputs: dict, rows: int) -> torch.Tensor:
     """The token embeddings [rows, n, d] of a target session's model inputs (its ``embed`` or
     ``prompt_inputs``): their ``inputs_embeds``, or the model's input embeddings of their
@@ -105,12 +132,14 @@ def next_pairs(on_path: torch.Tensor, tokens: torch.Tensor, n: torch.Tensor, m: 
 def prefill_pairs(session: HeadSession, input_ids, attention_mask) -> torch.Tensor:
     """Prefill the head's ``session`` with the prompt's pairs, each token with its target's
     feature of the token before it (zeros for the first; the target session has run the
-    prompt); returns the feature paired with the first root, [B, 1, d]."""
+    prompt, keeping ``prompt_layers``); returns the feature paired with the first root,
+    [B, 1, d]."""
     tgt, head, b = session.template, session.head, input_ids.shape[0]
     f = input_ids.new_zeros(b, 1, head.config.hidden_size, dtype=head.dtype)
-    if input_ids.shape[1] > 1:
-        f = torch.cat([f, head.reduce_features(tgt.features)], 1)                # [B, P, d]
-    session.prompt_embeds = token_embeds(tgt, tgt.prompt_inputs(tgt._rows(input_ids)), b)
+    feats, merged = split_prompt(head.config, tgt.features if input_ids.shape[1] > 1 else None)
+    if feats is not None:
+        f = torch.cat([f, head.reduce_features(feats)], 1)                       # [B, P, d]
+    session.prompt_embeds = prompt_embeds(tgt, input_ids, merged)
     session.feed = f[:, :-1]
     session.prefill(input_ids, attention_mask if head.first_pair else
                     without_first_pair(attention_mask))

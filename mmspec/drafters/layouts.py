@@ -324,7 +324,8 @@ class FlatLayout(Layout):
             draft_vocab_size=config.get("draft_vocab_size"), feature_layers=layers,
             norm_before_residual=bool(config.get("norm_before_residual", False)),
             norm_before_fc=bool(config.get("norm_before_fc", False)),
-            fc_norm=bool(config.get("fc_norm", False)))
+            fc_norm=bool(config.get("fc_norm", False)),
+            merged_embeds=bool(config.get("mmspec_merged_embeds", False)))
 
     def flat_config(self, head, target=None) -> dict:
         c = head.config
@@ -343,6 +344,8 @@ class FlatLayout(Layout):
         config = layer_config(c, "rope_scaling")
         config.update(architectures=[self.architecture], draft_vocab_size=c.draft_vocab_size,
                       torch_dtype=str(head.fc.weight.dtype).removeprefix("torch."))
+        if c.merged_embeds:
+            config["mmspec_merged_embeds"] = True
         return config
 
     def write(self, head, folder, target=None, speculative_tokens: int = 3):

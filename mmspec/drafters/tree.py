@@ -13,7 +13,12 @@ Per step, all rows at once (terms of ``mmspec.tree``):
    kept set is closed under parents), renumbered level by level.
 
 Children: at temperature 0 (or ``sample=False``) the top-k of q, verified as point masses
-(``Draft.probs`` None), lossless for any shape and any pruning; otherwise drawn from q
+(``Draft.probs`` None), lossless for any shape and any pruning. A greedy draft session's q
+is one-hot, whose top-k would be its argmax beside arbitrary ids at the score floor (a
+chain with dead siblings): a tree of top-k children (``branch`` > 1) from a greedy session
+has the session process q at temperature 1 instead (the draft's softmax, which EAGLE-2
+ranks by; ``soften``), which changes which nodes are drafted, never what is emitted;
+otherwise drawn from q
 without replacement (the exponential race's order), each with the q it was drawn from (q
 without its earlier siblings), verified by recursive rejection (``mmspec.acceptance.tree``):
 lossless as long as no node is dropped for its own value, so sampled trees keep every node
@@ -31,7 +36,8 @@ import torch
 
 from ..cache import TreeMask
 from ..checks import check_count
-from ..sessions.base import Session
+from ..sampling import SamplingParams
+from ..sessions.base import PaddedSession, Session
 from ..tree import Tree
 from ..types import Draft
 from .base import Drafter
@@ -75,6 +81,7 @@ class TreeDrafter(Drafter):
             raise ValueError(f"tree_sample={sample!r}: accepted None (sampled unless greedy), "
                              "True or False")
         self.nodes, self.sample = nodes, sample
+        self._soft = False                  # the session's q softened (``soften``)
         self.num_tokens = made if nodes is None else nodes
         self._backlog = self._backlog_valid = None
         self.check_sampling()
@@ -136,7 +143,21 @@ class TreeDrafter(Drafter):
             raise ValueError("method 'tree' drafts with a draft model: pass draft=...")
         return cls(context.draft_session(), **cls._args(params))
 
+    def soften(self) -> None:
+        """Top-k children (``branch`` > 1, not ``sampled``) from a greedy session: the session
+        processes q at temperature 1, untruncated (its one-hot q ranks no sibling: module
+        docstring); ``sampled`` still reads the session as greedy. Called with the call's
+        session, before its prompt (``begin``)."""
+        s = self.session
+        if self._soft or self.branch == 1 or self.sampled or not s.greedy:
+            return
+        soft = SamplingParams()             # temperature 1, no truncation
+        for one in (s, s.inner) if isinstance(s, PaddedSession) else (s,):
+            one.params = soft
+        self._soft = True
+
     def begin(self, input_ids, attention_mask, vocab_size=None, **prompt) -> None:
+        self.soften()
         self.session.prefill(input_ids, attention_mask, **prompt)
         self._backlog = self._backlog_valid = None
 
@@ -176,8 +197,10 @@ class TreeDrafter(Drafter):
 
     @property
     def sampled(self) -> bool:
-        """Children are drawn from q (not its top-k): ``sample``, else when q is not greedy."""
-        return (not self.session.greedy) if self.sample is None else self.sample
+        """Children are drawn from q (not its top-k): ``sample``, else when the session is not
+        greedy (a softened session counts as the greedy one it was)."""
+        greedy = self._soft or self.session.greedy
+        return (not greedy) if self.sample is None else self.sample
 
     def _children(self, q: torch.Tensor):
         """``branch`` children of every node [B, F, V] -> tokens [B, F, branch], their

@@ -48,7 +48,7 @@ import torch
 
 from mmspec.drafters.base import NoDraft
 from mmspec.drafters.architectures import ARCHITECTURES
-from mmspec.drafters.head_session import token_embeds
+from mmspec.drafters.head_session import prompt_embeds, token_embeds
 from recipes.cli import (COUNT, Device, Interrupted, Number, Parser, TreeShape, check_head,
                          describe, read_lines, run, tree_name)
 
@@ -58,20 +58,28 @@ MODALITIES = ("t2i", "vlm", "tts", "text")
 # -- 1. collect ---------------------------------------------------------------------------
 
 class Recorder(NoDraft):
-    """Plain decoding that records what a head trains on: each position's token embedding,
-    the target's features and, over the generated positions, its distributions."""
+    """Plain decoding that records what a head trains on: each position's token embedding
+    (with ``merged``, the prompt's as the target's decoder read them: ``HeadConfig.
+    merged_embeds``), the target's features and, over the generated positions, its
+    distributions."""
 
-    def __init__(self, layers, uncond: bool = False):
-        self.layers, self.uncond = tuple(layers), uncond
+    def __init__(self, layers, uncond: bool = False, merged: bool = False):
+        self.layers, self.uncond, self.merged = tuple(layers), uncond, merged
 
     def attach(self, target):
-        target.keep_features(self.layers, self.uncond)
+        target.keep_features(self.layers + ((0,) if self.merged else ()), self.uncond)
         self.target = target
 
     def begin(self, input_ids, attention_mask, vocab_size=None, **prompt):
-        t, b = self.target, input_ids.shape[0]
-        self.embeds = [token_embeds(t, t.prompt_inputs(t._rows(input_ids)), b)]
-        self.feats = [t.features] if input_ids.shape[1] > 1 else []
+        t = self.target
+        feats = t.features if input_ids.shape[1] > 1 else None
+        merged = None
+        if self.merged and feats is not None:           # hidden_states[0] kept last
+            d = feats.shape[-1] // (len(self.layers) + 1)
+            feats, merged = feats[..., :-d], feats[..., -d:]
+        t.keep_features(self.layers, self.uncond)        # the steps': the head's layers only
+        self.embeds = [prompt_embeds(t, input_ids, merged)]
+        self.feats = [feats] if feats is not None else []
         self.mask, self.probs, self.valid = attention_mask, [], []
 
     def propose(self, last, k_max, active=None):
@@ -177,7 +185,7 @@ class Source:
         """The recording drafter for a head of ``config`` (its features)."""
         if self.frames or self.depth:
             return (FrameRecorder if self.frames else DepthRecorder)(config.feature_layers)
-        return Recorder(config.feature_layers, config.uncond_features)
+        return Recorder(config.feature_layers, config.uncond_features, config.merged_embeds)
 
     def generate(self, items, seed: int, temperature: float, drafter=None, method="plain",
                  **params):
@@ -671,6 +679,12 @@ def _arch_name(head) -> str:
 
 
 def _vocab_line(cfg) -> str:
+    merged = (" At the prompt's image placeholders it reads the target's merged image features "
+              "(hidden_states[0], --merged-embeds)." if cfg.merged_embeds else "")
+    return _vocab_only(cfg) + merged
+
+
+def _vocab_only(cfg) -> str:
     if cfg.codebooks:
         return f"It drafts over each codebook's {cfg.vocab_size} ids."
     if cfg.draft_vocab_size in (None, cfg.vocab_size):
@@ -830,6 +844,11 @@ def build_parser():
     ap.add_argument("--uncond-features", action="store_true",
                     help="t2i under guidance: the head fuses the unconditional branch's "
                          "features too (default: the conditional branch's only)")
+    ap.add_argument("--merged-embeds", action="store_true",
+                    help="vlm: the head reads the target's merged input embeddings "
+                         "(hidden_states[0]: the image features at the prompt's image "
+                         "placeholders, as vLLM hands its EAGLE-3 drafter) (default: the "
+                         "placeholder id's embedding, as the bundled heads)")
     ap.add_argument("--tree", type=TreeShape(), default=TREE,
                     help="the head tree measured for the card (token heads)")
     ap.add_argument("--save-every", type=COUNT, default=500, help="checkpoint interval (steps)")
@@ -888,6 +907,9 @@ def check_args(args) -> tuple[list, list]:
     if args.init is not None and args.draft_vocab is not None:
         raise ValueError("--init and --draft-vocab: the head's draft ids come with --init's "
                          "weights; accepted one of them")
+    if args.merged_embeds and args.modality != "vlm":
+        raise ValueError(f"--merged-embeds: accepted with --modality vlm (image features "
+                         f"merged into the prompt), not {args.modality}")
     if args.uncond_features and args.modality != "t2i":
         raise ValueError(f"--uncond-features: accepted with --modality t2i (a target sampled "
                          f"with guidance), not {args.modality}")
@@ -1081,6 +1103,8 @@ def fit(source: Source, args, accelerator, clock: Clock | None = None):
         kw["mrope_section"] = None          # trained on 1-D positions (the card says so)
     else:
         kw["uncond_features"] = args.uncond_features
+    if args.merged_embeds:
+        kw["merged_embeds"] = True
     head = head_for_target(source.model, args.feature_layers, arch=args.arch,
                            kind=source.head_kind, **kw)
     head.config.target = args.target

@@ -158,7 +158,8 @@ def test_the_recipe_fits_measures_and_describes_a_depth_head(tmp_path):
                               out=str(tmp_path), resume=False, collect_batch=4, seed=0,
                               temperature=1.0, lr=3e-3, steps=5, unroll=2, save_every=10_000,
                               draft=None, uncond_features=False, head_layers=1,
-                              arch="draft-head", init=None, freeze_output=False, export=None)
+                              arch="draft-head", init=None, freeze_output=False, export=None,
+                              merged_embeds=False)
     head = recipe.fit(source, args, Accelerator(cpu=True))
     assert isinstance(DraftHead.from_pretrained(tmp_path, target), DepthHead)
     rows = recipe.measure(source, head, args)

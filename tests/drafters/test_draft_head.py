@@ -112,6 +112,10 @@ def test_the_recipe_refuses_bad_input_in_one_line(tmp_path, capsys):
                         "--target", "x", "--out", str(tmp_path), "--data", "shapes-describe"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "--data shapes-describe: accepted with --modality vlm" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "recipes.train.draft_head", "--modality", "t2i",
+                        "--target", "x", "--out", str(tmp_path), "--merged-embeds"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "--merged-embeds: accepted with --modality vlm" in r.stderr
 
 
 def test_two_processes_collect_shares_and_train_one_head(tmp_path):
@@ -174,6 +178,98 @@ def test_a_reduced_draft_vocabulary_drafts_only_its_ids_and_trains(tmp_path):
         DraftHead.for_target(target, draft_vocab_size=16)
     with pytest.raises(ValueError, match="accepted 8 distinct ids in"):
         head.set_draft_ids(torch.tensor([1, 1, 2, 3, 4, 5, 6, 7]))
+
+
+# -- greedy trees: ranked by the draft's softmax ---------------------------------------------
+
+def _first_tree(target, drafter, temperature):
+    """The first tree ``drafter`` proposes on three left-padded prompts."""
+    ids = torch.tensor([[0, 3, 4, 5, 6], [2, 1, 2, 3, 4], [0, 0, 7, 8, 9]])
+    seen, propose = [], drafter.propose
+    drafter.propose = lambda *a, **k: seen.append(propose(*a, **k)) or seen[-1]
+    mmspec.generate(target, input_ids=ids, attention_mask=(ids != 0).long(), seed=0,
+                    temperature=temperature, max_new_tokens=3, drafter=drafter)
+    return seen[0]
+
+
+@pytest.mark.parametrize("kind", ["draft model", "DraftHead", "Eagle3Head"])
+def test_a_greedy_tree_is_the_tree_of_the_drafts_softmax(kind):
+    """At temperature 0 a draft session's q is one-hot: its top-2 would be the argmax beside an
+    arbitrary id at the score floor, so every tree a chain with dead siblings. A greedy tree
+    of top-k children is the one the draft's softmax gives: the tree drafted at temperature 1
+    with top-k children (tree_sample=False), node for node; a chain's session stays greedy."""
+    from mmspec.drafters import TreeDrafter
+    from mmspec.sampling import SamplingParams
+    from mmspec.sessions import CausalLMSession
+    from tiny_heads import eagle3_head
+
+    target = tiny_llama(vocab=40, hidden=32, layers=6, heads=2, scale=3.0)
+    draft = tiny_llama(vocab=40, hidden=16, layers=1, seed=1)
+    torch.manual_seed(5)
+    head = (DraftHead.for_target(target) if kind == "DraftHead" else
+            eagle3_head(target, draft_vocab=30, layers=(1, 2, 4)) if kind == "Eagle3Head" else None)
+
+    def drafter(temperature, **shape):
+        if head is not None:
+            return FeatureDrafter(head, **shape)
+        return TreeDrafter(CausalLMSession(draft, SamplingParams(temperature=temperature)),
+                           **shape)
+
+    shape = dict(depth=3, branch=2, width=2, sample=False)
+    greedy, soft = (_first_tree(target, drafter(t, **shape), t) for t in (0.0, 1.0))
+    assert torch.equal(greedy.tokens, soft.tokens) and greedy.probs is None
+    assert torch.equal(greedy.tree.parents, soft.tree.parents)
+    chain = drafter(0.0, depth=3, branch=1, width=1)
+    assert torch.equal(_first_tree(target, chain, 0.0).tokens[:, 0], greedy.tokens[:, 0])
+    assert not chain._soft and chain.session.greedy
+
+
+# -- a VLM head's prompt embeddings: the merged image features (merged_embeds) -------------
+
+@pytest.mark.parametrize("arch", ["draft-head", "eagle3"])
+def test_a_merged_embeds_head_reads_the_targets_hidden_states_0_at_image_positions(arch):
+    """A LLaVA target, ragged rows with images: a head whose config declares merged_embeds
+    reads at the image placeholders (every prompt column its decoder's prompt pass feeds) the
+    target's own hidden_states[0], the merged image features, and so does the recipe's
+    recorder (what such a head trains on); a head without it reads the placeholder id's
+    embedding there, as before. Both give plain greedy."""
+    from mmspec.drafters.architectures import head_for_target
+    from modalities.vlm import VisionLanguageGenerator
+    from tiny_vlm import llava_pairs, tiny_llava, tiny_processor
+
+    target, proc = tiny_llava(), tiny_processor()
+    ims, prompts = llava_pairs("llava")
+    torch.manual_seed(0)
+    plain = VisionLanguageGenerator(target, proc).generate(ims, prompts, temperature=0,
+                                                           max_new_tokens=5).token_ids
+    for merged in (True, False):
+        head = head_for_target(target, (0, 1), arch=arch, merged_embeds=merged)
+        gen = VisionLanguageGenerator(target, proc, head=head)
+        batch = gen.encode(ims, prompts)
+        ids = batch["input_ids"]
+        with torch.no_grad():
+            hs0 = target(**batch, output_hidden_states=True).hidden_states[0]
+        image = ids == target.config.image_token_id                            # [B, P]
+        image[:, -1] = False                # the last column is the first step's
+        seen = []
+        head.decoder.model.register_forward_pre_hook(
+            lambda m, a, kw: seen.append(kw["inputs_embeds"]) if not seen else None,
+            with_kwargs=True)
+        drafter = FeatureDrafter(head, depth=2, branch=1, width=1)
+        out = gen.generate(ims, prompts, drafter=drafter, temperature=0, max_new_tokens=5)
+        assert out.token_ids == plain, (arch, merged)
+        embeds = drafter.session.prompt_embeds[:, :-1]       # the prompt pass's columns
+        want = hs0 if merged else target.get_input_embeddings()(ids)
+        assert torch.allclose(embeds[image[:, :-1]], want[image], atol=1e-6), (arch, merged)
+        if arch == "eagle3":                # its decoder's input: [token embedding, feature]
+            fed = seen[0][..., :head.config.hidden_size]
+            assert torch.allclose(fed[image[:, :-1]], want[image], atol=1e-6)
+        assert not torch.allclose(hs0[image], target.get_input_embeddings()(ids)[image])
+        rec = recipe.Recorder(head.config.feature_layers, merged=merged)
+        gen.generate(ims, prompts, drafter=rec, temperature=0, max_new_tokens=3)
+        recorded = rec.batch()["embeds"][:, :ids.shape[1]]
+        assert torch.allclose(recorded[image], want[image], atol=1e-6), (arch, merged)
+        assert rec.batch()["features"].shape[-1] == 2 * head.config.hidden_size
 
 
 # -- heads on recurrent targets (trees as paths) and on targets without tree steps (chains) --
@@ -466,7 +562,8 @@ def test_shapes_vlm_items_describe_one_scene_in_two_and_vary_the_other_questions
 
 def test_the_recipe_records_what_its_vlm_data_asked_and_where_it_measured(tmp_path):
     """A VLM head trained on the shapes data records its description rate in training.json,
-    and its card states it and the measuring device."""
+    and its card states it and the measuring device; --merged-embeds is saved in its config
+    and named on its card."""
     import json
 
     from recipes.cli import BUNDLED
@@ -474,13 +571,14 @@ def test_the_recipe_records_what_its_vlm_data_asked_and_where_it_measured(tmp_pa
     recipe.main(["--modality", "vlm", "--target", f"{BUNDLED}/shapes-vlm", "--out",
                  str(tmp_path), "--data", "shapes-describe", "--samples", "2", "--collect-batch",
                  "2", "--eval", "1", "--steps", "1", "--temperature", "0", "--tree", "2x1x1",
-                 "--device", "cpu"])
+                 "--device", "cpu", "--merged-embeds"])
     with open(tmp_path / "training.json") as f:
         trained = json.load(f)
     assert trained["describe_every"] == 1 and trained["measured_on"] == "CPU"
     card = " ".join((tmp_path / "README.md").read_text().split())
     assert 'Every training scene was asked "describe the image."' in card
-    assert ", on CPU)" in card
+    assert ", on CPU)" in card and "merged image features" in card
+    assert DraftHead.from_pretrained(tmp_path).config.merged_embeds
 
 
 def _deepseek_checkpoint(folder, layers=2):

@@ -387,3 +387,23 @@ def test_a_vocabulary_of_the_first_ids_and_unsorted_layers_round_trip(tmp_path):
     assert back.reduced and torch.equal(back.draft_ids, torch.arange(10))
     assert json.loads((tmp_path / "config.json").read_text())[
         "eagle_aux_hidden_state_layer_ids"] == [1, 2, 4]
+
+
+def test_merged_embeds_is_written_where_true_and_read_back_by_every_layout(tmp_path):
+    """A head declaring merged_embeds (the prompt's embeddings are the target's decoder inputs)
+    keeps it through every writable layout and mmspec's own files; a head without it writes
+    no key (the exports the engines read are unchanged) and reads back without it."""
+    from mmspec.drafters import DraftHead
+
+    target = _target()
+    for merged in (True, False):
+        head = Eagle3Head.for_target(target, merged_embeds=merged)      # the default layers
+        for name in layouts.writable():
+            folder = tmp_path / f"{name}-{merged}"
+            layouts.export(head, folder, name)
+            written = json.loads((folder / "config.json").read_text())
+            assert written.get("mmspec_merged_embeds", False) is merged, name
+            assert layouts.load(folder, target).config.merged_embeds is merged, name
+        own = DraftHead.for_target(target, merged_embeds=merged)
+        own.save_pretrained(tmp_path / f"own-{merged}")
+        assert layouts.load(tmp_path / f"own-{merged}", target).config.merged_embeds is merged
