@@ -215,7 +215,12 @@ class TreeDrafter(Drafter):
         taken = torch.nn.functional.one_hot(idx, q.shape[-1]).to(q.dtype)         # [B, F, b, V]
         before = taken.cumsum(2) - taken                                         # earlier ones
         qj = q[:, :, None] * (1 - before)
-        qj = qj / qj.sum(-1, keepdim=True).clamp_min(1e-30)
+        mass = qj.sum(-1, keepdim=True)
+        # q's support used up by earlier siblings: the first child again, as a point mass (no
+        # residual accepts it once the first child was rejected; a zero q would accept it)
+        spent = mass[..., 0] <= 0
+        qj = torch.where(spent[..., None], taken[:, :, :1], qj / mass.clamp_min(1e-30))
+        idx = torch.where(spent, idx[..., :1], idx)
         return idx, self._logq(q.gather(-1, idx)), qj
 
     def _grow(self, q, depth, on):

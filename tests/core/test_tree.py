@@ -496,6 +496,30 @@ def test_tree_sampling_matches_the_target_and_fails_without_the_residual(monkeyp
     assert chi_square_pvalue(broken, exact) < 1e-4
 
 
+def test_children_past_the_drafts_support_never_accept():
+    """A draft whose q holds fewer ids than the tree's children (its session samples top-1:
+    q one-hot) under a target that samples all ids: the children drawn after q's support is
+    used up repeat the first child as a point mass, which no residual can accept, and the
+    emitted sequences follow the target (with a zero q recorded for them, each was accepted
+    whenever reached)."""
+    from conftest import tiny_llama
+    from mmspec.drafters import TreeDrafter
+    from mmspec.sampling import SamplingParams
+    from mmspec.sessions import CausalLMSession
+    from stats_util import continuation_distribution as _continuation_distribution
+    from stats_util import tv, tv_threshold
+
+    target = tiny_llama(vocab=8, hidden=32, seed=3, scale=6.0)
+    draft = tiny_llama(vocab=8, hidden=16, layers=1, seed=4, scale=6.0)
+    prompt, m, n = [1, 2, 3], 2, 20_000
+    exact = _continuation_distribution(target, prompt, m, 1.0)
+    session = CausalLMSession(draft, SamplingParams(temperature=1.0, top_k=1))
+    drafter = TreeDrafter(session, depth=2, branch=3, width=1, sample=True)
+    got, st = _tree_histogram(target, drafter, prompt, m, n, 0)
+    assert tv(got / n, exact) < tv_threshold(exact, n)
+    assert chi_square_pvalue(got, exact) > 1e-4
+
+
 def test_tree_methods_by_name_and_bad_input(pair, ragged_prompts):
     from mmspec.acceptance import Grouped
     from mmspec.registry import MethodContext, build_method
