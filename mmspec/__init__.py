@@ -6,7 +6,7 @@ models; modality pipelines live in the ``modalities`` package.
 
 from .acceptance import Exact, Greedy, Rule
 from .drafters import (DraftHead, Drafter, FeatureDrafter, Jacobi, ModelDrafter, NoDraft,
-                       TreeDrafter)
+                       ProactiveJacobi, TreeDrafter)
 from .engine import Engine, Plan
 from .generate import generate, generate_stream
 from .loop import Stops, run, stream
@@ -25,7 +25,7 @@ __all__ = [
     "Rule", "Exact", "Greedy", "make_rule", "rule_names", "rules", "register_rule",
     "register_drafter", "parse_method", "build_method",
     "SamplingParams", "Session", "CausalLMSession", "Drafter", "ModelDrafter", "NoDraft",
-    "Jacobi", "TreeDrafter", "FeatureDrafter", "DraftHead", "Tree", "Engine", "Plan", "Run",
+    "Jacobi", "ProactiveJacobi", "TreeDrafter", "FeatureDrafter", "DraftHead", "Tree", "Engine", "Plan", "Run",
     "prepare", "Stops",
     "generate", "generate_stream", "run", "stream", "release_graphs",
 ]

@@ -36,7 +36,8 @@ def _load() -> None:
     if _DRAFTERS:
         return
     from . import acceptance
-    from .drafters import FeatureDrafter, Jacobi, ModelDrafter, NoDraft, TreeDrafter
+    from .drafters import (FeatureDrafter, Jacobi, ModelDrafter, NoDraft, ProactiveJacobi,
+                           TreeDrafter)
 
     for name in acceptance.__all__:
         cls = getattr(acceptance, name)
@@ -48,7 +49,9 @@ def _load() -> None:
                       "sjd-maximal": (Jacobi, {"coupling": "maximal"}),
                       "sjd-gumbel": (Jacobi, {"coupling": "gumbel"}),
                       # relaxed (Jacobi's docstring): commits past the first rejection
-                      "sjd-continue": (Jacobi, {"coupling": "maximal", "continuation": 1})})
+                      "sjd-continue": (Jacobi, {"coupling": "maximal", "continuation": 1}),
+                      # lossless: SJD-PAC's proactive tree at the window's start
+                      "sjd-proactive": (ProactiveJacobi, {"coupling": "maximal"})})
 
 
 def register_rule(name: str, cls: type) -> None:

@@ -231,8 +231,11 @@ METHOD_FLAGS = {
     "theta": (Number(float, -1, 1), "PCG cosine threshold"),
     "nu": (Number(float, 0), "annealed decay"),
     "mu": (Number(float), "annealed offset"),
-    "tree_depth": (COUNT, "tree and head methods: levels of drafts"),
-    "tree_branch": (COUNT, "tree and head methods: children per expanded node"),
+    "tree_depth": (COUNT, "tree and head methods: levels of drafts; sjd-proactive: levels "
+                          "with children"),
+    "tree_branch": (COUNT, "tree, head and sjd-proactive methods: children per expanded node"),
+    "tree_spines": (COUNT, "sjd-proactive: nodes of the last tree level the window's chain "
+                           "follows"),
     "tree_width": (COUNT, "tree and head methods: nodes expanded per level"),
     "tree_nodes": (COUNT, "tree and head methods: keep the best nodes (top-k children only)"),
 }

@@ -28,7 +28,7 @@ from recipes.cli import (COUNT, Number, Parser, add_common, add_compile, add_met
 # the method parameters this recipe takes as flags
 METHOD_PARAMS = ("window", "coupling", "init", "num_draft_tokens", "k", "delta", "lam",
                  "group_size", "p_threshold", "embed_threshold", "theta", "nu", "mu",
-                 "tree_depth", "tree_branch", "tree_width", "tree_nodes")
+                 "tree_depth", "tree_branch", "tree_width", "tree_nodes", "tree_spines")
 
 
 def grid(pairs: list[tuple[Image.Image, Image.Image]], scale: int = 4,

@@ -43,6 +43,11 @@ counterexample (docs/METHODS.md, section 3). ``continuation=0`` is the maximal c
 lossless, and the adaptive continuation of SJD-PAC's released code, which commits only up to
 the first rejection and keeps the stale-tested tail as the next drafts.
 
+Proactive trees (``ProactiveJacobi``, method ``sjd-proactive``): SJD-PAC's proactive drafting
+in its lossless form. Each step proposes the window as a tree whose first positions offer K
+children (the window's draft, then draws from its q without replacement), verified by the exact
+tree rule; lossless with every coupling (the class docstring).
+
 Initialisations (``init``): ``"uniform"`` over ``init_range`` = [lo, hi) (the adapter gives
 the image-token span or codebook); spatial priors on a raster grid of ``grid_width``:
 ``"repeat_horizon"`` copies the token to the left, ``"sample_horizon"`` samples from the
@@ -57,7 +62,9 @@ from __future__ import annotations
 
 import torch
 
+from ..checks import check_count
 from ..sampling import residual, sample
+from ..tree import Tree
 from ..types import Draft
 from .base import Drafter
 
@@ -317,3 +324,195 @@ class Jacobi(Drafter):
                 cand = torch.where(in_window & (above >= 0), sampled, cand)
             tok[:, s] = torch.where(col, cand, tok[:, s])
         return tok
+
+
+class ProactiveJacobi(Jacobi):
+    """``ProactiveJacobi(window=16, tree_branch=4, tree_depth=2, tree_spines=1, **jacobi)`` --
+    SJD-PAC's proactive drafting (Kang et al., CVPR 2026) in its lossless form, method
+    ``sjd-proactive`` (any coupling; ``sjd-proactive`` itself: maximal).
+
+    Each step proposes the window as a tree instead of a chain. The window's first
+    ``tree_depth`` positions (just after the last rejection, where the window's distributions
+    are stalest) are a product tree: every node of level d - 1 (the root: the last emitted
+    token) has ``tree_branch`` children, the same tokens under every parent:
+
+    - child 0: the window's own draft at that position (the coupling's; q its recorded q);
+    - children 1..K-1: drawn from that q without replacement, the window's draft excluded
+      (an exponential race; under the Gumbel coupling the next keys of the position's own
+      persistent table), each recorded with q without the earlier children, renormalised:
+      Jeon et al.'s recursive rejection sampling, which ``mmspec.acceptance.tree`` verifies.
+      A child left without mass (q's support used up: a one-hot q of a fresh slot, a top-k
+      cut) repeats child 0 as a point mass, which the rule never accepts once child 0 was
+      rejected (the residual has no mass there).
+
+    Below level ``tree_depth`` the window's remaining drafts follow as a chain under the first
+    ``tree_spines`` nodes of that level (in level order: the first is the node whose path is
+    all the window's drafts).
+    Nodes per step: sum_{d <= D} K^d + spines (L - D).
+
+    Lossless with the exact rule (``mmspec.acceptance.tree``'s proof): every node's children
+    are drawn given only the history (the last pass's distributions, the old window, fresh
+    randomness), never given the tokens at the levels above them, so whichever path the walk
+    takes, a node's children are distributed as the q's recorded for them; the window's own
+    drafts keep the coupling's marginals (a position is tested only in the step that commits
+    it). ``tests/suites/test_jacobi_conformance.py`` enumerates it in float64.
+
+    After the step the window shifts past the emitted tokens as Jacobi's does; its refreshed
+    slots couple with the distributions computed along the *spine*: the accepted path, then
+    child 0 of each node below it, then the chain (the nodes whose contexts are nearest the
+    emitted one that the pass computed).
+    """
+
+    trees = True
+    param_names = Jacobi.param_names + ("tree_branch", "tree_depth", "tree_spines")
+
+    def __init__(self, window: int = 16, *, tree_branch: int = 4, tree_depth: int = 2,
+                 tree_spines: int = 1, **jacobi):
+        super().__init__(window, **jacobi)
+        if self.continuation:
+            raise ValueError(f"continuation={self.continuation}: a proactive tree verifies "
+                             "every position against fresh distributions; accepted 0")
+        if self.event_shape:
+            raise ValueError("a proactive tree drafts token streams: events of several ids "
+                             "(codec frames) accepted with the chain methods (sjd, sjd-maximal)")
+        self.branch = check_count("tree_branch", tree_branch)
+        self.depth = check_count("tree_depth", tree_depth)
+        self.spines = check_count("tree_spines", tree_spines)
+        self.num_tokens = self.nodes(window, self.branch, self.depth, self.spines)
+        self._layouts: dict = {}
+        self._layout = None
+
+    @staticmethod
+    def nodes(k: int, branch: int, depth: int, spines: int) -> int:
+        """Nodes of a step over k window positions (the root apart)."""
+        d = min(depth, k)
+        tree = sum(branch ** i for i in range(1, d + 1))
+        return tree + min(spines, branch ** d) * (k - d)
+
+    @classmethod
+    def _tree_args(cls, params) -> tuple[int, int, int]:
+        return tuple(check_count(f"tree_{n}", params.get(f"tree_{n}", v))
+                     for n, v in (("branch", 4), ("depth", 2), ("spines", 1)))
+
+    @classmethod
+    def width(cls, params, context) -> int:
+        window = super().width(params, context)
+        return cls.nodes(window, *cls._tree_args(params))
+
+    @classmethod
+    def reach(cls, params, context) -> int:
+        """The window: the deepest node sits ``window`` positions past the root."""
+        return Jacobi.width(params, context)
+
+    # -- the tree ---------------------------------------------------------------------------
+    def propose(self, last: torch.Tensor, k_max: int, active=None) -> Draft:
+        k = max(0, min(self.window, k_max))
+        if k == 0:
+            self._layout = None
+            return Draft(tokens=self.tokens[:, :0], probs=self.q[:, :0])
+        lay = self._layout = self._layout_for(k, last.device)
+        tok_tree, q_tree = self._siblings(lay["levels"])                # [B, D, K], [B, D, K, V]
+        flat = lay["column"] * self.branch + lay["branch"]              # tree nodes
+        tokens = [tok_tree.flatten(1)[:, flat]]
+        probs = [q_tree.flatten(1, 2)[:, flat]]
+        if lay["chain"].numel():
+            tokens.append(self.tokens[:, lay["chain"]])
+            probs.append(self.q[:, lay["chain"]])
+        tree = Tree(lay["parents"].expand(self.tokens.shape[0], -1), k, lay["children"])
+        return Draft(tokens=torch.cat(tokens, 1), probs=torch.cat(probs, 1), tree=tree)
+
+    def _siblings(self, levels: int):
+        """The K children at each of the first ``levels`` window positions: tokens [B, D, K]
+        and the q each was drawn from [B, D, K, V] (class docstring)."""
+        main, q = self.tokens[:, :levels], self.q[:, :levels]               # [B, D], [B, D, V]
+        if self.branch == 1:
+            return main[..., None], q[:, :, None]
+        if self.gumbel is not None:       # the position's own keys: Gumbel-top-k
+            key = q.clamp_min(0).log() + self.gumbel[:, :levels]
+        else:                             # the exponential race: top-k of q / E
+            e = torch.empty_like(q).exponential_(generator=self.generator)
+            key = q / e.clamp_min(torch.finfo(e.dtype).tiny)
+        key = key.scatter(-1, main[..., None], float("inf"))                # child 0: the draft
+        drawn = min(self.branch, self.v)                  # more children than ids: the rest dead
+        idx = key.topk(drawn, -1).indices                                   # [B, D, drawn]
+        idx = torch.cat([idx, main[..., None].expand(*main.shape, self.branch - drawn)], -1)
+        taken = torch.nn.functional.one_hot(idx, self.v).to(q.dtype)        # [B, D, K, V]
+        qj = q[:, :, None] * (1 - (taken.cumsum(2) - taken))
+        mass = qj.sum(-1, keepdim=True)
+        qj = torch.where(mass > 0, qj / torch.where(mass > 0, mass, 1), qj)
+        qj[:, :, 0] = q
+        dead = (q.gather(-1, idx) <= 0) | (torch.arange(self.branch, device=q.device) >= drawn)
+        dead[:, :, 0] = False
+        tok = torch.where(dead, main[..., None], idx)
+        qj = torch.where(dead[..., None], _one_hot(main, self.v, q.dtype)[:, :, None], qj)
+        return tok, qj
+
+    def _layout_for(self, k: int, device) -> dict:
+        """The step's tree over k positions, the same for every row (cached per k): parents,
+        each tree node's window column and child index, the chain's columns, each node's
+        child 0 (-1: none) and the node of all the window's drafts at each depth."""
+        key = (k, device)
+        if key not in self._layouts:
+            self._layouts[key] = self._build_layout(k, device)
+        return self._layouts[key]
+
+    def _build_layout(self, k: int, device) -> dict:
+        kb, d = self.branch, min(self.depth, k)
+        parents, column, branch, chain = [], [], [], []
+        first = {0: -1}                                      # node -> its child 0
+        main = [0]
+        level = [0]                                          # the previous level's nodes
+        for depth in range(1, d + 1):
+            new = []
+            for i in range(kb ** depth):
+                node = len(parents) + 1
+                parents.append(level[i // kb])
+                column.append(depth - 1)
+                branch.append(i % kb)
+                if i % kb == 0:
+                    first[level[i // kb]] = node
+                first[node] = -1
+                new.append(node)
+            main.append(new[0])
+            level = new
+        tips = level[:min(self.spines, len(level))]
+        for depth in range(d + 1, k + 1):
+            new = []
+            for tip in tips:
+                node = len(parents) + 1
+                parents.append(tip)
+                chain.append(depth - 1)
+                first[tip], first[node] = node, -1
+                new.append(node)
+            main.append(new[0])
+            tips = new
+        long = dict(dtype=torch.long, device=device)
+        child0 = torch.tensor([first[i] for i in range(len(parents) + 1)], **long)
+        return dict(levels=d, parents=torch.tensor(parents, **long)[None],
+                    column=torch.tensor(column, **long), branch=torch.tensor(branch, **long),
+                    chain=torch.tensor(chain, **long), child0=child0,
+                    main=torch.tensor(main, **long), children=kb if d else 1)
+
+    # -- after the step ---------------------------------------------------------------------
+    def observe(self, out, target_probs, num_accepted) -> None:
+        """The step's distributions along the spine (the class docstring), then Jacobi's
+        refresh of the window as after a chain step over k positions."""
+        lay = self._layout
+        if lay is not None:
+            target_probs = target_probs.gather(1, self._spine(out, lay)[..., None].expand(
+                -1, -1, target_probs.shape[-1]))
+        super().observe(out, target_probs, num_accepted)
+
+    @staticmethod
+    def _spine(out, lay) -> torch.Tensor:
+        """[B, k + 1] the node each depth's distribution is read from: the accepted path,
+        then child 0 below it (the chain of all the window's drafts where a node has none)."""
+        n, path = out.num_accepted, out.path
+        cur = torch.zeros_like(n)
+        cols = [cur]
+        for j in range(1, lay["main"].shape[0]):
+            nxt = lay["child0"][cur]
+            nxt = torch.where(nxt < 0, lay["main"][j], nxt)
+            cur = torch.where(n >= j, path[:, j], nxt)
+            cols.append(cur)
+        return torch.stack(cols, 1)

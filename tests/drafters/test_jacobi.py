@@ -3,16 +3,13 @@ guidance, and bad input."""
 
 from __future__ import annotations
 
-import itertools
-
-import numpy as np
 import pytest
 import torch
 
 import mmspec
 from mmspec.drafters.jacobi import COUPLINGS, INITS, Jacobi
-from mmspec.sampling import guide
 from conftest import tiny_llama
+from jacobi_checks import model_counts, model_distribution
 from stats_util import chi_square_pvalue, tv, tv_threshold
 
 
@@ -36,26 +33,11 @@ def jac_model():
 
 
 def _exact3(model, prompt, m=3, guidance=None, uncond=None):
-    v = model.config.vocab_size
-    seqs = torch.tensor(list(itertools.product(range(v), repeat=m)))
-    with torch.no_grad():
-        c = model(torch.cat([torch.tensor(prompt).expand(len(seqs), -1), seqs], 1)).logits.double()
-        c = c[:, len(prompt) - 1 : -1]
-        if guidance is not None:
-            u = model(torch.cat([torch.tensor(uncond).expand(len(seqs), -1), seqs], 1)).logits.double()
-            c = guide(c, u[:, len(uncond) - 1 : -1], guidance)
-    logp = torch.log_softmax(c, -1).gather(-1, seqs[..., None]).squeeze(-1).sum(-1)
-    return logp.exp().numpy()
+    return model_distribution(model, prompt, m, guidance, uncond)
 
 
 def _hist(model, prompt, drafter, n, seed, m=3, rule="exact", **kw):
-    ids = torch.tensor(prompt).expand(n, -1).contiguous()
-    out = mmspec.generate(model, None, ids, drafter=drafter, max_new_tokens=m + 4, seed=seed,
-                          stop_token_ids=[], rule=rule, **kw)
-    v = model.config.vocab_size
-    gen = out.sequences[:, len(prompt) : len(prompt) + m]
-    code = (gen * torch.tensor([v ** (m - 1 - i) for i in range(m)])).sum(1)
-    return np.bincount(code.numpy(), minlength=v ** m).astype(float), out.stats
+    return model_counts(model, prompt, drafter, n, seed, m, rule, **kw)
 
 
 @pytest.mark.parametrize("coupling", COUPLINGS)

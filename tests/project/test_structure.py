@@ -236,7 +236,7 @@ def test_the_vllm_plugin_imports_nothing_of_mmspec():
 
 def test_no_test_module_imports_another():
     """Shared test helpers live in the helper modules (conftest, tiny_*, stats_util,
-    rule_checks), not in another test file (importing one runs its module again under another
+    rule_checks, jacobi_checks), not in another test file (importing one runs its module again under another
     name and ties two suites together)."""
     tests = ROOT / "tests"
     names = {p.stem for p in tests.rglob("test_*.py")}

@@ -74,7 +74,7 @@ def _image(name: str) -> Case:
     def run(method, rows, static):
         return pipe([prompts[i] for i in rows], method=method, temperature=0, seed=0,
                     progress=False, decode=False, static_cache=static).tokens.tolist()
-    return Case(run, ("exact", "sjd", "sjd-maximal"), front=pipe)
+    return Case(run, ("exact", "sjd", "sjd-maximal", "sjd-proactive"), front=pipe)
 
 
 def _vlm(kind: str) -> Case:
