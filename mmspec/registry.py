@@ -24,6 +24,9 @@ from .drafters.base import Drafter
 
 _RULES: dict[str, type] = {}
 _DRAFTERS: dict[str, tuple[type, dict]] = {}
+# A method that drafts with a head (``Drafter.needs_head``) given a head of one of these kinds
+# drafts with that kind's drafter (frames of a delay pattern, a depth decoder's codebooks).
+_HEAD_DRAFTERS: list[tuple[type, type]] = []
 # Names that stand for a rule with preset parameters.
 _RULE_ALIASES = {"lantern++": ("lantern", {"lam": 2.0})}
 # Parameters every method accepts: K of a draft model, ignored by drafters without one (so a
@@ -36,13 +39,14 @@ def _load() -> None:
     if _DRAFTERS:
         return
     from . import acceptance
-    from .drafters import (FeatureDrafter, Jacobi, ModelDrafter, NoDraft, ProactiveJacobi,
-                           TreeDrafter)
+    from .drafters import (DepthDrafter, DepthHead, FeatureDrafter, FrameDrafter, FrameHead,
+                           Jacobi, ModelDrafter, NoDraft, ProactiveJacobi, TreeDrafter)
 
     for name in acceptance.__all__:
         cls = getattr(acceptance, name)
         if isinstance(cls, type) and issubclass(cls, Rule) and cls.name not in (None, "rule"):
             _RULES.setdefault(cls.name, cls)
+    _HEAD_DRAFTERS.extend([(DepthHead, DepthDrafter), (FrameHead, FrameDrafter)])
     _DRAFTERS.update({"plain": (NoDraft, {}), "draft": (ModelDrafter, {}),
                       "tree": (TreeDrafter, {}), "head": (FeatureDrafter, {}),
                       "sjd": (Jacobi, {}),
@@ -198,7 +202,10 @@ class Method:
                                context)
 
     def build_drafter(self, context: MethodContext) -> Drafter:
-        return self.drafter_class.from_params(self._drafter_params(), context)
+        cls = self.drafter_class
+        if cls.needs_head:
+            cls = next((d for h, d in _HEAD_DRAFTERS if isinstance(context.head, h)), cls)
+        return cls.from_params(self._drafter_params(), context)
 
     def build(self, context: MethodContext) -> tuple[Drafter, Rule]:
         return self.build_drafter(context), self.build_rule(context)

@@ -59,6 +59,7 @@ class DepthDrafter(HeadChainDrafter):
     head_class = DepthHead
     hooks = ("keep_features", "embed", "prompt_inputs", "distributions")
     what = "a depth head drafts from a depth-decoder target session"
+    chains = "a depth head drafts chains (depth-decoder frames are verified as chains)"
 
     def attach(self, target) -> None:
         super().attach(target)

@@ -30,22 +30,10 @@ import torch
 
 from ..sessions.base import Session
 from ..types import Draft
-from .depth import DepthDrafter
-from .frame import FrameDrafter
-from .head import DepthHead, DraftHead, FrameHead
+from .frame import check_chain
+from .head import DraftHead
 from .head_session import HeadSession, next_pairs, prefill_pairs, prompt_layers
 from .tree import TreeDrafter
-
-
-def check_chain(shape: dict, why: str) -> None:
-    """Refuse a tree's shape (``branch``/``width`` other than None or 1, any ``nodes``) where
-    the head drafts chains, saying ``why``."""
-    given = {f"tree_{k}": shape.get(k) for k in ("branch", "width", "nodes")}
-    tree = {k: v for k, v in given.items()
-            if v is not None and not (k != "tree_nodes" and v == 1)}
-    if tree:
-        raise ValueError(f"{', '.join(f'{k}={v}' for k, v in tree.items())}: {why}: accepted "
-                         "tree_branch and tree_width 1 (or left out) and no tree_nodes")
 
 
 class FeatureDrafter(TreeDrafter):
@@ -83,14 +71,6 @@ class FeatureDrafter(TreeDrafter):
                              "saved by recipes.train.draft_head, or a DraftHead)")
         args = cls._args(params)
         args.update(branch=params.get("tree_branch"), width=params.get("tree_width"))
-        if isinstance(context.head, DepthHead):     # frames: a chain of tree_depth frames
-            check_chain(args, "a depth head drafts chains (depth-decoder frames are verified "
-                              "as chains)")
-            return DepthDrafter(context.head, args["depth"])
-        if isinstance(context.head, FrameHead):
-            check_chain(args, "a frame head drafts chains (delay-pattern targets take no "
-                              "tree steps)")
-            return FrameDrafter(context.head, args["depth"])
         return cls(context.head, **args)
 
     @classmethod

@@ -51,6 +51,17 @@ def frame_logits(head: FrameHead, target, g: torch.Tensor, fed: torch.Tensor,
     return target.force(logits.expand(-1, fed.shape[1], -1, -1), fed, start)[0]
 
 
+def check_chain(shape: dict, why: str) -> None:
+    """Refuse a tree's shape (``branch``/``width`` other than None or 1, any ``nodes``) where
+    the head drafts chains, saying ``why``."""
+    given = {f"tree_{k}": shape.get(k) for k in ("branch", "width", "nodes")}
+    tree = {k: v for k, v in given.items()
+            if v is not None and not (k != "tree_nodes" and v == 1)}
+    if tree:
+        raise ValueError(f"{', '.join(f'{k}={v}' for k, v in tree.items())}: {why}: accepted "
+                         "tree_branch and tree_width 1 (or left out) and no tree_nodes")
+
+
 class HeadChainDrafter(Drafter):
     """Chains of ``depth`` frames per step drafted by a head of ``head_class`` from a target
     session with the ``hooks`` (``what``: the session it needs, for the refusal)."""
@@ -59,6 +70,15 @@ class HeadChainDrafter(Drafter):
     head_class: type = FrameHead
     hooks: tuple[str, ...] = HOOKS
     what = "a frame head drafts from a delay-pattern target session"
+    chains = "a frame head drafts chains (delay-pattern targets take no tree steps)"
+
+    @classmethod
+    def from_params(cls, params, context) -> "HeadChainDrafter":
+        """Method ``head`` with a head of ``head_class`` (``mmspec.registry``): a chain of
+        ``tree_depth`` frames; a tree's shape is refused (``chains``: why)."""
+        check_chain({k: params.get(f"tree_{k}") for k in ("branch", "width", "nodes")},
+                    cls.chains)
+        return cls(context.head, params.get("tree_depth", 4))
 
     def __init__(self, head, depth: int = 4, generator=None):
         if not isinstance(head, self.head_class):

@@ -637,8 +637,8 @@ def measure(source: Source, head, args, compare=None) -> list[dict]:
     ``--tree``'s shape (a frame head: its chain, each prompt its own call), with ``compare``
     (``--compare-head``: another head of the target) its chain and tree on the same prompts,
     and with ``--draft`` the draft model's chain (exact rule, ``DRAFT_K`` drafts per step)."""
-    from mmspec.drafters import DepthHead, FeatureDrafter, FrameHead
-    from mmspec.registry import MethodContext
+    from mmspec.drafters import DepthHead, FrameHead
+    from mmspec.registry import MethodContext, parse_method
 
     frames = isinstance(head, FrameHead)
     runs = [("plain", None, {}, None), ("head chain", CHAIN, {}, head)]
@@ -656,8 +656,9 @@ def measure(source: Source, head, args, compare=None) -> list[dict]:
               "prompts", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         # method "head"'s drafter for this head's kind (token, frame or depth head)
-        drafter = (None if tree is None else
-                   FeatureDrafter.from_params(tree, MethodContext(head=which)))
+        drafter = (None if tree is None else parse_method("head", tree, has_draft=False,
+                                                          has_head=True).build_drafter(
+                                                              MethodContext(head=which)))
         # a delay-pattern call commits its rows to the shortest accepted run: one at a time
         calls = [[x] for x in source.held_out] if frames else [source.held_out]
         stats = [source.generate(c, args.seed, args.temperature, drafter, **params).stats
