@@ -26,10 +26,20 @@ def _modules() -> dict[str, pathlib.Path]:
 MODULES = _modules()
 
 
-def _imports(name: str, path: pathlib.Path) -> set[str]:
-    """Modules of this repository that ``name`` imports, at any depth (lazy imports too)."""
+def _top_level(tree: ast.Module):
+    """The statements a module runs on import (its body, inside ``if`` and ``try`` too)."""
+    for node in tree.body:
+        yield node
+        if isinstance(node, (ast.If, ast.Try)):
+            yield from node.body + node.orelse
+
+
+def _imports(name: str, path: pathlib.Path, lazy: bool = True) -> set[str]:
+    """Modules of this repository that ``name`` imports, at any depth (lazy imports too), or
+    with ``lazy=False`` on import only."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for node in (ast.walk(tree) if lazy else _top_level(tree)):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -67,6 +77,31 @@ def test_the_engine_and_the_kernels_are_a_wing_of_their_own():
             assert all(t.startswith("mmspec.kernels") for t in ts), (m, ts)
         if m.startswith("mmspec.engine"):
             assert all(t.startswith(("mmspec.engine", "mmspec.kernels")) for t in ts), (m, ts)
+
+
+def _layers(lazy: bool) -> dict[str, int]:
+    """Each mmspec module's layer: one above every module it imports (1: imports none of
+    mmspec; a package's __init__ re-exporting its own modules is above them)."""
+    graph = {m: [t for t in _imports(m, MODULES[m], lazy) if t.startswith("mmspec")
+                 and not m.startswith(t + ".")] for m in MODULES if m.split(".")[0] == "mmspec"}
+    layer: dict[str, int] = {}
+
+    def of(m):
+        if m not in layer:
+            layer[m] = 1 + max((of(t) for t in graph[m]), default=0)
+        return layer[m]
+
+    return {m: of(m) for m in graph}
+
+
+def test_import_layers_stay_few():
+    """mmspec's layers: at most 10 on import (the engine wing and the sessions' modules are
+    imported by name, not through their packages; the head kinds map to drafters at the
+    registry), at most 13 with lazy imports."""
+    for lazy, most in ((False, 10), (True, 13)):
+        layers = _layers(lazy)
+        top = max(layers, key=layers.get)
+        assert layers[top] <= most, f"{layers[top]} layers (lazy={lazy}), the top: {top}"
 
 
 def test_no_import_circles():
